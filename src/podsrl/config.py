@@ -1,0 +1,208 @@
+"""The run configuration: one frozen dataclass, the single source of truth.
+
+Defaults are the main job (``podsrl train`` with no arguments): the built-in tiny model on
+the arithmetic task with PODS. Values come from the defaults, then a YAML file, then
+``--field value`` overrides; ``validate`` rejects bad values before any work, naming the
+field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+METHODS = ("grpo", "grpo-ga", "pods")
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- what to train -------------------------------------------------------------------
+    model: str = _f("tiny", "Built-in model name ('tiny'), a local folder, or a Hugging Face hub id.")
+    task: str = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
+    task_level: int = _f(3, "Arithmetic difficulty level (1-5; see podsrl.tasks.arithmetic.LEVELS).")
+    data_seed: int = _f(0, "Seed of the task's train/held-out split (independent of the run seed).")
+    # --- method --------------------------------------------------------------------------
+    method: str = _f("pods", "'pods': generate n, train on m picked by `rule`; 'grpo': generate and "
+                             "train m; 'grpo-ga': generate n, train on all n with gradient accumulation.")
+    n: int = _f(16, "Rollouts generated per prompt (pods, grpo-ga). Ignored by grpo.")
+    m: int = _f(4, "Rollouts trained on per prompt (pods, grpo). Ignored by grpo-ga.")
+    rule: str = _f("max_variance", "Down-sampling rule for pods: max_variance | max_reward | random.")
+    prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
+    # --- optimisation (paper's defaults except lr, which suits the tiny model) ------------
+    lr: float = _f(2e-4, "AdamW learning rate (the paper used 5e-6 for LoRA on 3B models).")
+    warmup_steps: int = _f(10, "Linear learning-rate warm-up steps, then constant (0 = constant).")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.99, "AdamW beta2 (paper: 0.99).")
+    weight_decay: float = _f(0.1, "AdamW weight decay (paper: 0.1).")
+    max_grad_norm: float = _f(0.1, "Gradient clipping by global norm (paper: 0.1; 0 = off).")
+    micro_batch_size: int = _f(32, "Sequences per forward/backward pass; gradients accumulate over "
+                                    "micro-batches into one optimizer step.")
+    num_iterations: int = _f(1, "Optimizer steps per generation batch; >1 reuses the batch with "
+                                "PPO clipping against the generating policy's log-probs.")
+    clip_eps_low: float = _f(0.2, "Lower clip range of the importance ratio (1 - eps_low).")
+    clip_eps_high: float = _f(0.2, "Upper clip range of the importance ratio (1 + eps_high).")
+    beta: float = _f(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.")
+    scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std (False = Dr. GRPO).")
+    loss_aggregation: str = _f("sequence", "'sequence': token mean per sequence then mean (paper); "
+                                           "'token': mean over all tokens (DAPO).")
+    # --- reward --------------------------------------------------------------------------
+    correct_weight: float = _f(0.8, "Weight of the correctness reward (slides' 80/20 example).")
+    format_weight: float = _f(0.2, "Weight of the format reward.")
+    # --- generation ----------------------------------------------------------------------
+    temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
+    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
+    max_new_tokens: int = _f(8, "Maximum completion length in tokens.")
+    generation_batch_size: int = _f(0, "Max sequences decoded at once (0 = the whole batch).")
+    # --- LoRA (rank 0 = full fine-tuning) ------------------------------------------------
+    lora_rank: int = _f(0, "LoRA rank; 0 trains every parameter.")
+    lora_alpha: float = _f(16.0, "LoRA alpha.")
+    lora_dropout: float = _f(0.0, "LoRA dropout.")
+    lora_target_modules: str = _f("", "Comma-separated module names for LoRA; empty = all linear layers.")
+    dtype: str = _f("float32", "Model weights dtype: float32 | bfloat16 | float16.")
+    # --- length and evaluation ----------------------------------------------------------
+    steps: int = _f(150, "Number of optimizer steps (generation batches).")
+    max_minutes: float = _f(0.0, "Stop after this much training time (eval excluded); 0 = no limit.")
+    eval_every: int = _f(25, "Evaluate every this many steps (and at step 0 and the end); 0 = only ends.")
+    eval_prompts: int = _f(300, "Held-out prompts per evaluation.")
+    eval_samples: int = _f(4, "Samples per held-out prompt for sampled accuracy.")
+    eval_temperature: float = _f(0.9, "Temperature of sampled evaluation (paper: 0.9).")
+    eval_greedy: bool = _f(True, "Also log greedy accuracy at each evaluation.")
+    # --- run bookkeeping ----------------------------------------------------------------
+    seed: int = _f(0, "Seed of every random stream of the run (python, numpy, torch).")
+    output_dir: str = _f("runs/podsrl", "Run directory: config, metrics.jsonl, checkpoints, plot.")
+    checkpoint_every: int = _f(50, "Checkpoint every this many steps (0 = off).")
+    checkpoint_minutes: float = _f(0.0, "Also checkpoint after this many wall-clock minutes (0 = off).")
+    keep_checkpoints: int = _f(2, "How many most recent checkpoints to keep.")
+    resume: bool = _f(False, "Resume from the latest checkpoint in output_dir.")
+    progress: bool = _f(True, "Show a progress bar.")
+
+    # ---------------------------------------------------------------------------------
+    @property
+    def rollouts_per_prompt(self) -> int:
+        """Rollouts generated per prompt: m for grpo, n otherwise."""
+        return self.m if self.method == "grpo" else self.n
+
+    @property
+    def trained_per_prompt(self) -> int:
+        """Rollouts trained on per prompt: n for grpo-ga, m otherwise."""
+        return self.n if self.method == "grpo-ga" else self.m
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in fields(Config)}
+
+
+def parse_value(name: str, raw: Any, source: str = "") -> Any:
+    """Convert a YAML or command-line value to the field's type, naming the field on error."""
+    if name not in FIELDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, FIELDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{source}unknown config field {name!r}{hint}")
+    kind = type(FIELDS[name].default)
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{source}{name}: expected true/false, got {raw!r}")
+    if isinstance(raw, bool) and kind is not bool:
+        raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
+    try:
+        if kind is int and isinstance(raw, float) and not raw.is_integer():
+            raise ValueError
+        return kind(raw)  # int("1.5") raises too
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}") from None
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config: file not found: {path}")
+    with path.open(encoding="utf-8") as fh:
+        try:
+            data = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ValueError(f"{path}{where}: invalid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of config fields at the top level")
+    # Report the line of each key so errors can point at it.
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out = {}
+    for key, raw in data.items():
+        line = next((i + 1 for i, text in enumerate(lines) if text.lstrip().startswith(f"{key}:")), None)
+        where = f"{path} line {line}: " if line else f"{path}: "
+        out[key] = parse_value(str(key), raw, where)
+    return out
+
+
+def make_config(yaml_path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults <- YAML file <- overrides, then validated."""
+    values: dict[str, Any] = {}
+    if yaml_path:
+        values.update(load_yaml(yaml_path))
+    for key, raw in (overrides or {}).items():
+        values[key] = parse_value(key, raw, "")
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Reject invalid values and combinations before any work, naming the field."""
+    from podsrl.models import check_model_name
+    from podsrl.select import RULES
+    from podsrl.tasks import TASKS
+    from podsrl.tasks.arithmetic import LEVELS, space_size
+
+    def require(ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(message)
+
+    require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
+    require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
+    require(cfg.task in TASKS, f"task: unknown task {cfg.task!r}; known: {', '.join(sorted(TASKS))}")
+    if cfg.task == "arithmetic":
+        require(cfg.task_level in LEVELS, f"task_level: unknown level {cfg.task_level}; known: {sorted(LEVELS)}")
+        size = space_size(LEVELS[cfg.task_level])
+        require(cfg.eval_prompts < size, f"eval_prompts: level {cfg.task_level} has only {size} distinct "
+                                         f"problems; hold out fewer than that")
+    check_model_name(cfg.model)
+    for name in ("n", "m", "prompts_per_step", "steps", "micro_batch_size", "num_iterations",
+                 "max_new_tokens", "eval_prompts", "eval_samples", "keep_checkpoints"):
+        require(getattr(cfg, name) > 0, f"{name}: must be positive, got {getattr(cfg, name)}")
+    for name in ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
+                 "max_minutes", "checkpoint_minutes", "beta", "weight_decay", "max_grad_norm",
+                 "temperature", "eval_temperature", "lora_dropout"):
+        require(getattr(cfg, name) >= 0, f"{name}: must be >= 0, got {getattr(cfg, name)}")
+    require(cfg.m <= cfg.n or cfg.method == "grpo",
+            f"m: must be <= n (got m={cfg.m}, n={cfg.n}); PODS keeps m of the n rollouts")
+    require(cfg.lr > 0, f"lr: must be positive, got {cfg.lr}")
+    require(0 < cfg.top_p <= 1, f"top_p: must be in (0, 1], got {cfg.top_p}")
+    require(cfg.temperature > 0, "temperature: training rollouts must be sampled (temperature > 0)")
+    require(0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1, "adam_beta1/adam_beta2: must be in [0, 1)")
+    require(0 <= cfg.clip_eps_low < 1 and cfg.clip_eps_high >= 0, "clip_eps_low/clip_eps_high: out of range")
+    require(cfg.loss_aggregation in ("sequence", "token"),
+            f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")
+    require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")
+    require(cfg.correct_weight >= 0 and cfg.format_weight >= 0 and cfg.correct_weight + cfg.format_weight > 0,
+            "correct_weight/format_weight: must be >= 0 and not both 0")
+    require(cfg.lora_alpha > 0, f"lora_alpha: must be positive, got {cfg.lora_alpha}")

@@ -1,0 +1,58 @@
+"""Per-stage timers and the metrics.jsonl writer."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class StageTimer:
+    """Wall-clock seconds per named stage of one step: ``with timer("generate"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def _clean(value):
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl``, one record per step, flushed as written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps after the checkpoint (they will be redone)."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

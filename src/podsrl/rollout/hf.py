@@ -1,0 +1,94 @@
+"""Generation with Hugging Face ``generate``: n samples per prompt, group axis kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollouts:
+    """n completions for each of P prompts.
+
+    prompt_ids       [P, Lp]     left-padded prompt tokens
+    prompt_mask      [P, Lp]     1 on real prompt tokens
+    completion_ids   [P, n, Lc]  generated tokens; positions after the first EOS are padding
+    completion_mask  [P, n, Lc]  1 on generated tokens up to and including the first EOS
+    texts            P lists of n decoded completions (special tokens removed)
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    texts: list[list[str]]
+
+    @property
+    def num_prompts(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def group_size(self) -> int:
+        return self.completion_ids.shape[1]
+
+    def select(self, keep: torch.Tensor) -> "Rollouts":
+        """The rollouts at ``keep`` [P, m] (indices into the group axis), group axis kept."""
+        rows = torch.arange(keep.shape[0]).unsqueeze(1)  # [P, 1]
+        return Rollouts(
+            prompt_ids=self.prompt_ids,
+            prompt_mask=self.prompt_mask,
+            completion_ids=self.completion_ids[rows, keep],  # [P, m, Lc]
+            completion_mask=self.completion_mask[rows, keep],
+            texts=[[self.texts[p][j] for j in row] for p, row in enumerate(keep.tolist())],
+        )
+
+
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 up to and including the first EOS of each row, 0 after it; all 1 when no EOS.
+
+    completion_ids [..., Lc] -> mask [..., Lc] (long)
+    """
+    is_eos = completion_ids == eos_token_id
+    # number of EOS strictly before each position; a position is kept while that count is 0
+    eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()
+    return (eos_before == 0).long()
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
+             temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:
+    """Sample ``num_samples`` completions per prompt (greedy when ``temperature == 0``).
+
+    Prompts are left-padded so every row's completion starts at the same column.
+    Sampling draws from torch's global RNG: seed it (or save its state) for reproducibility.
+    ``batch_size`` bounds the number of sequences decoded at once (whole prompt groups).
+    """
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp]
+    num_prompts = len(prompts)
+    prompts_per_call = num_prompts if not batch_size else max(1, batch_size // num_samples)
+    sampling = dict(do_sample=False) if temperature == 0 else dict(
+        do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    was_training = model.training
+    model.eval()
+    chunks = []
+    for start in range(0, num_prompts, prompts_per_call):
+        ids = prompt_ids[start:start + prompts_per_call]
+        mask = prompt_mask[start:start + prompts_per_call]
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+            num_return_sequences=num_samples, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, **sampling)
+        chunks.append(out[:, ids.shape[1]:])  # [p * n, <=max_new_tokens]
+    model.train(was_training)
+    width = max(c.shape[1] for c in chunks)
+    completion_ids = torch.cat(
+        [torch.nn.functional.pad(c, (0, width - c.shape[1]), value=tokenizer.pad_token_id)
+         for c in chunks]).view(num_prompts, num_samples, width)  # [P, n, Lc]
+    completion_mask = completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)
+    rows = zip(completion_ids.view(-1, width).tolist(), completion_mask.view(-1, width).tolist())
+    decoded = tokenizer.batch_decode([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows],
+                                     skip_special_tokens=True)
+    texts = [decoded[p * num_samples:(p + 1) * num_samples] for p in range(num_prompts)]
+    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, texts)

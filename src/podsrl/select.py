@@ -1,0 +1,96 @@
+"""Down-sampling rules: which m of the n rollouts of each prompt go into the update.
+
+Every rule takes rewards ``[P, n]`` (one row per prompt group; never flattened across
+prompts) and returns the kept indices ``[P, m]`` (long), **sorted ascending within each
+row**, so that with m == n every rule returns ``arange(n)`` and PODS performs exactly the
+computation of GRPO. Rules are registered by name in ``RULES``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Rule = Callable[..., torch.Tensor]
+
+
+def _check(rewards: torch.Tensor, m: int) -> None:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [P, n], got shape {tuple(rewards.shape)}")
+    if not 1 <= m <= rewards.shape[1]:
+        raise ValueError(f"m must satisfy 1 <= m <= n={rewards.shape[1]}, got m={m}")
+
+
+def max_variance(rewards: torch.Tensor, m: int) -> torch.Tensor:
+    """The PODS rule (Xu et al., arXiv 2504.13818): keep the m rewards of largest variance.
+
+    A variance-maximising m-subset always consists of the k highest and the m-k lowest
+    rewards for some k in 0..m (the paper's structural result for max-variance
+    down-sampling; the exhaustive-search test checks it). So: one stable sort per group
+    (O(n log n)), then prefix sums of the m lowest and suffix sums of the m highest sorted
+    rewards and squares score every k in O(m); vectorised over the P groups.
+
+    Ties: among k with equal variance (within 1e-9 of the group's squared reward range, so floating-point
+    noise cannot decide) the smallest k wins; among equal rewards the stable sort keeps the
+    lower original index first, so the lowest-index copies are the "lowest" and the
+    highest-index copies the "highest". The result is fully deterministic.
+    """
+    _check(rewards, m)
+    num_prompts, n = rewards.shape
+    values = rewards.double()
+    sorted_values, order = torch.sort(values, dim=1, stable=True)  # [P, n] ascending
+    # Centre each group first: variance is shift-invariant and centring removes the
+    # cancellation in E[x^2] - E[x]^2 when rewards sit far from zero.
+    sorted_values = sorted_values - sorted_values.mean(dim=1, keepdim=True)
+    zero = sorted_values.new_zeros(num_prompts, 1)
+    low = sorted_values[:, :m]  # [P, m] the m lowest
+    high = sorted_values[:, n - m:].flip(1)  # [P, m] the m highest, largest first
+    low_sum = torch.cat([zero, low.cumsum(1)], 1)  # [P, m+1]: sum of the i lowest
+    low_sq = torch.cat([zero, (low * low).cumsum(1)], 1)
+    high_sum = torch.cat([zero, high.cumsum(1)], 1)  # [P, m+1]: sum of the i highest
+    high_sq = torch.cat([zero, (high * high).cumsum(1)], 1)
+    k = torch.arange(m + 1)  # candidate number of highest rewards kept
+    subset_sum = high_sum[:, k] + low_sum[:, m - k]  # [P, m+1]
+    subset_sq = high_sq[:, k] + low_sq[:, m - k]
+    variance = subset_sq / m - (subset_sum / m) ** 2  # [P, m+1] population variance
+    best = variance.max(dim=1, keepdim=True).values
+    scale = sorted_values.abs().amax(dim=1, keepdim=True) ** 2  # [P, 1]
+    tolerance = 1e-9 * scale.clamp_min(1e-300)
+    best_k = (variance >= best - tolerance).long().argmax(dim=1, keepdim=True)  # [P, 1] first max
+    slot = torch.arange(m).unsqueeze(0)  # [1, m]
+    # slots 0..m-k-1 take sorted positions 0..m-k-1 (lowest); the rest take n-k..n-1 (highest)
+    positions = torch.where(slot < m - best_k, slot, slot + (n - m))  # [P, m]
+    return order.gather(1, positions).sort(dim=1).values
+
+
+def max_reward(rewards: torch.Tensor, m: int) -> torch.Tensor:
+    """The m highest rewards (paper's ablation; it collapsed to 67.3% on GSM8K).
+    Ties go to the lower index (stable sort)."""
+    _check(rewards, m)
+    order = torch.sort(rewards, dim=1, descending=True, stable=True).indices  # [P, n]
+    return order[:, :m].sort(dim=1).values
+
+
+def random_subset(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """m indices per group uniformly without replacement, drawn from ``generator`` (the
+    run's seeded generator) or torch's global RNG."""
+    _check(rewards, m)
+    keys = torch.rand(rewards.shape, generator=generator)  # [P, n] iid uniform
+    return keys.argsort(dim=1)[:, :m].sort(dim=1).values
+
+
+RULES: dict[str, Rule] = {
+    "max_variance": max_variance,
+    "max_reward": max_reward,
+    "random": random_subset,
+}
+
+
+def select(rule: str, rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Apply the named rule; only ``random`` consumes randomness."""
+    if rule not in RULES:
+        raise ValueError(f"rule: unknown rule {rule!r}; known: {sorted(RULES)}")
+    if rule == "random":
+        return random_subset(rewards, m, generator=generator)
+    return RULES[rule](rewards, m)

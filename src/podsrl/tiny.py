@@ -1,0 +1,154 @@
+"""The built-in offline ``tiny`` model: a Qwen2-shaped causal LM with a locally trained
+tokenizer, warm-started by supervised training on the arithmetic task.
+
+Why a *spread* warm start (measured in a prototype on this machine, see DESIGN.md): RL
+from a clean but under-trained SFT checkpoint lost accuracy in every setting tried,
+while a checkpoint whose sampled answers are spread around the right one (SFT continued
+on targets partly perturbed by +-1 / +-10) gives RL a distribution to sharpen. So the
+build runs two phases: clean SFT, then a short continuation on perturbed targets.
+
+The checkpoint ships in ``podsrl/assets/tiny`` (a few MB); ``scripts/build_tiny.py``
+rebuilds it (about 10 CPU-minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from podsrl.tasks.arithmetic import LEVELS, build_arithmetic, evaluate_expression
+from podsrl.tasks.base import Example
+
+ASSET_DIR = Path(__file__).parent / "assets" / "tiny"
+EOS = "<|endoftext|>"
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 320):
+    """Byte-level BPE (exact round trip of any text) with digits split one per token, so
+    numbers are spelled digit by digit while the template's words become single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS,
+                                   bos_token=None, padding_side="left")
+
+
+def make_model(tokenizer, hidden_size: int = 128, num_layers: int = 4, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def _perturb(answer: int, rng: random.Random) -> int:
+    return answer + rng.choice([-10, -1, 1, 10])
+
+
+def _batch(tokenizer, examples: list[Example], targets: list[str]):
+    """Right-padded prompt+target+EOS ids with a loss mask on the target tokens only."""
+    rows, masks = [], []
+    for ex, target in zip(examples, targets):
+        p = tokenizer(ex.prompt, add_special_tokens=False)["input_ids"]
+        c = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p + c)
+        masks.append([0] * len(p) + [1] * len(c))
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    loss_mask = torch.zeros(len(rows), width)
+    attn = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, : len(r)] = torch.tensor(r)
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+        attn[i, : len(r)] = 1
+    return ids, attn, loss_mask
+
+
+def _sft_steps(model, tokenizer, train: list[Example], steps: int, lr: float, batch_size: int,
+               perturb_fraction: float, rng: random.Random, log_every: int = 200):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    model.train()
+    for step in range(steps):
+        examples = rng.sample(train, batch_size)
+        targets = []
+        for ex in examples:
+            value = int(ex.answer)
+            if rng.random() < perturb_fraction:
+                value = _perturb(value, rng)
+            targets.append(f"Answer: {value}")
+        ids, attn, loss_mask = _batch(tokenizer, examples, targets)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = (nll * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % log_every == 0 or step == steps - 1:
+            print(f"  sft step {step:5d}  loss {loss.item():.4f}", flush=True)
+
+
+def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
+          spread_steps: int = 300, perturb_fraction: float = 0.5, seed: int = 0,
+          hidden_size: int = 128, num_layers: int = 4) -> Path:
+    """Build tokenizer + model + two-phase warm start and save them as an HF model folder."""
+    from podsrl.evaluate import accuracy
+    from podsrl.models import ModelBundle
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    task = build_arithmetic(level=level, seed=seed)
+    corpus = [ex.prompt + f"Answer: {ex.answer}" for ex in task.train[:5000]]
+    corpus += [str(i) for i in range(-2000, 2000)]
+    tokenizer = train_tokenizer(corpus)
+    model = make_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"tiny model: {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}", flush=True)
+    bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny")
+    probe = task.test[:200]
+    start = time.time()
+    print("phase 1: clean SFT", flush=True)
+    _sft_steps(model, tokenizer, task.train, clean_steps, 3e-3, 128, 0.0, rng)
+    clean = accuracy(bundle, probe, samples=1, temperature=0.0, max_new_tokens=8, seed=seed)
+    print(f"  greedy held-out accuracy after clean SFT: {clean:.3f} ({time.time() - start:.0f}s)")
+    print("phase 2: spread SFT (perturbed targets)", flush=True)
+    _sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, 128, perturb_fraction, rng)
+    greedy = accuracy(bundle, probe, samples=1, temperature=0.0, max_new_tokens=8, seed=seed)
+    sampled = accuracy(bundle, probe, samples=4, temperature=0.9, max_new_tokens=8, seed=seed)
+    print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    (output_dir / "build_info.json").write_text(json.dumps({
+        "level": level, "clean_steps": clean_steps, "spread_steps": spread_steps,
+        "perturb_fraction": perturb_fraction, "seed": seed, "params": n_params,
+        "greedy_after_clean": clean, "greedy_after_spread": greedy,
+        "sampled_t0.9_after_spread": sampled, "build_seconds": round(time.time() - start, 1),
+        "torch": torch.__version__,
+    }, indent=2) + "\n")
+    return output_dir

@@ -1,0 +1,345 @@
+"""The training loop: generate -> reward -> select -> advantages -> update, read top to bottom.
+
+Each stage is a function of its own (here or in rollout/, rewards.py, select.py, algo.py);
+``train`` only calls them in order, times each, and logs what shows whether
+down-sampling works (reward mean/std before and after selection, zero-variance groups,
+completion length, seconds per stage).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from podsrl import algo
+from podsrl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from podsrl.config import Config
+from podsrl.evaluate import accuracy
+from podsrl.metrics import MetricsLog, StageTimer
+from podsrl.models import ModelBundle, load_model
+from podsrl.rewards import combine
+from podsrl.rollout import Rollouts, generate
+from podsrl.select import select
+from podsrl.tasks import Example, Task, build_task
+
+
+# ----------------------------------------------------------------------------- data order
+class PromptSampler:
+    """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
+
+    def __init__(self, size: int, seed: int, epoch: int = 0, position: int = 0) -> None:
+        self.size, self.seed, self.epoch, self.position = size, seed, epoch, position
+
+    def _order(self) -> list[int]:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out, order = [], self._order()
+        while len(out) < count:
+            if self.position == self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+                order = self._order()
+            take = min(count - len(out), self.size - self.position)
+            out += order[self.position:self.position + take]
+            self.position += take
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+
+# ----------------------------------------------------------------------------- stages
+def score(task: Task, examples: list[Example], rollouts: Rollouts, cfg: Config) -> dict[str, torch.Tensor]:
+    """Rewards [P, n] = correct_weight * correct + format_weight * format, plus the parts.
+
+    Unverifiable samples (every reward function returned None) get reward 0 and are counted.
+    """
+    n = rollouts.group_size
+    prompts = [ex.prompt for ex in examples for _ in range(n)]
+    completions = [text for group in rollouts.texts for text in group]
+    columns = {"answer": [ex.answer for ex in examples for _ in range(n)]}
+    for key in examples[0].columns:
+        columns[key] = [ex.columns[key] for ex in examples for _ in range(n)]
+    correct = combine([task.correct_fn], [1.0], prompts, completions, columns)
+    formatted = combine([task.format_fn], [1.0], prompts, completions, columns)
+    total = cfg.correct_weight * correct.nan_to_num(0.0) + cfg.format_weight * formatted.nan_to_num(0.0)
+    unverifiable = correct.isnan() & formatted.isnan()
+    shape = (len(examples), n)
+    return {"reward": total.view(shape), "correct": correct.view(shape), "format": formatted.view(shape),
+            "unverifiable": unverifiable.view(shape)}
+
+
+def flatten_for_update(kept: Rollouts, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Group axis [P, m, ...] -> sequence axis [B = P*m, ...] for the update."""
+    num_prompts, m, _ = kept.completion_ids.shape
+    prompt_ids = kept.prompt_ids.repeat_interleave(m, dim=0)  # [B, Lp]
+    prompt_mask = kept.prompt_mask.repeat_interleave(m, dim=0)
+    completion_ids = kept.completion_ids.reshape(num_prompts * m, -1)  # [B, Lc]
+    completion_mask = kept.completion_mask.reshape(num_prompts * m, -1)
+    return {"input_ids": torch.cat([prompt_ids, completion_ids], 1),  # [B, Lp + Lc]
+            "attention_mask": torch.cat([prompt_mask, completion_mask], 1),
+            "completion_mask": completion_mask, "advantages": advantages.reshape(-1)}
+
+
+def micro_batches(batch: dict[str, torch.Tensor], size: int):
+    """Slices of ``size`` sequences, trimmed of all-padding columns on both sides."""
+    total = batch["advantages"].shape[0]
+    width = batch["completion_mask"].shape[1]
+    for start in range(0, total, size):
+        part = {k: v[start:start + size] if v is not None else None for k, v in batch.items()}
+        completion_len = int(part["completion_mask"].sum(1).max())
+        prompt_cols = batch["input_ids"].shape[1] - width
+        first_real = int((part["attention_mask"][:, :prompt_cols].sum(0) > 0).nonzero().min())
+        end = prompt_cols + completion_len
+        part["input_ids"] = part["input_ids"][:, first_real:end]
+        part["attention_mask"] = part["attention_mask"][:, first_real:end]
+        for key in ("completion_mask", "old_logp", "ref_logp"):
+            if part.get(key) is not None:
+                part[key] = part[key][:, :completion_len]
+        yield part
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: dict[str, torch.Tensor], size: int) -> torch.Tensor:
+    """Log-probs [B, Lc] of the completion tokens under ``model`` (no gradient)."""
+    out = torch.zeros(batch["completion_mask"].shape)  # [B, Lc]
+    row = 0
+    for part in micro_batches(batch, size):
+        lc = part["completion_mask"].shape[1]
+        rows = part["input_ids"].shape[0]
+        out[row:row + rows, :lc] = algo.token_logprobs(model, part["input_ids"], part["attention_mask"], lc)
+        row += rows
+    return out
+
+
+def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Config) -> dict[str, float]:
+    """One optimizer step over the whole batch, accumulating gradients over micro-batches.
+
+    Each micro-batch loss is normalised by the whole batch's sequence / token count, so
+    the accumulated gradient equals the full-batch gradient. A non-finite loss or
+    gradient skips the step (logged) instead of corrupting the weights.
+    """
+    num_sequences = batch["advantages"].shape[0]
+    num_tokens = float(batch["completion_mask"].sum())
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer.zero_grad(set_to_none=True)
+    total_loss, clip_fraction, kl = 0.0, 0.0, 0.0
+    for part in micro_batches(batch, cfg.micro_batch_size):
+        lc = part["completion_mask"].shape[1]
+        logp = algo.token_logprobs(model, part["input_ids"], part["attention_mask"], lc)  # [b, lc]
+        old_logp = part["old_logp"] if part.get("old_logp") is not None else logp.detach()
+        loss, stats = algo.policy_loss(
+            logp, old_logp, part["advantages"], part["completion_mask"],
+            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+            ref_logp=part.get("ref_logp"), beta=cfg.beta, aggregation=cfg.loss_aggregation,
+            num_sequences=num_sequences, num_tokens=num_tokens)
+        loss.backward()
+        share = part["advantages"].shape[0] / num_sequences
+        total_loss += loss.item()
+        clip_fraction += stats["clip_fraction"] * share
+        kl += stats.get("kl", 0.0) * share
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    skipped = not (math.isfinite(total_loss) and math.isfinite(grad_norm))
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+        scheduler.step()
+    return {"loss": total_loss, "grad_norm": grad_norm, "clip_fraction": clip_fraction, "kl": kl,
+            "skipped_step": int(skipped)}
+
+
+def evaluate(bundle: ModelBundle, task: Task, cfg: Config) -> dict[str, float]:
+    """Held-out accuracy: sampled (eval_samples per prompt at eval_temperature) and greedy.
+    A fixed seed gives every evaluation the same sampling noise (common random numbers)."""
+    examples = task.test[:cfg.eval_prompts]
+    common = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_007, correct_fn=task.correct_fn)
+    out = {"eval_accuracy": accuracy(bundle, examples, samples=cfg.eval_samples,
+                                     temperature=cfg.eval_temperature, **common)}
+    if cfg.eval_greedy:
+        out["eval_greedy_accuracy"] = accuracy(bundle, examples, samples=1, temperature=0.0, **common)
+    return out
+
+
+def _group_stats(prefix: str, rewards: torch.Tensor) -> dict[str, float]:
+    """Mean, mean within-group std and zero-variance fraction of rewards [P, k]."""
+    return {f"{prefix}_mean": float(rewards.mean()),
+            f"{prefix}_std": float(rewards.std(dim=1, correction=0).mean()),
+            f"{prefix}_zero_var_frac": float((rewards.amax(1) == rewards.amin(1)).float().mean())}
+
+
+# ----------------------------------------------------------------------------- the loop
+@dataclass
+class RunResult:
+    run_dir: Path
+    initial: dict[str, float]
+    final: dict[str, float]
+    steps: int
+    train_seconds: float
+    plot: Path
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def train(cfg: Config) -> RunResult:
+    run_dir = Path(cfg.output_dir)
+    checkpoints = run_dir / "checkpoints"
+    resume_from = list_checkpoints(checkpoints)[-1] if cfg.resume and list_checkpoints(checkpoints) else None
+    if cfg.resume and resume_from is None:
+        _say(f"resume: no checkpoint in {checkpoints}; starting from scratch")
+    if not cfg.resume and (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"output_dir: {run_dir} already holds a run; pass --resume true to "
+                              f"continue it or choose another --output_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+    _seed_everything(cfg.seed)
+    task = build_task(cfg)
+    bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                        lora_dropout=cfg.lora_dropout, dtype=cfg.dtype,
+                        lora_target_modules=tuple(t for t in cfg.lora_target_modules.split(",") if t))
+    model = bundle.model
+    model.train()
+    # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
+    reference = None
+    if cfg.beta > 0 and not bundle.uses_lora:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                  betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
+    rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
+    generators = {"rule": rule_generator}
+    sampler = PromptSampler(len(task.train), seed=cfg.seed)
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+
+    step, train_seconds = 0, 0.0
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler,
+                                generators=generators)
+        step, train_seconds = state["step"], state["train_seconds"]
+        sampler.epoch, sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
+        metrics.truncate_after(step)
+        _say(f"resumed from {resume_from} at step {step}")
+    else:
+        initial = evaluate(bundle, task, cfg)
+        metrics.write({"step": 0, "train_seconds": 0.0, **initial})
+    initial = _first_eval(run_dir)
+
+    def checkpoint(at_step: int) -> None:
+        save_checkpoint(checkpoints, step=at_step, model=model, optimizer=optimizer, scheduler=scheduler,
+                        trainer_state={"train_seconds": train_seconds, "sampler": sampler.state()},
+                        generators=generators, keep=cfg.keep_checkpoints)
+
+    progress = _progress(cfg, step)
+    last_checkpoint_time = time.time()
+    latest_eval = dict(initial)
+
+    def out_of_time() -> bool:
+        return bool(cfg.max_minutes) and train_seconds >= cfg.max_minutes * 60
+
+    while step < cfg.steps and not out_of_time():
+        step += 1
+        timer = StageTimer()
+        examples = [task.train[i] for i in sampler.take(cfg.prompts_per_step)]
+
+        with timer("generate"):
+            rollouts = generate(model, bundle.tokenizer, [ex.prompt for ex in examples],
+                                cfg.rollouts_per_prompt, max_new_tokens=cfg.max_new_tokens,
+                                temperature=cfg.temperature, top_p=cfg.top_p,
+                                batch_size=cfg.generation_batch_size or None)  # [P, n, Lc]
+        with timer("reward"):
+            scores = score(task, examples, rollouts, cfg)
+            rewards = scores["reward"]  # [P, n]
+        with timer("select"):
+            if cfg.method == "pods":
+                keep = select(cfg.rule, rewards, cfg.m, generator=rule_generator)  # [P, m]
+            else:  # grpo and grpo-ga train on every generated rollout
+                keep = torch.arange(rollouts.group_size).expand(len(examples), -1)
+            kept = rollouts.select(keep)
+            kept_rewards = rewards.gather(1, keep)  # [P, m]
+        with timer("advantages"):
+            advantages = algo.group_advantages(kept_rewards, scale_by_std=cfg.scale_rewards)  # [P, m]
+            batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
+        if cfg.num_iterations > 1 or cfg.beta > 0:
+            with timer("logprobs"):
+                if cfg.num_iterations > 1:
+                    batch["old_logp"] = batch_logprobs(model, batch, cfg.micro_batch_size)
+                if cfg.beta > 0:
+                    if reference is None:
+                        with model.disable_adapter():
+                            batch["ref_logp"] = batch_logprobs(model, batch, cfg.micro_batch_size)
+                    else:
+                        batch["ref_logp"] = batch_logprobs(reference, batch, cfg.micro_batch_size)
+        with timer("update"):
+            for _ in range(cfg.num_iterations):
+                update = update_policy(model, optimizer, scheduler, batch, cfg)
+        train_seconds += timer.total
+
+        record = {"step": step, "train_seconds": train_seconds, "lr": scheduler.get_last_lr()[0],
+                  **_group_stats("reward", rewards), **_group_stats("kept_reward", kept_rewards),
+                  "correct_rate": float(scores["correct"].nan_to_num(0).mean()),
+                  "format_rate": float(scores["format"].nan_to_num(0).mean()),
+                  "unverifiable": int(scores["unverifiable"].sum()),
+                  "completion_len": float(rollouts.completion_mask.sum(-1).float().mean()),
+                  "kept_completion_len": float(kept.completion_mask.sum(-1).float().mean()),
+                  **update, **{f"time_{k}": v for k, v in timer.seconds.items()}}
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps or out_of_time():
+            eval_start = time.perf_counter()
+            latest_eval = evaluate(bundle, task, cfg)
+            record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
+        metrics.write(record)
+        progress.update(1)
+        progress.set_postfix(reward=f"{record['reward_mean']:.2f}",
+                             acc=f"{latest_eval['eval_accuracy']:.3f}", refresh=False)
+
+        due_by_time = cfg.checkpoint_minutes and time.time() - last_checkpoint_time >= cfg.checkpoint_minutes * 60
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or due_by_time:
+            checkpoint(step)
+            last_checkpoint_time = time.time()
+    progress.close()
+
+    checkpoint(step)
+    model.save_pretrained(run_dir / "model")
+    bundle.tokenizer.save_pretrained(run_dir / "model")
+    from podsrl.plot import plot_accuracy
+
+    plot = plot_accuracy([run_dir], run_dir / "accuracy.png", title=f"{cfg.method} on {cfg.task} ({cfg.model})")
+    result = RunResult(run_dir=run_dir, initial=initial, final=latest_eval, steps=step,
+                       train_seconds=train_seconds, plot=plot)
+    (run_dir / "summary.json").write_text(json.dumps({
+        "steps": step, "train_seconds": round(train_seconds, 2), "initial": initial, "final": latest_eval},
+        indent=2) + "\n")
+    return result
+
+
+def _first_eval(run_dir: Path) -> dict[str, float]:
+    from podsrl.metrics import read_metrics
+
+    first = read_metrics(run_dir / "metrics.jsonl")[0]
+    return {k: v for k, v in first.items() if k.startswith("eval_")}
+
+
+def _progress(cfg: Config, step: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.steps, initial=step, disable=not cfg.progress, desc=f"{cfg.method}", unit="step",
+                dynamic_ncols=True)

@@ -1,0 +1,24 @@
+"""Shared fixtures: a tiny *random* model (built in seconds, saved as an HF folder)."""
+
+import pytest
+import torch
+
+from podsrl.tasks.arithmetic import build_arithmetic
+from podsrl.tiny import make_model, train_tokenizer
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory):
+    task = build_arithmetic(level=3, num_train=500, num_test=50, seed=0)
+    tokenizer = train_tokenizer([ex.prompt + f"Answer: {ex.answer}" for ex in task.train] + ["-"])
+    model = make_model(tokenizer, hidden_size=32, num_layers=2, seed=0)
+    path = tmp_path_factory.mktemp("random_model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    # the same thread count everywhere keeps float reductions, and so runs, reproducible
+    torch.set_num_threads(2)

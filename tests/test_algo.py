@@ -1,0 +1,110 @@
+"""Advantages and loss: hand-computed values, edge cases, gradients, accumulation."""
+
+import math
+
+import pytest
+import torch
+
+from podsrl.algo import group_advantages, policy_loss
+
+
+def test_advantages_hand_computed():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.2, 0.2, 0.2]])
+    adv = group_advantages(rewards, eps=0.0)
+    std0 = math.sqrt(4 * 0.25 / 3)  # sample std of [1,0,0,1]
+    assert adv[0].tolist() == pytest.approx([0.5 / std0, -0.5 / std0, -0.5 / std0, 0.5 / std0])
+    mean1 = 1.6 / 4
+    std1 = math.sqrt(((0.6) ** 2 + 3 * 0.2 ** 2) / 3)
+    assert adv[1].tolist() == pytest.approx([(1 - mean1) / std1] + [(0.2 - mean1) / std1] * 3, rel=1e-5)
+    centred = group_advantages(rewards, scale_by_std=False)
+    assert centred[0].tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5])
+
+
+def test_zero_variance_groups_get_zero_not_nan():
+    rewards = torch.tensor([[0.3, 0.3, 0.3], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    for scale in (True, False):
+        adv = group_advantages(rewards, scale_by_std=scale)
+        assert torch.equal(adv, torch.zeros(3, 3))
+    single = group_advantages(torch.tensor([[0.5], [1.0]]))  # m == 1
+    assert torch.equal(single, torch.zeros(2, 1))
+
+
+def test_advantages_sum_to_zero_per_group():
+    rewards = torch.rand(50, 8, generator=torch.Generator().manual_seed(0))
+    adv = group_advantages(rewards)
+    assert torch.allclose(adv.sum(1), torch.zeros(50), atol=1e-5)
+
+
+def test_loss_with_ratio_one_is_reinforce_with_baseline():
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv = torch.tensor([2.0, -1.0])
+    loss, stats = policy_loss(logp, logp, adv, mask)
+    # ratio 1 everywhere: per token -A; sequence means: -2 and +1; mean over sequences: -0.5
+    assert float(loss) == pytest.approx(-0.5)
+    assert stats["clip_fraction"] == 0
+    token_loss, _ = policy_loss(logp, logp, adv, mask, aggregation="token")
+    assert float(token_loss) == pytest.approx((2 * -2.0 + 3 * 1.0) / 5)
+
+
+def test_clipping_hand_computed():
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
+    mask = torch.ones(1, 2)
+    # positive advantage: min(1.5 A, 1.2 A) = 1.2 A ; min(0.5 A, 0.8 A) = 0.5 A
+    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps_low=0.2, clip_eps_high=0.2)
+    assert float(loss) == pytest.approx(-(1.2 + 0.5) / 2)
+    assert stats["clip_fraction"] == pytest.approx(1.0)
+    # negative advantage: min(-1.5, -1.2) = -1.5 ; min(-0.5, -0.8) = -0.8
+    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask)
+    assert float(loss) == pytest.approx((1.5 + 0.8) / 2)
+
+
+def test_k3_kl_term():
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    ref = torch.log(torch.tensor([[0.25, 0.25]]))
+    mask = torch.ones(1, 2)
+    loss, stats = policy_loss(logp, logp.detach(), torch.tensor([0.0]), mask, ref_logp=ref, beta=0.5)
+    q = math.log(0.5)  # ref - logp on the first token; 0 on the second
+    k3 = math.exp(q) - q - 1
+    assert stats["kl"] == pytest.approx(k3 / 2)
+    assert float(loss) == pytest.approx(0.5 * k3 / 2)
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(logp, logp, torch.tensor([0.0]), mask, beta=0.1)
+
+
+def test_gradient_matches_finite_differences():
+    torch.manual_seed(0)
+    logp = (-torch.rand(3, 4, dtype=torch.float64)).requires_grad_()
+    old = logp.detach() + 0.1 * torch.randn(3, 4, dtype=torch.float64)
+    ref = logp.detach() + 0.1 * torch.randn(3, 4, dtype=torch.float64)
+    adv = torch.randn(3, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)
+    for aggregation in ("sequence", "token"):
+        def fn(x):
+            return policy_loss(x, old, adv, mask, ref_logp=ref, beta=0.3, clip_eps_low=0.5,
+                               clip_eps_high=0.5, aggregation=aggregation)[0]
+        assert torch.autograd.gradcheck(fn, (logp,))
+
+
+def test_reinforce_gradient_is_minus_advantage_over_length():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0, -2.0]), mask)
+    loss.backward()
+    expected = torch.tensor([[-1 / 2 / 2, -1 / 2 / 2, 0.0], [2 / 3 / 2] * 3])
+    assert torch.allclose(logp.grad, expected)
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+def test_micro_batch_losses_add_up_to_full_batch(aggregation):
+    generator = torch.Generator().manual_seed(1)
+    logp = -torch.rand(8, 5, generator=generator)
+    old = logp + 0.05 * torch.randn(8, 5, generator=generator)
+    adv = torch.randn(8, generator=generator)
+    mask = (torch.rand(8, 5, generator=generator) > 0.3).float()
+    mask[:, 0] = 1
+    full, _ = policy_loss(logp, old, adv, mask, aggregation=aggregation)
+    parts = sum(policy_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3], aggregation=aggregation,
+                            num_sequences=8, num_tokens=float(mask.sum()))[0] for i in range(0, 8, 3))
+    assert float(parts) == pytest.approx(float(full), rel=1e-6)

@@ -1,0 +1,76 @@
+"""Config: defaults, YAML, overrides and validation messages that name the field."""
+
+import pytest
+
+from podsrl.config import Config, FIELDS, make_config
+
+
+def test_every_field_is_documented():
+    for name, f in FIELDS.items():
+        assert f.metadata.get("help"), name
+
+
+def test_defaults_are_valid_and_the_demo():
+    cfg = make_config()
+    assert (cfg.model, cfg.task, cfg.method, cfg.rule) == ("tiny", "arithmetic", "pods", "max_variance")
+    assert cfg.rollouts_per_prompt == cfg.n and cfg.trained_per_prompt == cfg.m
+
+
+def test_method_decides_generated_and_trained_counts():
+    assert make_config(overrides={"method": "grpo", "m": "4", "n": "16"}).rollouts_per_prompt == 4
+    ga = make_config(overrides={"method": "grpo-ga", "n": "16"})
+    assert (ga.rollouts_per_prompt, ga.trained_per_prompt) == (16, 16)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"m": "20", "n": "4"}, "m:"),
+    ({"rule": "best"}, "rule:"),
+    ({"task": "chess"}, "task:"),
+    ({"method": "ppo"}, "method:"),
+    ({"model": "no_such_model"}, "model:"),
+    ({"model": "./missing/folder"}, "model:"),
+    ({"n": "0"}, "n:"),
+    ({"prompts_per_step": "-1"}, "prompts_per_step:"),
+    ({"micro_batch_size": "0"}, "micro_batch_size:"),
+    ({"lr": "0"}, "lr:"),
+    ({"lr": "fast"}, "lr:"),
+    ({"steps": "1.5"}, "steps:"),
+    ({"eval_greedy": "maybe"}, "eval_greedy:"),
+    ({"top_p": "1.5"}, "top_p:"),
+    ({"loss_aggregation": "sum"}, "loss_aggregation:"),
+])
+def test_invalid_values_name_the_field(overrides, field):
+    with pytest.raises(ValueError) as err:
+        make_config(overrides=overrides)
+    assert field in str(err.value)
+
+
+def test_unknown_field_suggests_the_close_one():
+    with pytest.raises(ValueError, match="unknown config field 'learning_rat'"):
+        make_config(overrides={"learning_rat": "1"})
+    with pytest.raises(ValueError, match="did you mean 'eval_every'"):
+        make_config(overrides={"eval_evry": "1"})
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("method: grpo-ga\nn: 8\nlr: 1.0e-5\nscale_rewards: false\n")
+    cfg = make_config(path, {"n": "6"})
+    assert (cfg.method, cfg.n, cfg.lr, cfg.scale_rewards) == ("grpo-ga", 6, 1e-5, False)
+
+
+def test_yaml_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("method: pods\n\nlr: quick\n")
+    with pytest.raises(ValueError, match=r"bad.yaml line 3: lr: expected float"):
+        make_config(path)
+    path.write_text("method: pods\nsteps: [1\n")
+    with pytest.raises(ValueError, match=r"bad.yaml line \d+: invalid YAML"):
+        make_config(path)
+    with pytest.raises(FileNotFoundError, match="config: file not found"):
+        make_config(tmp_path / "nope.yaml")
+
+
+def test_config_is_frozen():
+    with pytest.raises(Exception):
+        Config().n = 3
