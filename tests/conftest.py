@@ -1,8 +1,11 @@
 """Shared fixtures: a tiny *random* model (built in seconds, saved as an HF folder)."""
 
+import zlib
+
 import pytest
 import torch
 
+from podsrl.tasks import TASKS, Task
 from podsrl.tasks.arithmetic import build_arithmetic
 from podsrl.tiny import make_model, train_tokenizer
 
@@ -22,3 +25,17 @@ def random_model_dir(tmp_path_factory):
 def _two_threads():
     # the same thread count everywhere keeps float reductions, and so runs, reproducible
     torch.set_num_threads(2)
+
+
+def crc_parity(prompts, completions, **_columns):
+    """A reward a random model earns half the time: parity of the completion's CRC32.
+    It gives every group reward variance, hence non-zero advantages and real gradients."""
+    return [float(zlib.crc32(c.encode()) % 2) for c in completions]
+
+
+def _parity_task(cfg):
+    task = build_arithmetic(level=3, num_train=200, num_test=cfg.eval_prompts, seed=cfg.data_seed)
+    return Task(name="parity", train=task.train, test=task.test, correct_fn=crc_parity, format_fn=crc_parity)
+
+
+TASKS["parity"] = _parity_task  # registered by name, as users register their own tasks

@@ -11,7 +11,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from podsrl.config import Config, make_config
+from podsrl.config import Config, make_config, parse_value
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -22,16 +22,21 @@ def _train_parser() -> argparse.ArgumentParser:
     for f in fields(Config):
         # Values stay strings here; podsrl.config.parse_value converts them and names the
         # field on error, the same way for YAML and the command line.
+        flag = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}  # `--resume` alone = true
         parser.add_argument(f"--{f.name}", dest=f.name, default=None, metavar=type(f.default).__name__.upper(),
-                            help=f"{f.metadata['help']} (default: {f.default!r})")
+                            help=f"{f.metadata['help']} (default: {f.default!r})", **flag)
     return parser
 
 
 def cmd_train(argv: list[str]) -> int:
     parser = _train_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     try:
+        if unknown:
+            if unknown[0].startswith("--"):  # raises "unknown config field", with a suggestion
+                parse_value(unknown[0][2:].split("=")[0], None)
+            raise ValueError(f"unexpected argument {unknown[0]!r}")
         cfg = make_config(args.config, overrides)
     except (ValueError, FileNotFoundError) as err:
         print(f"podsrl train: error: {err}", file=sys.stderr)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from podsrl.tasks.arithmetic import LEVELS, build_arithmetic, evaluate_expression
+from podsrl.tasks.arithmetic import build_arithmetic
 from podsrl.tasks.base import Example
 
 ASSET_DIR = Path(__file__).parent / "assets" / "tiny"

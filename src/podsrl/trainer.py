@@ -200,6 +200,9 @@ def _say(message: str) -> None:
 
 
 def train(cfg: Config) -> RunResult:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress bar: ours
     run_dir = Path(cfg.output_dir)
     checkpoints = run_dir / "checkpoints"
     resume_from = list_checkpoints(checkpoints)[-1] if cfg.resume and list_checkpoints(checkpoints) else None

@@ -1,0 +1,151 @@
+"""End-to-end tiers on a tiny random model: one step trains, runs are reproducible,
+PODS with m == n is GRPO, micro-batching does not change the update, resume is exact."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from podsrl.config import make_config
+from podsrl.metrics import read_metrics
+from podsrl.rollout import completion_mask_from_eos, generate
+from podsrl.models import load_model
+from podsrl.trainer import PromptSampler, train
+
+
+def quick_config(model_dir, output_dir, **overrides):
+    values = dict(model=model_dir, steps=2, prompts_per_step=4, n=6, m=3, max_new_tokens=6,
+                  eval_prompts=16, eval_samples=2, eval_every=0, checkpoint_every=0, progress=False,
+                  output_dir=str(output_dir), lr=1e-3, warmup_steps=0, task="parity")
+    values.update(overrides)
+    return make_config(overrides={k: str(v) for k, v in values.items()})
+
+
+def final_weights(run_dir):
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+def training_records(run_dir):
+    """metrics.jsonl without the wall-clock timing fields."""
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "train_seconds"}
+            for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def test_one_step_trains(random_model_dir, tmp_path):
+    # no weight decay: any change of the weights comes from the policy gradient
+    cfg = quick_config(random_model_dir, tmp_path / "run", steps=1, weight_decay=0)
+    before = {k: v.clone() for k, v in load_model(random_model_dir).model.state_dict().items()}
+    result = train(cfg)
+    after = final_weights(result.run_dir)
+    record = read_metrics(result.run_dir / "metrics.jsonl")[-1]
+    assert math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
+    assert record["skipped_step"] == 0 and record["grad_norm"] > 0
+    assert record["kept_reward_std"] > 0
+    changed = [k for k in after if not torch.equal(after[k], before[k])]
+    assert changed, "no parameter changed"
+    for key in ("time_generate", "time_reward", "time_select", "time_update", "reward_mean",
+                "kept_reward_std", "reward_zero_var_frac", "completion_len", "lr", "eval_accuracy"):
+        assert key in record, key
+    assert (result.run_dir / "accuracy.png").stat().st_size > 0
+    assert json.loads((result.run_dir / "config.json").read_text())["n"] == 6
+
+
+def test_same_seed_same_run(random_model_dir, tmp_path):
+    a = train(quick_config(random_model_dir, tmp_path / "a"))
+    b = train(quick_config(random_model_dir, tmp_path / "b"))
+    assert training_records(a.run_dir) == training_records(b.run_dir)
+    c = train(quick_config(random_model_dir, tmp_path / "c", seed=1))
+    assert training_records(c.run_dir) != training_records(a.run_dir)
+
+
+def test_pods_with_m_equal_n_is_grpo(random_model_dir, tmp_path):
+    pods = train(quick_config(random_model_dir, tmp_path / "pods", method="pods", n=4, m=4))
+    grpo = train(quick_config(random_model_dir, tmp_path / "grpo", method="grpo", n=4, m=4))
+    assert training_records(pods.run_dir) == training_records(grpo.run_dir)
+    wp, wg = final_weights(pods.run_dir), final_weights(grpo.run_dir)
+    assert all(torch.equal(wp[k], wg[k]) for k in wp)
+
+
+@pytest.mark.parametrize("method", ["grpo", "grpo-ga", "pods"])
+def test_every_method_runs(random_model_dir, tmp_path, method):
+    result = train(quick_config(random_model_dir, tmp_path / method, method=method, steps=1))
+    record = read_metrics(result.run_dir / "metrics.jsonl")[-1]
+    assert math.isfinite(record["loss"])
+    assert record["kept_completion_len"] > 0
+
+
+def test_micro_batching_equals_one_big_batch(random_model_dir, tmp_path):
+    big = train(quick_config(random_model_dir, tmp_path / "big", micro_batch_size=12, steps=1,
+                             max_grad_norm=0, prompts_per_step=4, m=3))
+    small = train(quick_config(random_model_dir, tmp_path / "small", micro_batch_size=1, steps=1,
+                               max_grad_norm=0, prompts_per_step=4, m=3))
+    wb, ws = final_weights(big.run_dir), final_weights(small.run_dir)
+    for key in wb:
+        assert torch.allclose(wb[key], ws[key], atol=1e-6, rtol=1e-5), key
+
+
+def test_resume_matches_uninterrupted_run(random_model_dir, tmp_path):
+    full = train(quick_config(random_model_dir, tmp_path / "full", steps=4))
+    part_dir = tmp_path / "part"
+    train(quick_config(random_model_dir, part_dir, steps=2, checkpoint_every=2))
+    (part_dir / "model").rename(part_dir / "model_at_2")
+    resumed = train(quick_config(random_model_dir, part_dir, steps=4, resume=True))
+    # the interrupted run also evaluated at its last step (2); evaluation draws from its own
+    # RNG, so every training quantity must still match
+    def without_eval(records):
+        return [{k: v for k, v in r.items() if not k.startswith("eval_")} for r in records]
+
+    assert without_eval(training_records(resumed.run_dir)) == without_eval(training_records(full.run_dir))
+    assert training_records(resumed.run_dir)[-1] == training_records(full.run_dir)[-1]
+    wf, wr = final_weights(full.run_dir), final_weights(resumed.run_dir)
+    assert all(torch.equal(wf[k], wr[k]) for k in wf)
+
+
+def test_existing_run_is_not_overwritten(random_model_dir, tmp_path):
+    train(quick_config(random_model_dir, tmp_path / "run", steps=1))
+    with pytest.raises(FileExistsError, match="output_dir"):
+        train(quick_config(random_model_dir, tmp_path / "run", steps=1))
+
+
+def test_kl_and_multiple_iterations_run(random_model_dir, tmp_path):
+    result = train(quick_config(random_model_dir, tmp_path / "kl", steps=1, beta=0.1, num_iterations=2))
+    record = read_metrics(result.run_dir / "metrics.jsonl")[-1]
+    assert math.isfinite(record["loss"]) and record["kl"] >= 0
+    assert "time_logprobs" in record
+
+
+def test_lora_trains_only_the_adapter(random_model_dir, tmp_path):
+    result = train(quick_config(random_model_dir, tmp_path / "lora", steps=1, lora_rank=4, beta=0.1))
+    assert (result.run_dir / "model" / "adapter_config.json").exists()
+    assert math.isfinite(read_metrics(result.run_dir / "metrics.jsonl")[-1]["kl"])
+
+
+def test_generation_shapes_and_masks(random_model_dir):
+    bundle = load_model(random_model_dir)
+    torch.manual_seed(0)
+    rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "What is 10 - 3 + 4?"], 5,
+                        max_new_tokens=7, temperature=1.0)
+    assert rollouts.completion_ids.shape[:2] == (2, 5) and rollouts.completion_ids.shape[2] <= 7
+    assert len(rollouts.texts) == 2 and all(len(g) == 5 for g in rollouts.texts)
+    assert torch.equal(rollouts.completion_mask,
+                       completion_mask_from_eos(rollouts.completion_ids, bundle.tokenizer.eos_token_id))
+    kept = rollouts.select(torch.tensor([[0, 4], [1, 2]]))
+    assert kept.completion_ids.shape[:2] == (2, 2) and kept.texts[1] == rollouts.texts[1][1:3]
+
+
+def test_completion_mask_from_eos():
+    ids = torch.tensor([[5, 6, 0, 0], [0, 7, 0, 8], [5, 5, 5, 5]])
+    assert completion_mask_from_eos(ids, 0).tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+
+
+def test_prompt_sampler_covers_each_epoch_once():
+    sampler = PromptSampler(10, seed=3)
+    first = sampler.take(7) + sampler.take(3)
+    assert sorted(first) == list(range(10))
+    second = sampler.take(10)
+    assert sorted(second) == list(range(10)) and second != first
+    resumed = PromptSampler(10, seed=3, epoch=1, position=4)
+    assert resumed.take(6) == second[4:]
