@@ -45,6 +45,12 @@ def test_invalid_values_name_the_field(overrides, field):
     assert field in str(err.value)
 
 
+def test_hub_ids_are_accepted_without_network():
+    # users with network load these; validation must not reject (or fetch) them
+    for name in ("Qwen/Qwen2.5-0.5B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "meta-llama/Llama-3.2-1B"):
+        assert make_config(overrides={"model": name}).model == name
+
+
 def test_unknown_field_suggests_the_close_one():
     with pytest.raises(ValueError, match="unknown config field 'learning_rat'"):
         make_config(overrides={"learning_rat": "1"})

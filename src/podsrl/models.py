@@ -3,7 +3,7 @@ with optional LoRA adapters through ``peft``."""
 
 from __future__ import annotations
 
-import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,17 +40,16 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+# org/name as the Hugging Face hub spells repository ids
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def check_model_name(name: str) -> None:
     """Reject names that can be neither a built-in, a local folder nor a hub id."""
-    if name in BUILTIN_MODELS or Path(name).is_dir():
+    if name in BUILTIN_MODELS or Path(name).expanduser().is_dir() or HUB_ID.fullmatch(name):
         return
-    looks_like_path = name.startswith((".", "/", "~")) or os.sep in name and name.count("/") != 1
-    if looks_like_path or Path(name).suffix or not name or " " in name:
-        raise ValueError(f"model: {name!r} is not a built-in model ({sorted(BUILTIN_MODELS)}), "
-                         f"an existing local folder, nor a hub id like 'org/name'")
-    if "/" not in name:
-        raise ValueError(f"model: unknown model {name!r}; use a built-in name "
-                         f"({sorted(BUILTIN_MODELS)}), a local folder, or a hub id 'org/name'")
+    raise ValueError(f"model: unknown model {name!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}), "
+                     f"an existing local folder, nor a hub id like 'org/name'")
 
 
 def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,

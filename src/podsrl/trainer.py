@@ -205,20 +205,20 @@ def train(cfg: Config) -> RunResult:
     hf_logging.disable_progress_bar()  # one progress bar: ours
     run_dir = Path(cfg.output_dir)
     checkpoints = run_dir / "checkpoints"
-    resume_from = list_checkpoints(checkpoints)[-1] if cfg.resume and list_checkpoints(checkpoints) else None
+    resume_from = (list_checkpoints(checkpoints) or [None])[-1] if cfg.resume else None
     if cfg.resume and resume_from is None:
         _say(f"resume: no checkpoint in {checkpoints}; starting from scratch")
     if not cfg.resume and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"output_dir: {run_dir} already holds a run; pass --resume true to "
                               f"continue it or choose another --output_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     _seed_everything(cfg.seed)
     task = build_task(cfg)
     bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, dtype=cfg.dtype,
                         lora_target_modules=tuple(t for t in cfg.lora_target_modules.split(",") if t))
+    run_dir.mkdir(parents=True, exist_ok=True)  # only once the model loaded: no empty run folders
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     model = bundle.model
     model.train()
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
@@ -241,16 +241,19 @@ def train(cfg: Config) -> RunResult:
         step, train_seconds = state["step"], state["train_seconds"]
         sampler.epoch, sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
         metrics.truncate_after(step)
+        initial = _first_eval(run_dir)
         _say(f"resumed from {resume_from} at step {step}")
     else:
+        metrics.truncate_after(-1)  # a resume that found no checkpoint starts the log afresh
         initial = evaluate(bundle, task, cfg)
         metrics.write({"step": 0, "train_seconds": 0.0, **initial})
-    initial = _first_eval(run_dir)
 
-    def checkpoint(at_step: int) -> None:
-        save_checkpoint(checkpoints, step=at_step, model=model, optimizer=optimizer, scheduler=scheduler,
+    def checkpoint() -> None:
+        nonlocal last_checkpoint_time
+        save_checkpoint(checkpoints, step=step, model=model, optimizer=optimizer, scheduler=scheduler,
                         trainer_state={"train_seconds": train_seconds, "sampler": sampler.state()},
                         generators=generators, keep=cfg.keep_checkpoints)
+        last_checkpoint_time = time.time()
 
     progress = _progress(cfg, step)
     last_checkpoint_time = time.time()
@@ -316,11 +319,11 @@ def train(cfg: Config) -> RunResult:
 
         due_by_time = cfg.checkpoint_minutes and time.time() - last_checkpoint_time >= cfg.checkpoint_minutes * 60
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or due_by_time:
-            checkpoint(step)
-            last_checkpoint_time = time.time()
+            checkpoint()
     progress.close()
 
-    checkpoint(step)
+    if not (checkpoints / f"step_{step:07d}").is_dir():
+        checkpoint()
     model.save_pretrained(run_dir / "model")
     bundle.tokenizer.save_pretrained(run_dir / "model")
     from podsrl.plot import plot_accuracy
