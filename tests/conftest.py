@@ -35,7 +35,8 @@ def crc_parity(prompts, completions, **_columns):
 
 def _parity_task(cfg):
     task = build_arithmetic(level=3, num_train=200, num_test=cfg.eval_prompts, seed=cfg.data_seed)
-    return Task(name="parity", train=task.train, test=task.test, correct_fn=crc_parity, format_fn=crc_parity)
+    return Task(name="parity", train=task.train, test=task.test, correct_fn=crc_parity, format_fn=crc_parity,
+                extract_fn=lambda completion: completion)
 
 
 TASKS["parity"] = _parity_task  # registered by name, as users register their own tasks

@@ -2,7 +2,7 @@
 
 import pytest
 
-from podsrl.rewards import arithmetic_correct, arithmetic_format, combine, extract_answer
+from podsrl.rewards import RewardStack, arithmetic_correct, arithmetic_format, extract_answer
 from podsrl.tasks.arithmetic import LEVELS, build_arithmetic, evaluate_expression
 
 
@@ -52,16 +52,11 @@ def test_rewards_on_literal_strings(completion, gold, correct, formatted):
     assert arithmetic_format([""], [completion]) == [formatted]
 
 
-def test_combine_weights_and_checks():
-    rewards = combine([arithmetic_correct, arithmetic_format], [0.8, 0.2], ["", ""],
-                      ["Answer: 1", "Answer: 2"], {"answer": ["1", "1"]})
-    assert rewards.tolist() == pytest.approx([1.0, 0.2])
-    with pytest.raises(ValueError, match="returned 1 values for 2"):
-        combine([lambda prompts, completions, **kw: [1.0]], [1.0], ["", ""], ["a", "b"], {})
-    with pytest.raises(ValueError, match="returned nan"):
-        combine([lambda prompts, completions, **kw: [float("nan")] * 2], [1.0], ["", ""], ["a", "b"], {})
-    unverifiable = combine([lambda prompts, completions, **kw: [None, 1.0]], [1.0], ["", ""], ["a", "b"], {})
-    assert unverifiable.isnan().tolist() == [True, False]
+def test_reward_stack_weights_and_checks():
+    stack = RewardStack([arithmetic_correct, arithmetic_format], [0.8, 0.2])
+    assert stack(["", ""], ["Answer: 1", "Answer: 2"], {"answer": ["1", "1"]}).tolist() == pytest.approx([1.0, 0.2])
+    unverifiable = RewardStack([lambda prompts, completions, **kw: [None, 1.0]], [1.0])
+    assert unverifiable(["", ""], ["a", "b"], {}).isnan().tolist() == [True, False]
 
 
 def test_extract_answer():

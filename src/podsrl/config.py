@@ -28,6 +28,16 @@ class Config:
     task: str = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = _f(3, "Arithmetic difficulty level (1-5; see podsrl.tasks.arithmetic.LEVELS).")
     data_seed: int = _f(0, "Seed of the task's train/held-out split (independent of the run seed).")
+    train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .parquet file, or a hub "
+                             "dataset 'name' or 'name:config' (empty = the task's hub default).")
+    test_data: str = _f("", "Held-out data, same forms as train_data (empty = the task's hub default).")
+    prompt_column: str = _f("prompt", "Prompt column of task 'jsonl'.")
+    answer_column: str = _f("answer", "Gold-answer column of task 'jsonl'.")
+    reasoning_gym_size: int = _f(10000, "Train problems generated for a reasoning_gym:NAME task.")
+    system_prompt: str = _f("auto", "System prompt; 'auto' = the task's own (the <think>/<answer> "
+                                    "instruction for gsm8k/math), '' = none.")
+    chat_template: bool = _f(True, "Render prompts with the tokenizer's chat template when it has one.")
+    max_prompt_tokens: int = _f(512, "Prompts longer than this many tokens are dropped (and counted).")
     # --- method --------------------------------------------------------------------------
     method: str = _f("pods", "'pods': generate n, train on m picked by `rule`; 'grpo': generate and "
                              "train m; 'grpo-ga': generate n, train on all n with gradient accumulation.")
@@ -55,6 +65,13 @@ class Config:
     # --- reward --------------------------------------------------------------------------
     correct_weight: float = _f(0.8, "Weight of the correctness reward (slides' 80/20 example).")
     format_weight: float = _f(0.2, "Weight of the format reward.")
+    reward_funcs: str = _f("", "Comma-separated reward functions replacing the task's default: built-in "
+                               "names (podsrl.rewards.REWARDS) or 'module:function' / 'file.py:function' "
+                               "with TRL's signature fn(prompts, completions, **columns).")
+    reward_weights: str = _f("", "Comma-separated weights of reward_funcs (empty = 1 each).")
+    reward_error_policy: str = _f("raise", "A reward function that raises, times out or returns a bad "
+                                           "value: 'raise' stops the run naming it; 'zero' scores 0, counted.")
+    reward_timeout: float = _f(0.0, "Seconds a reward call may take (0 = no limit).")
     # --- generation ----------------------------------------------------------------------
     temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
     top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
@@ -74,6 +91,7 @@ class Config:
     eval_samples: int = _f(4, "Samples per held-out prompt for sampled accuracy.")
     eval_temperature: float = _f(0.9, "Temperature of sampled evaluation (paper: 0.9).")
     eval_greedy: bool = _f(True, "Also log greedy accuracy at each evaluation.")
+    eval_batch_size: int = _f(512, "Max sequences generated at once during evaluation.")
     # --- run bookkeeping ----------------------------------------------------------------
     seed: int = _f(0, "Seed of every random stream of the run (python, numpy, torch).")
     output_dir: str = _f("runs/podsrl", "Run directory: config, metrics.jsonl, checkpoints, plot.")
@@ -169,9 +187,11 @@ def make_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
 def validate(cfg: Config) -> None:
     """Reject invalid values and combinations before any work, naming the field."""
     from podsrl.models import check_model_name
+    from podsrl.rewards import load_reward_fn
     from podsrl.select import RULES
-    from podsrl.tasks import TASKS
+    from podsrl.tasks import is_known_task
     from podsrl.tasks.arithmetic import LEVELS, space_size
+    from podsrl.tasks.data import is_local
 
     def require(ok: bool, message: str) -> None:
         if not ok:
@@ -179,7 +199,25 @@ def validate(cfg: Config) -> None:
 
     require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
     require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
-    require(cfg.task in TASKS, f"task: unknown task {cfg.task!r}; known: {', '.join(sorted(TASKS))}")
+    require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: arithmetic, gsm8k, math, "
+                                     f"jsonl, reasoning_gym:NAME")
+    for name in ("train_data", "test_data"):
+        spec = getattr(cfg, name)
+        if spec and is_local(spec) and not Path(spec).expanduser().is_file():
+            raise FileNotFoundError(f"{name}: file not found: {spec}")
+    require(cfg.task != "jsonl" or bool(cfg.train_data), "train_data: required for task 'jsonl'")
+    reward_specs = [r.strip() for r in cfg.reward_funcs.split(",") if r.strip()]
+    for spec in reward_specs:
+        load_reward_fn(spec)  # import errors surface now, not mid-run
+    if cfg.reward_weights:
+        try:
+            weights = [float(w) for w in cfg.reward_weights.split(",")]
+        except ValueError:
+            raise ValueError(f"reward_weights: expected comma-separated numbers, got {cfg.reward_weights!r}") from None
+        require(len(weights) == len(reward_specs), f"reward_weights: {len(weights)} weights for "
+                                                   f"{len(reward_specs)} reward_funcs")
+    require(cfg.reward_error_policy in ("raise", "zero"),
+            f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
     if cfg.task == "arithmetic":
         require(cfg.task_level in LEVELS, f"task_level: unknown level {cfg.task_level}; known: {sorted(LEVELS)}")
         size = space_size(LEVELS[cfg.task_level])
@@ -187,11 +225,12 @@ def validate(cfg: Config) -> None:
                                          f"problems; hold out fewer than that")
     check_model_name(cfg.model)
     for name in ("n", "m", "prompts_per_step", "steps", "micro_batch_size", "num_iterations",
-                 "max_new_tokens", "eval_prompts", "eval_samples", "keep_checkpoints"):
+                 "max_new_tokens", "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens",
+                 "eval_batch_size", "reasoning_gym_size"):
         require(getattr(cfg, name) > 0, f"{name}: must be positive, got {getattr(cfg, name)}")
     for name in ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
                  "max_minutes", "checkpoint_minutes", "beta", "weight_decay", "max_grad_norm",
-                 "temperature", "eval_temperature", "lora_dropout"):
+                 "temperature", "eval_temperature", "lora_dropout", "reward_timeout"):
         require(getattr(cfg, name) >= 0, f"{name}: must be >= 0, got {getattr(cfg, name)}")
     require(cfg.m <= cfg.n or cfg.method == "grpo",
             f"m: must be <= n (got m={cfg.m}, n={cfg.n}); PODS keeps m of the n rollouts")

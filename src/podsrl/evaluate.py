@@ -1,5 +1,5 @@
-"""Held-out accuracy: sampled (averaging several samples per prompt, as the paper
-evaluates at temperature 0.9) and greedy."""
+"""Held-out evaluation: sampled accuracy (several samples per prompt, at the paper's
+temperature 0.9) and greedy accuracy, with per-sample records for ``podsrl eval``."""
 
 from __future__ import annotations
 
@@ -7,29 +7,87 @@ from typing import Callable, Sequence
 
 import torch
 
-from podsrl.rewards import arithmetic_correct
 from podsrl.rollout import generate
-from podsrl.tasks.base import Example
+from podsrl.tasks.base import Example, reward_columns
 
 
-def accuracy(bundle, examples: Sequence[Example], *, samples: int, temperature: float,
-             max_new_tokens: int, seed: int, top_p: float = 1.0, batch_size: int = 512,
-             correct_fn: Callable[..., list] = arithmetic_correct) -> float:
-    """Fraction of correct completions over ``len(examples) * samples`` generations.
+def generate_and_grade(bundle, examples: Sequence[Example], prompts: Sequence[str], *, samples: int,
+                       temperature: float, max_new_tokens: int, seed: int, correct_fn: Callable[..., list],
+                       extract_fn: Callable[[str], str | None] | None = None, top_p: float = 1.0,
+                       batch_size: int = 512) -> list[dict]:
+    """One record per completion: prompt, completion, extracted answer, gold, correct.
 
-    Runs under its own seeded RNG (``torch.random.fork_rng``) so evaluating never changes
-    the training run's random stream: how often one evaluates cannot change what is learnt.
+    ``prompts`` are the rendered prompt texts of ``examples``. Runs under its own seeded RNG
+    (``torch.random.fork_rng``) so evaluating never changes the training run's random
+    stream: how often one evaluates cannot change what is learnt.
     """
+    if not examples:
+        return []
     samples = 1 if temperature == 0 else samples
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        rollouts = generate(bundle.model, bundle.tokenizer, [ex.prompt for ex in examples], samples,
-                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            batch_size=batch_size)
+        rollouts = generate(bundle.model, bundle.tokenizer, list(prompts), samples, max_new_tokens=max_new_tokens,
+                            temperature=temperature, top_p=top_p, batch_size=batch_size)
     completions = [text for group in rollouts.texts for text in group]
-    prompts = [ex.prompt for ex in examples for _ in range(samples)]
-    columns = {"answer": [ex.answer for ex in examples for _ in range(samples)]}
-    for key in examples[0].columns if examples else ():
-        columns[key] = [ex.columns[key] for ex in examples for _ in range(samples)]
-    correct = correct_fn(prompts=prompts, completions=completions, **columns)
-    return sum(float(c or 0.0) for c in correct) / max(1, len(correct))
+    raw_prompts = [ex.prompt for ex in examples for _ in range(samples)]
+    correct = correct_fn(prompts=raw_prompts, completions=completions, **reward_columns(list(examples), samples))
+    records = []
+    for k, (completion, ok) in enumerate(zip(completions, correct)):
+        example = examples[k // samples]
+        records.append({"index": k // samples, "sample": k % samples, "prompt": example.prompt,
+                        "completion": completion,
+                        "extracted": extract_fn(completion) if extract_fn else None,
+                        "gold": example.answer, "correct": bool(ok)})
+    return records
+
+
+def accuracy(records: Sequence[dict]) -> float:
+    """Fraction of correct completions (averaged over samples and prompts)."""
+    return sum(r["correct"] for r in records) / max(1, len(records))
+
+
+def run_eval(cfg) -> dict:
+    """``podsrl eval``: accuracy of ``cfg.model`` on the task's held-out split.
+
+    Uses ``eval_prompts`` prompts, ``eval_samples`` samples each at ``eval_temperature``
+    (0 = greedy), ``max_new_tokens`` and ``eval_batch_size``; writes one JSONL record per
+    sample (prompt, completion, extracted answer, gold, correct) and a summary to
+    ``{output_dir}/eval/``. Returns the summary.
+    """
+    import json
+    import re
+    import time
+    from pathlib import Path
+
+    from podsrl.models import load_model
+    from podsrl.tasks import build_task, prepare_split
+
+    task = build_task(cfg)
+    bundle = load_model(cfg.model, dtype=cfg.dtype)
+    system_prompt = task.system_prompt if cfg.system_prompt == "auto" else cfg.system_prompt
+    split = prepare_split(task.test[:cfg.eval_prompts], bundle.tokenizer, system_prompt=system_prompt,
+                          use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
+    if not split.examples:
+        raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} (dropped {split.dropped} "
+                         f"over max_prompt_tokens={cfg.max_prompt_tokens})")
+    start = time.perf_counter()
+    records = generate_and_grade(bundle, split.examples, split.prompts, samples=cfg.eval_samples,
+                                 temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
+                                 seed=cfg.seed, correct_fn=task.correct_fn, extract_fn=task.extract_fn,
+                                 batch_size=cfg.eval_batch_size)
+    seconds = time.perf_counter() - start
+    out_dir = Path(cfg.output_dir) / "eval"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)
+    samples_path = out_dir / f"{stem}-samples.jsonl"
+    with samples_path.open("w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    summary = {"model": cfg.model, "task": task.name, "accuracy": accuracy(records),
+               "prompts": len(split.examples), "dropped_prompts": split.dropped,
+               "samples_per_prompt": 1 if cfg.eval_temperature == 0 else cfg.eval_samples,
+               "temperature": cfg.eval_temperature, "max_new_tokens": cfg.max_new_tokens,
+               "answered": sum(r["extracted"] is not None for r in records) / max(1, len(records)),
+               "seconds": round(seconds, 2), "samples_file": str(samples_path)}
+    (out_dir / f"{stem}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

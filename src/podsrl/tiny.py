@@ -117,7 +117,7 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
           spread_steps: int = 300, perturb_fraction: float = 0.5, seed: int = 0,
           hidden_size: int = 128, num_layers: int = 4) -> Path:
     """Build tokenizer + model + two-phase warm start and save them as an HF model folder."""
-    from podsrl.evaluate import accuracy
+    from podsrl.evaluate import accuracy, generate_and_grade
     from podsrl.models import ModelBundle
 
     torch.manual_seed(seed)
@@ -131,15 +131,21 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
     print(f"tiny model: {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}", flush=True)
     bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny")
     probe = task.test[:200]
+
+    def probe_accuracy(samples: int, temperature: float) -> float:
+        return accuracy(generate_and_grade(bundle, probe, [ex.prompt for ex in probe], samples=samples,
+                                           temperature=temperature, max_new_tokens=8, seed=seed,
+                                           correct_fn=task.correct_fn))
+
     start = time.time()
     print("phase 1: clean SFT", flush=True)
     _sft_steps(model, tokenizer, task.train, clean_steps, 3e-3, 128, 0.0, rng)
-    clean = accuracy(bundle, probe, samples=1, temperature=0.0, max_new_tokens=8, seed=seed)
+    clean = probe_accuracy(1, 0.0)
     print(f"  greedy held-out accuracy after clean SFT: {clean:.3f} ({time.time() - start:.0f}s)")
     print("phase 2: spread SFT (perturbed targets)", flush=True)
     _sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, 128, perturb_fraction, rng)
-    greedy = accuracy(bundle, probe, samples=1, temperature=0.0, max_new_tokens=8, seed=seed)
-    sampled = accuracy(bundle, probe, samples=4, temperature=0.9, max_new_tokens=8, seed=seed)
+    greedy = probe_accuracy(1, 0.0)
+    sampled = probe_accuracy(4, 0.9)
     print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}")
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir, safe_serialization=True)

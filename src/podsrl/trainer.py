@@ -23,13 +23,13 @@ import torch
 from podsrl import algo
 from podsrl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from podsrl.config import Config
-from podsrl.evaluate import accuracy
+from podsrl.evaluate import accuracy, generate_and_grade
 from podsrl.metrics import MetricsLog, StageTimer
 from podsrl.models import ModelBundle, load_model
-from podsrl.rewards import combine
+from podsrl.rewards import RewardStack, load_reward_fn
 from podsrl.rollout import Rollouts, generate
 from podsrl.select import select
-from podsrl.tasks import Example, Task, build_task
+from podsrl.tasks import Example, PreparedSplit, Task, build_task, prepare_split, reward_columns
 
 
 # ----------------------------------------------------------------------------- data order
@@ -58,24 +58,52 @@ class PromptSampler:
 
 
 # ----------------------------------------------------------------------------- stages
-def score(task: Task, examples: list[Example], rollouts: Rollouts, cfg: Config) -> dict[str, torch.Tensor]:
-    """Rewards [P, n] = correct_weight * correct + format_weight * format, plus the parts.
+@dataclass
+class Scorer:
+    """The run's reward: ``correct_weight * correct + format_weight * format`` from the task,
+    or the user's ``reward_funcs`` instead. Correctness is always scored too: it is the
+    accuracy metric."""
 
-    Unverifiable samples (every reward function returned None) get reward 0 and are counted.
-    """
-    n = rollouts.group_size
-    prompts = [ex.prompt for ex in examples for _ in range(n)]
-    completions = [text for group in rollouts.texts for text in group]
-    columns = {"answer": [ex.answer for ex in examples for _ in range(n)]}
-    for key in examples[0].columns:
-        columns[key] = [ex.columns[key] for ex in examples for _ in range(n)]
-    correct = combine([task.correct_fn], [1.0], prompts, completions, columns)
-    formatted = combine([task.format_fn], [1.0], prompts, completions, columns)
-    total = cfg.correct_weight * correct.nan_to_num(0.0) + cfg.format_weight * formatted.nan_to_num(0.0)
-    unverifiable = correct.isnan() & formatted.isnan()
-    shape = (len(examples), n)
-    return {"reward": total.view(shape), "correct": correct.view(shape), "format": formatted.view(shape),
-            "unverifiable": unverifiable.view(shape)}
+    correct: RewardStack
+    format: RewardStack
+    custom: RewardStack | None
+    correct_weight: float
+    format_weight: float
+
+    @classmethod
+    def from_config(cls, task: Task, cfg: Config) -> "Scorer":
+        def stack(fns, weights):
+            return RewardStack(fns, weights, error_policy=cfg.reward_error_policy, timeout=cfg.reward_timeout)
+
+        specs = [r.strip() for r in cfg.reward_funcs.split(",") if r.strip()]
+        weights = [float(w) for w in cfg.reward_weights.split(",")] if cfg.reward_weights else [1.0] * len(specs)
+        custom = stack([load_reward_fn(r) for r in specs], weights) if specs else None
+        return cls(stack([task.correct_fn], [1.0]), stack([task.format_fn], [1.0]), custom,
+                   cfg.correct_weight, cfg.format_weight)
+
+    @property
+    def failures(self) -> int:
+        return self.correct.failures + self.format.failures + (self.custom.failures if self.custom else 0)
+
+    def __call__(self, examples: list[Example], rollouts: Rollouts) -> dict[str, torch.Tensor]:
+        """Rewards [P, n] and their parts; unverifiable samples (NaN) score 0 and are counted."""
+        n = rollouts.group_size
+        prompts = [ex.prompt for ex in examples for _ in range(n)]
+        completions = [text for group in rollouts.texts for text in group]
+        columns = reward_columns(examples, n)
+        correct = self.correct(prompts, completions, columns)
+        if self.custom is None:
+            formatted = self.format(prompts, completions, columns)
+            total = self.correct_weight * correct.nan_to_num(0.0) + self.format_weight * formatted.nan_to_num(0.0)
+            unverifiable = correct.isnan() & formatted.isnan()
+        else:
+            formatted = torch.full_like(correct, float("nan"))
+            total = self.custom(prompts, completions, columns)
+            unverifiable = total.isnan()
+            total = total.nan_to_num(0.0)
+        shape = (len(examples), n)
+        return {"reward": total.view(shape), "correct": correct.view(shape), "format": formatted.view(shape),
+                "unverifiable": unverifiable.view(shape)}
 
 
 def flatten_for_update(kept: Rollouts, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -159,15 +187,17 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
             "skipped_step": int(skipped)}
 
 
-def evaluate(bundle: ModelBundle, task: Task, cfg: Config) -> dict[str, float]:
+def evaluate(bundle: ModelBundle, task: Task, test: PreparedSplit, cfg: Config) -> dict[str, float]:
     """Held-out accuracy: sampled (eval_samples per prompt at eval_temperature) and greedy.
     A fixed seed gives every evaluation the same sampling noise (common random numbers)."""
-    examples = task.test[:cfg.eval_prompts]
-    common = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_007, correct_fn=task.correct_fn)
-    out = {"eval_accuracy": accuracy(bundle, examples, samples=cfg.eval_samples,
-                                     temperature=cfg.eval_temperature, **common)}
+    common = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_007, correct_fn=task.correct_fn,
+                  batch_size=cfg.eval_batch_size)
+    examples, prompts = test.examples[:cfg.eval_prompts], test.prompts[:cfg.eval_prompts]
+    out = {"eval_accuracy": accuracy(generate_and_grade(bundle, examples, prompts, samples=cfg.eval_samples,
+                                                        temperature=cfg.eval_temperature, **common))}
     if cfg.eval_greedy:
-        out["eval_greedy_accuracy"] = accuracy(bundle, examples, samples=1, temperature=0.0, **common)
+        out["eval_greedy_accuracy"] = accuracy(generate_and_grade(bundle, examples, prompts, samples=1,
+                                                                  temperature=0.0, **common))
     return out
 
 
@@ -200,9 +230,6 @@ def _say(message: str) -> None:
 
 
 def train(cfg: Config) -> RunResult:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one progress bar: ours
     run_dir = Path(cfg.output_dir)
     checkpoints = run_dir / "checkpoints"
     resume_from = (list_checkpoints(checkpoints) or [None])[-1] if cfg.resume else None
@@ -217,8 +244,25 @@ def train(cfg: Config) -> RunResult:
     bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, dtype=cfg.dtype,
                         lora_target_modules=tuple(t for t in cfg.lora_target_modules.split(",") if t))
-    run_dir.mkdir(parents=True, exist_ok=True)  # only once the model loaded: no empty run folders
+    system_prompt = task.system_prompt if cfg.system_prompt == "auto" else cfg.system_prompt
+    split_options = dict(system_prompt=system_prompt, use_chat_template=cfg.chat_template,
+                         max_prompt_tokens=cfg.max_prompt_tokens)
+    train_split = prepare_split(task.train, bundle.tokenizer, **split_options)
+    test_split = prepare_split(task.test, bundle.tokenizer, **split_options)
+    if train_split.dropped or test_split.dropped:
+        _say(f"max_prompt_tokens={cfg.max_prompt_tokens}: dropped {train_split.dropped} train and "
+             f"{test_split.dropped} held-out prompts that are longer")
+    if not train_split.examples:
+        raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
+    if not test_split.examples:
+        raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
+    scorer = Scorer.from_config(task, cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)  # only once model and data loaded: no empty run folders
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    (run_dir / "data.json").write_text(json.dumps({
+        "task": task.name, "train_prompts": len(train_split.examples), "test_prompts": len(test_split.examples),
+        "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,
+        "system_prompt": system_prompt, "example_prompt": test_split.prompts[0]}, indent=2) + "\n")
     model = bundle.model
     model.train()
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
@@ -231,7 +275,7 @@ def train(cfg: Config) -> RunResult:
         optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
     rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
     generators = {"rule": rule_generator}
-    sampler = PromptSampler(len(task.train), seed=cfg.seed)
+    sampler = PromptSampler(len(train_split.examples), seed=cfg.seed)
     metrics = MetricsLog(run_dir / "metrics.jsonl")
 
     step, train_seconds = 0, 0.0
@@ -245,7 +289,7 @@ def train(cfg: Config) -> RunResult:
         _say(f"resumed from {resume_from} at step {step}")
     else:
         metrics.truncate_after(-1)  # a resume that found no checkpoint starts the log afresh
-        initial = evaluate(bundle, task, cfg)
+        initial = evaluate(bundle, task, test_split, cfg)
         metrics.write({"step": 0, "train_seconds": 0.0, **initial})
 
     def checkpoint() -> None:
@@ -265,15 +309,16 @@ def train(cfg: Config) -> RunResult:
     while step < cfg.steps and not out_of_time():
         step += 1
         timer = StageTimer()
-        examples = [task.train[i] for i in sampler.take(cfg.prompts_per_step)]
+        batch_indices = sampler.take(cfg.prompts_per_step)
+        examples = [train_split.examples[i] for i in batch_indices]
 
         with timer("generate"):
-            rollouts = generate(model, bundle.tokenizer, [ex.prompt for ex in examples],
+            rollouts = generate(model, bundle.tokenizer, [train_split.prompts[i] for i in batch_indices],
                                 cfg.rollouts_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                 temperature=cfg.temperature, top_p=cfg.top_p,
                                 batch_size=cfg.generation_batch_size or None)  # [P, n, Lc]
         with timer("reward"):
-            scores = score(task, examples, rollouts, cfg)
+            scores = scorer(examples, rollouts)
             rewards = scores["reward"]  # [P, n]
         with timer("select"):
             if cfg.method == "pods":
@@ -304,13 +349,13 @@ def train(cfg: Config) -> RunResult:
                   **_group_stats("reward", rewards), **_group_stats("kept_reward", kept_rewards),
                   "correct_rate": float(scores["correct"].nan_to_num(0).mean()),
                   "format_rate": float(scores["format"].nan_to_num(0).mean()),
-                  "unverifiable": int(scores["unverifiable"].sum()),
+                  "unverifiable": int(scores["unverifiable"].sum()), "reward_failures": scorer.failures,
                   "completion_len": float(rollouts.completion_mask.sum(-1).float().mean()),
                   "kept_completion_len": float(kept.completion_mask.sum(-1).float().mean()),
                   **update, **{f"time_{k}": v for k, v in timer.seconds.items()}}
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps or out_of_time():
             eval_start = time.perf_counter()
-            latest_eval = evaluate(bundle, task, cfg)
+            latest_eval = evaluate(bundle, task, test_split, cfg)
             record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
         metrics.write(record)
         progress.update(1)

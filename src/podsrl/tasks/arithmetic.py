@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from podsrl.rewards import arithmetic_correct, arithmetic_format
+from podsrl.rewards import arithmetic_correct, arithmetic_format, extract_answer
 from podsrl.tasks.base import Example, Task
 
 PROMPT_TEMPLATE = "What is {expression}? Answer in format: 'Answer: {{result}}'\n"
@@ -98,7 +98,7 @@ def build_arithmetic(level: int = 3, num_train: int = 20000, num_test: int = 500
     return Task(name="arithmetic",
                 train=[make_example(e) for e in train],
                 test=[make_example(e) for e in held_out],
-                correct_fn=arithmetic_correct, format_fn=arithmetic_format)
+                correct_fn=arithmetic_correct, format_fn=arithmetic_format, extract_fn=extract_answer)
 
 
 def _enumerate(spec: Level):

@@ -1,0 +1,38 @@
+"""User data: a JSONL / parquet / hub dataset with configurable prompt and answer columns.
+
+Every other column reaches reward functions as a keyword argument (TRL's convention), so
+``fn(prompts, completions, answer, difficulty, **kw)`` sees a ``difficulty`` column.
+Correctness defaults to mathematical equivalence of the final answer (``grade(...,
+"math")``); pass your own reward functions with ``reward_funcs``.
+"""
+
+from __future__ import annotations
+
+from podsrl.grading import extract_final_answer, math_correct, think_answer_format_soft
+from podsrl.tasks.base import Example, Task
+from podsrl.tasks.data import read_rows, require_column
+
+
+def custom_examples(spec: str, split: str, field_name: str, prompt_column: str, answer_column: str) -> list[Example]:
+    out = []
+    for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
+        prompt = require_column(row, prompt_column, spec, field_name, i)
+        answer = require_column(row, answer_column, spec, field_name, i)
+        if not isinstance(prompt, str) or not prompt.strip():
+            where = f"line {row['_line']}" if "_line" in row else f"row {i}"
+            raise ValueError(f"{field_name}: {spec} {where}: column {prompt_column!r} is empty or not text")
+        columns = {k: v for k, v in row.items() if k not in (prompt_column, answer_column, "_line")}
+        out.append(Example(prompt=prompt, answer=str(answer), columns=columns))
+    return out
+
+
+def build_custom(train_data: str, test_data: str, prompt_column: str = "prompt", answer_column: str = "answer",
+                 system_prompt: str = "") -> Task:
+    if not train_data:
+        raise ValueError("train_data: required for task 'jsonl' (a .jsonl / .parquet file or hub dataset)")
+    train = custom_examples(train_data, "train", "train_data", prompt_column, answer_column)
+    test = (custom_examples(test_data, "test", "test_data", prompt_column, answer_column) if test_data
+            else [])
+    return Task(name="jsonl", train=train, test=test, correct_fn=math_correct,
+                format_fn=think_answer_format_soft, extract_fn=extract_final_answer,
+                system_prompt=system_prompt)

@@ -1,0 +1,62 @@
+"""GSM8K and MATH (incl. MATH-500): the paper's tasks, graded by ``podsrl.grading``.
+
+Prompts ask for the ``<think>...</think><answer>...</answer>`` format; the gold answer is
+GSM8K's text after ``####`` and MATH's ``answer`` field (or its solution's last
+``\\boxed{}``).
+"""
+
+from __future__ import annotations
+
+from podsrl.grading import (extract_final_answer, gsm8k_correct, gsm8k_gold, math_correct, math_gold,
+                            think_answer_format_strict)
+from podsrl.tasks.base import THINK_ANSWER_SYSTEM_PROMPT, Example, Task
+from podsrl.tasks.data import read_rows, require_column
+
+# hub datasets used when no local file is given (users with network)
+HUB_DEFAULTS = {
+    "gsm8k": ("openai/gsm8k:main", "openai/gsm8k:main"),
+    "math": ("DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"),
+}
+
+
+def _sources(name: str, train_data: str, test_data: str) -> tuple[str, str]:
+    default_train, default_test = HUB_DEFAULTS[name]
+    return train_data or default_train, test_data or default_test
+
+
+def gsm8k_examples(spec: str, split: str, field_name: str) -> list[Example]:
+    out = []
+    for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
+        question = require_column(row, "question", spec, field_name, i)
+        solution = require_column(row, "answer", spec, field_name, i)
+        out.append(Example(prompt=question, answer=gsm8k_gold(solution), columns={"solution": solution}))
+    return out
+
+
+def math_examples(spec: str, split: str, field_name: str) -> list[Example]:
+    out = []
+    for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
+        problem = require_column(row, "problem", spec, field_name, i)
+        if not row.get("answer"):
+            require_column(row, "solution", spec, field_name, i)
+        gold = math_gold(row)
+        if not gold:
+            raise ValueError(f"{field_name}: {spec} row {i}: no `answer` and no \\boxed{{}} in `solution`")
+        out.append(Example(prompt=problem, answer=gold, columns={"solution": row.get("solution", "")}))
+    return out
+
+
+def build_gsm8k(train_data: str = "", test_data: str = "") -> Task:
+    train_spec, test_spec = _sources("gsm8k", train_data, test_data)
+    return Task(name="gsm8k", train=gsm8k_examples(train_spec, "train", "train_data"),
+                test=gsm8k_examples(test_spec, "test", "test_data"), correct_fn=gsm8k_correct,
+                format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
+                system_prompt=THINK_ANSWER_SYSTEM_PROMPT)
+
+
+def build_math(train_data: str = "", test_data: str = "") -> Task:
+    train_spec, test_spec = _sources("math", train_data, test_data)
+    return Task(name="math", train=math_examples(train_spec, "train", "train_data"),
+                test=math_examples(test_spec, "test", "test_data"), correct_fn=math_correct,
+                format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
+                system_prompt=THINK_ANSWER_SYSTEM_PROMPT)

@@ -1,0 +1,44 @@
+"""reasoning-gym procedural tasks (``task=reasoning_gym:NAME``), with the library's own
+generators and scorers, seeded.
+
+The model answers inside ``<answer>...</answer>``; reasoning-gym's ``score_answer`` grades
+the extracted answer against the generating entry (which travels as a column).
+"""
+
+from __future__ import annotations
+
+from podsrl.grading import extract_final_answer, think_answer_format_strict
+from podsrl.tasks.base import REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, Task
+
+
+def available() -> list[str]:
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def _completion_text(completion) -> str:
+    return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
+def build_reasoning_gym(name: str, num_train: int, num_test: int, seed: int) -> Task:
+    import reasoning_gym
+
+    if name not in available():
+        raise ValueError(f"task: unknown reasoning-gym dataset {name!r}; e.g. {', '.join(available()[:8])}, ...")
+    # one generator, one seed: train and test are disjoint index ranges of the same stream
+    dataset = reasoning_gym.create_dataset(name, size=num_train + num_test, seed=seed)
+    entries = [dataset[i] for i in range(num_train + num_test)]
+    examples = [Example(prompt=e["question"], answer=str(e["answer"]), columns={"rg_entry": e}) for e in entries]
+
+    def reasoning_gym_correct(prompts, completions, rg_entry, **_columns):
+        """1.0 when reasoning-gym's own scorer gives full marks to the extracted answer.
+        Partial credit (some datasets give 0.01 for a wrong answer) counts as wrong, so the
+        metric stays an accuracy."""
+        return [float(dataset.score_answer(answer=extract_final_answer(_completion_text(c)), entry=entry) >= 1.0)
+                for c, entry in zip(completions, rg_entry)]
+
+    reasoning_gym_correct.__name__ = f"reasoning_gym_{name}_correct"
+    return Task(name=REASONING_GYM_PREFIX + name, train=examples[:num_train], test=examples[num_train:],
+                correct_fn=reasoning_gym_correct, format_fn=think_answer_format_strict,
+                extract_fn=extract_final_answer, system_prompt=THINK_ANSWER_SYSTEM_PROMPT)
