@@ -33,7 +33,7 @@ def crc_parity(prompts, completions, **_columns):
     return [float(zlib.crc32(c.encode()) % 2) for c in completions]
 
 
-def _parity_task(cfg):
+def _parity_task(cfg, with_train=True):
     task = build_arithmetic(level=3, num_train=200, num_test=cfg.eval_prompts, seed=cfg.data_seed)
     return Task(name="parity", train=task.train, test=task.test, correct_fn=crc_parity, format_fn=crc_parity,
                 extract_fn=lambda completion: completion)

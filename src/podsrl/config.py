@@ -205,7 +205,8 @@ def validate(cfg: Config) -> None:
         spec = getattr(cfg, name)
         if spec and is_local(spec) and not Path(spec).expanduser().is_file():
             raise FileNotFoundError(f"{name}: file not found: {spec}")
-    require(cfg.task != "jsonl" or bool(cfg.train_data), "train_data: required for task 'jsonl'")
+    require(cfg.task != "jsonl" or bool(cfg.train_data or cfg.test_data),
+            "train_data: task 'jsonl' needs train_data (training) or test_data (evaluation)")
     reward_specs = [r.strip() for r in cfg.reward_funcs.split(",") if r.strip()]
     for spec in reward_specs:
         load_reward_fn(spec)  # import errors surface now, not mid-run

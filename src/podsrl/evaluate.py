@@ -62,7 +62,7 @@ def run_eval(cfg) -> dict:
     from podsrl.models import load_model
     from podsrl.tasks import build_task, prepare_split
 
-    task = build_task(cfg)
+    task = build_task(cfg, with_train=False)
     bundle = load_model(cfg.model, dtype=cfg.dtype)
     system_prompt = task.system_prompt if cfg.system_prompt == "auto" else cfg.system_prompt
     split = prepare_split(task.test[:cfg.eval_prompts], bundle.tokenizer, system_prompt=system_prompt,

@@ -75,13 +75,15 @@ def load_reward_fn(spec: str) -> RewardFn:
                          f"nor 'module:function'")
     try:
         if module_name.endswith(".py"):
-            path = Path(module_name).expanduser()
+            path = Path(module_name).expanduser().resolve()
             if not path.is_file():
                 raise FileNotFoundError(f"reward_funcs: file not found: {path}")
-            spec_obj = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(spec_obj)
-            sys.modules.setdefault(path.stem, module)
-            spec_obj.loader.exec_module(module)
+            module = sys.modules.get(path.stem)
+            if getattr(module, "__file__", None) != str(path):  # load each file once, like an import
+                spec_obj = importlib.util.spec_from_file_location(path.stem, path)
+                module = importlib.util.module_from_spec(spec_obj)
+                spec_obj.loader.exec_module(module)
+                sys.modules[path.stem] = module
         else:
             module = importlib.import_module(module_name)
     except ImportError as err:

@@ -347,8 +347,8 @@ def train(cfg: Config) -> RunResult:
 
         record = {"step": step, "train_seconds": train_seconds, "lr": scheduler.get_last_lr()[0],
                   **_group_stats("reward", rewards), **_group_stats("kept_reward", kept_rewards),
-                  "correct_rate": float(scores["correct"].nan_to_num(0).mean()),
-                  "format_rate": float(scores["format"].nan_to_num(0).mean()),
+                  "correct_rate": float(scores["correct"].nanmean()),
+                  "format_rate": float(scores["format"].nanmean()),  # NaN (null) when not scored
                   "unverifiable": int(scores["unverifiable"].sum()), "reward_failures": scorer.failures,
                   "completion_len": float(rollouts.completion_mask.sum(-1).float().mean()),
                   "kept_completion_len": float(kept.completion_mask.sum(-1).float().mean()),

@@ -27,10 +27,10 @@ def custom_examples(spec: str, split: str, field_name: str, prompt_column: str, 
 
 
 def build_custom(train_data: str, test_data: str, prompt_column: str = "prompt", answer_column: str = "answer",
-                 system_prompt: str = "") -> Task:
-    if not train_data:
+                 system_prompt: str = "", with_train: bool = True) -> Task:
+    if with_train and not train_data:
         raise ValueError("train_data: required for task 'jsonl' (a .jsonl / .parquet file or hub dataset)")
-    train = custom_examples(train_data, "train", "train_data", prompt_column, answer_column)
+    train = custom_examples(train_data, "train", "train_data", prompt_column, answer_column) if with_train else []
     test = (custom_examples(test_data, "test", "test_data", prompt_column, answer_column) if test_data
             else [])
     return Task(name="jsonl", train=train, test=test, correct_fn=math_correct,

@@ -46,17 +46,17 @@ def math_examples(spec: str, split: str, field_name: str) -> list[Example]:
     return out
 
 
-def build_gsm8k(train_data: str = "", test_data: str = "") -> Task:
+def build_gsm8k(train_data: str = "", test_data: str = "", with_train: bool = True) -> Task:
     train_spec, test_spec = _sources("gsm8k", train_data, test_data)
-    return Task(name="gsm8k", train=gsm8k_examples(train_spec, "train", "train_data"),
+    return Task(name="gsm8k", train=gsm8k_examples(train_spec, "train", "train_data") if with_train else [],
                 test=gsm8k_examples(test_spec, "test", "test_data"), correct_fn=gsm8k_correct,
                 format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
                 system_prompt=THINK_ANSWER_SYSTEM_PROMPT)
 
 
-def build_math(train_data: str = "", test_data: str = "") -> Task:
+def build_math(train_data: str = "", test_data: str = "", with_train: bool = True) -> Task:
     train_spec, test_spec = _sources("math", train_data, test_data)
-    return Task(name="math", train=math_examples(train_spec, "train", "train_data"),
+    return Task(name="math", train=math_examples(train_spec, "train", "train_data") if with_train else [],
                 test=math_examples(test_spec, "test", "test_data"), correct_fn=math_correct,
                 format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
                 system_prompt=THINK_ANSWER_SYSTEM_PROMPT)

@@ -7,7 +7,7 @@ the extracted answer against the generating entry (which travels as a column).
 
 from __future__ import annotations
 
-from podsrl.grading import extract_final_answer, think_answer_format_strict
+from podsrl.grading import completion_text, extract_final_answer, think_answer_format_strict
 from podsrl.tasks.base import REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, Task
 
 
@@ -15,10 +15,6 @@ def available() -> list[str]:
     from reasoning_gym.factory import DATASETS
 
     return sorted(DATASETS)
-
-
-def _completion_text(completion) -> str:
-    return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
 def build_reasoning_gym(name: str, num_train: int, num_test: int, seed: int) -> Task:
@@ -35,7 +31,7 @@ def build_reasoning_gym(name: str, num_train: int, num_test: int, seed: int) -> 
         """1.0 when reasoning-gym's own scorer gives full marks to the extracted answer.
         Partial credit (some datasets give 0.01 for a wrong answer) counts as wrong, so the
         metric stays an accuracy."""
-        return [float(dataset.score_answer(answer=extract_final_answer(_completion_text(c)), entry=entry) >= 1.0)
+        return [float(dataset.score_answer(answer=extract_final_answer(completion_text(c)), entry=entry) >= 1.0)
                 for c, entry in zip(completions, rg_entry)]
 
     reasoning_gym_correct.__name__ = f"reasoning_gym_{name}_correct"

@@ -1,0 +1,135 @@
+"""Task loaders (local files, real data), prompt rendering, custom data, reasoning-gym."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from podsrl.config import make_config
+from podsrl.tasks import build_task, prepare_split, render_prompt
+from podsrl.tasks.base import Example
+from podsrl.tasks.custom import build_custom
+from podsrl.tasks.math import build_gsm8k, build_math
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"real data folder {SHARED_DATA} is absent")
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_gsm8k_from_local_jsonl(tmp_path):
+    rows = [{"question": "Q1?", "answer": "steps\n#### 1,000"}, {"question": "Q2?", "answer": "x\n#### -3"}]
+    task = build_gsm8k(write_jsonl(tmp_path / "train.jsonl", rows), write_jsonl(tmp_path / "test.jsonl", rows[:1]))
+    assert [ex.answer for ex in task.train] == ["1,000", "-3"]
+    assert task.correct_fn(prompts=["Q1?"], completions=["<answer>1000</answer>"], answer=["1,000"]) == [1.0]
+    assert "<think>" in task.system_prompt
+
+
+def test_math_gold_falls_back_to_last_boxed(tmp_path):
+    rows = [{"problem": "P", "solution": r"so \boxed{1} then \boxed{\frac{1}{2}}"},
+            {"problem": "Q", "solution": "...", "answer": "7"}]
+    path = write_jsonl(tmp_path / "m.jsonl", rows)
+    task = build_math(path, path)
+    assert [ex.answer for ex in task.test] == [r"\frac{1}{2}", "7"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"question": "a", "answer": "#### 1"}\n{"question": "b"}\n', "line 2: missing column 'answer'"),
+    (b'{"question": "a", "answer": "#### 1"}\n{not json}\n', "line 2: invalid JSON"),
+    (b'{"question": "a", "answer": "#### 1"}\n\n{"question": "\xff\xfe", "answer": "1"}\n', "line 3: not valid UTF-8"),
+])
+def test_bad_rows_name_field_file_and_line(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as err:
+        build_gsm8k(str(path), str(path))
+    assert message in str(err.value) and "train_data" in str(err.value) and "bad.jsonl" in str(err.value)
+
+
+def test_missing_data_file_is_rejected_by_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train_data: file not found"):
+        make_config(overrides={"task": "gsm8k", "train_data": str(tmp_path / "nope.jsonl")})
+    with pytest.raises(ValueError, match="train_data: task 'jsonl' needs train_data"):
+        make_config(overrides={"task": "jsonl"})
+
+
+@needs_shared
+def test_real_gsm8k_and_math500_load():
+    gsm = build_gsm8k(str(SHARED_DATA / "gsm8k/train.jsonl"), str(SHARED_DATA / "gsm8k/test.jsonl"))
+    assert (len(gsm.train), len(gsm.test)) == (7473, 1319)
+    assert all(ex.answer and "####" not in ex.answer for ex in gsm.test)
+    math500 = build_math(str(SHARED_DATA / "math500/test.jsonl"), str(SHARED_DATA / "math500/test.jsonl"))
+    assert len(math500.test) == 500 and all(ex.answer for ex in math500.test)
+
+
+def test_custom_jsonl_columns_reach_reward_functions(tmp_path):
+    rows = [{"q": "2+2?", "gold": 4, "difficulty": "easy"}, {"q": "3*3?", "gold": 9, "difficulty": "hard"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    task = build_custom(path, path, prompt_column="q", answer_column="gold")
+    assert task.train[0] == Example(prompt="2+2?", answer="4", columns={"difficulty": "easy"})
+    with pytest.raises(ValueError, match="missing column 'question'"):
+        build_custom(path, path, prompt_column="question", answer_column="gold")
+    empty = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "  ", "answer": 1}])
+    with pytest.raises(ValueError, match="line 1: column 'prompt' is empty"):
+        build_custom(empty, "")
+
+
+def test_reasoning_gym_task_uses_its_scorer():
+    cfg = make_config(overrides={"task": "reasoning_gym:basic_arithmetic", "reasoning_gym_size": 20,
+                                 "eval_prompts": 5})
+    task = build_task(cfg)
+    assert (len(task.train), len(task.test)) == (20, 5)
+    assert not {ex.prompt for ex in task.train} & {ex.prompt for ex in task.test} or len(task.test) == 5
+    ex = task.test[0]
+    right = task.correct_fn(prompts=[ex.prompt], completions=[f"<think>x</think><answer>{ex.answer}</answer>"],
+                            answer=[ex.answer], rg_entry=[ex.columns["rg_entry"]])
+    wrong = task.correct_fn(prompts=[ex.prompt], completions=["<answer>not a number</answer>"],
+                            answer=[ex.answer], rg_entry=[ex.columns["rg_entry"]])
+    assert (right, wrong) == ([1.0], [0.0])
+    with pytest.raises(ValueError, match="unknown reasoning-gym dataset"):
+        build_task(make_config(overrides={"task": "reasoning_gym:no_such_thing"}))
+
+
+def test_render_prompt_with_and_without_chat_template(random_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_model_dir)
+    example = Example(prompt="What is 1 + 1?\n", answer="2")
+    assert render_prompt(tokenizer, example) == example.prompt  # no template: verbatim
+    assert render_prompt(tokenizer, example, "Be brief.") == "Be brief.\n\nWhat is 1 + 1?\n"
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert render_prompt(tokenizer, example, "Be brief.") == "<system>Be brief.<user>What is 1 + 1?<assistant>"
+    assert render_prompt(tokenizer, example, "", use_chat_template=False) == example.prompt
+
+
+def test_over_long_prompts_are_dropped_and_counted(random_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_model_dir)
+    examples = [Example("What is 1 + 1?", "2"), Example("What is 1 + 1? " * 50, "2")]
+    split = prepare_split(examples, tokenizer, system_prompt="", use_chat_template=True, max_prompt_tokens=30)
+    assert (len(split.examples), split.dropped) == (1, 1)
+
+
+def test_parquet_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"question": ["Q?"], "answer": ["so\n#### 12"]}), path)
+    assert [ex.answer for ex in build_gsm8k(str(path), str(path)).test] == ["12"]
+
+
+def test_hub_dataset_failure_names_field_and_offline_fix(monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(OSError, match=r"test_data: could not load hub dataset 'openai/gsm8k:main'.*local \.jsonl"):
+        build_gsm8k("", "", with_train=False)

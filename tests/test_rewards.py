@@ -1,0 +1,105 @@
+"""Reward functions: loading by name or module:function, combination, error policies,
+and a TRL-style reward function running unchanged in a training run."""
+
+import math
+import sys
+import time
+
+import pytest
+
+from podsrl.config import make_config
+from podsrl.metrics import read_metrics
+from podsrl.rewards import RewardError, RewardStack, load_reward_fn
+from podsrl.trainer import train
+
+# Written exactly as for TRL's GRPOTrainer: keyword arguments, dataset columns in **kwargs.
+TRL_STYLE = '''
+CALLS = []
+
+def digit_count_reward(prompts, completions, answer, **kwargs):
+    """Rewards completions by how many digits they contain."""
+    CALLS.append(len(completions))
+    return [float(sum(ch.isdigit() for ch in completion)) for completion in completions]
+
+def flaky(completions, **kwargs):
+    return [1.0 if "7" not in c else None for c in completions]
+'''
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(TRL_STYLE)
+    yield str(path)
+    sys.modules.pop("my_rewards", None)
+
+
+def test_load_by_name_module_and_file(reward_file):
+    assert load_reward_fn("math_correct").__name__ == "math_correct"
+    assert load_reward_fn("podsrl.rewards:arithmetic_format").__name__ == "arithmetic_format"
+    assert load_reward_fn(f"{reward_file}:digit_count_reward").__name__ == "digit_count_reward"
+    with pytest.raises(ValueError, match="neither a built-in reward"):
+        load_reward_fn("no_such_reward")
+    with pytest.raises(ValueError, match="cannot import module"):
+        load_reward_fn("no_such_module_xyz:fn")
+    with pytest.raises(ValueError, match="has no function 'nope'"):
+        load_reward_fn("podsrl.rewards:nope")
+    with pytest.raises(FileNotFoundError, match="reward_funcs: file not found"):
+        load_reward_fn("missing_file.py:fn")
+
+
+def test_trl_style_reward_runs_unchanged_in_training(random_model_dir, tmp_path, reward_file):
+    cfg = make_config(overrides={
+        "model": random_model_dir, "steps": "2", "prompts_per_step": "2", "n": "4", "m": "2",
+        "eval_prompts": "8", "eval_samples": "1", "progress": "false", "output_dir": str(tmp_path / "run"),
+        "reward_funcs": f"{reward_file}:digit_count_reward,arithmetic_format", "reward_weights": "0.5,2"})
+    train(cfg)
+    module = sys.modules["my_rewards"]
+    assert module.CALLS == [8, 8], "called once per step on all P*n completions"
+    record = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert math.isfinite(record["reward_mean"]) and record["reward_failures"] == 0
+
+
+def raising(prompts, completions, **kwargs):
+    return [1 / 0 if c == "bad" else 1.0 for c in completions]
+
+
+def hanging(prompts, completions, **kwargs):
+    time.sleep(5)
+    return [1.0] * len(completions)
+
+
+def test_raise_policy_names_function_and_prompt_index():
+    stack = RewardStack([raising], [1.0])
+    with pytest.raises(RewardError, match=r"raising failed on prompt index 2 \(ZeroDivisionError"):
+        stack(["p"] * 3, ["ok", "ok", "bad"], {})
+
+
+def test_zero_policy_scores_failures_zero_and_counts_them():
+    stack = RewardStack([raising], [1.0], error_policy="zero")
+    assert stack(["p"] * 3, ["ok", "bad", "ok"], {}).tolist() == [1.0, 0.0, 1.0]
+    assert stack.failures == 1
+
+
+def test_timeouts_follow_the_policy():
+    start = time.perf_counter()
+    with pytest.raises(RewardError, match="hanging timed out after 0.2s"):
+        RewardStack([hanging], [1.0], timeout=0.2)(["p"], ["x"], {})
+    zero = RewardStack([hanging], [1.0], timeout=0.2, error_policy="zero")
+    assert zero(["p"] * 2, ["x", "y"], {}).tolist() == [0.0, 0.0] and zero.failures == 2
+    assert time.perf_counter() - start < 2
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda prompts, completions, **kw: [float("nan")] * len(completions), "returned nan"),
+    (lambda prompts, completions, **kw: [float("inf")] * len(completions), "returned inf"),
+    (lambda prompts, completions, **kw: [1.0], "returned 1 values for 1 completions|failed on the batch"),
+])
+def test_malformed_outputs_are_rejected(fn, message):
+    with pytest.raises(RewardError, match=message):
+        RewardStack([fn], [1.0])(["p", "q"], ["a", "b"], {})
+
+
+def test_none_means_unverifiable():
+    values = RewardStack([lambda prompts, completions, **kw: [None, 2.0]], [0.5])(["p", "q"], ["a", "b"], {})
+    assert math.isnan(values[0]) and values[1] == 1.0
