@@ -45,8 +45,9 @@ def test_train_smoke_and_plot(random_model_dir, tmp_path):
     assert (run / "accuracy.png").exists()
     again = podsrl("train", "--model", random_model_dir, "--output_dir", str(run))
     assert again.returncode == 2 and "--resume" in again.stderr
-    plot = podsrl("plot", str(run), "--output", str(tmp_path / "p.png"))
-    assert plot.returncode == 0 and (tmp_path / "p.png").stat().st_size > 0
+    plot = podsrl("plot", str(run), "--output_dir", str(tmp_path / "plots"))
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0 and "| pods 4->2 max_variance |" in plot.stdout
 
 
 def test_readme_documents_every_config_field():

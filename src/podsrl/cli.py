@@ -1,4 +1,4 @@
-"""Command line: ``podsrl train|eval [--config FILE.yaml] [--FIELD VALUE ...]`` and ``podsrl plot``.
+"""Command line: ``podsrl train|eval|compare [--config FILE.yaml] [--FIELD VALUE ...]`` and ``podsrl plot``.
 
 Every field of ``podsrl.config.Config`` is a ``--field`` option (``podsrl train --help``
 lists them with their defaults and documentation).
@@ -87,31 +87,92 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
-def cmd_plot(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="podsrl plot", description="Accuracy vs training time of runs.")
-    parser.add_argument("run_dirs", nargs="+", type=Path)
-    parser.add_argument("--output", type=Path, default=Path("accuracy.png"))
-    args = parser.parse_args(argv)
-    for run_dir in args.run_dirs:
-        if not (run_dir / "metrics.jsonl").is_file():
-            print(f"podsrl plot: error: {run_dir}/metrics.jsonl not found", file=sys.stderr)
-            return 2
-    from podsrl.plot import plot_accuracy
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
 
-    print(plot_accuracy(args.run_dirs, args.output))
+
+def cmd_compare(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="podsrl compare", allow_abbrev=False,
+        description="Run arms (methods x rules x n x m) x seeds one after another with the same training-time "
+                    "budget, then plot accuracy vs time (mean, 95%% band), seconds per step (inference vs update) "
+                    "and a speedup table. Any `podsrl train` option (--config, --FIELD VALUE) sets the shared "
+                    "config; --output_dir is the comparison folder. Re-running reuses finished runs.")
+    parser.add_argument("--methods", default="grpo,grpo-ga,pods")
+    parser.add_argument("--rules", default="max_variance", help="pods rules, comma-separated")
+    parser.add_argument("--n_values", default="", help="n values, comma-separated (default: the config's n)")
+    parser.add_argument("--m_values", default="", help="m values, comma-separated (default: the config's m)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget_minutes", type=float, required=True, help="training time per run")
+    parser.add_argument("--baseline", default="", help="arm name or method of the speedup baseline")
+    args, rest = parser.parse_known_args(argv)
+    if "--output_dir" not in rest:
+        rest += ["--output_dir", "runs/compare"]
+    cfg = _parse_config(rest, "podsrl compare", "")
+    if cfg is None:
+        return 2
+    from podsrl.compare import analyze, arm_configs, run_comparison
+
+    try:
+        if args.seeds < 1 or args.budget_minutes <= 0:
+            raise ValueError("seeds and budget_minutes: must be positive")
+        arms = arm_configs(cfg, [m.strip() for m in args.methods.split(",") if m.strip()],
+                           [r.strip() for r in args.rules.split(",") if r.strip()],
+                           _int_list(args.n_values) or [cfg.n], _int_list(args.m_values) or [cfg.m])
+        run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))
+        result = analyze(run_dirs, baseline=args.baseline or None)
+    except (ValueError, OSError) as err:
+        print(f"podsrl compare: error: {err}", file=sys.stderr)
+        return 2
+    return _report(result, Path(cfg.output_dir))
+
+
+def cmd_plot(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="podsrl plot", description="Figures and the speedup table of `podsrl compare` from existing run "
+                                        "directories (or folders holding them); runs with the same method, "
+                                        "rule, n and m are seeds of one arm.")
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--output_dir", type=Path, default=Path("plots"))
+    parser.add_argument("--baseline", default="")
+    args = parser.parse_args(argv)
+    found = []
+    for path in args.run_dirs:
+        runs = [p.parent for p in sorted(path.rglob("metrics.jsonl"))] if path.is_dir() else []
+        if not runs:
+            print(f"podsrl plot: error: no run (metrics.jsonl) found in {path}", file=sys.stderr)
+            return 2
+        found += runs
+    from podsrl.compare import analyze
+
+    try:
+        result = analyze(found, baseline=args.baseline or None)
+    except (ValueError, OSError) as err:
+        print(f"podsrl plot: error: {err}", file=sys.stderr)
+        return 2
+    return _report(result, args.output_dir)
+
+
+def _report(result: dict, output_dir: Path) -> int:
+    from podsrl.compare import write_report
+
+    paths = write_report(result, output_dir)
+    print(paths["table"].read_text())
+    print(f"plots: {paths['accuracy']} {paths['step_time']}")
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "compare": cmd_compare, "plot": cmd_plot}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: podsrl {train,eval,plot} [options]\n\n"
+        print("usage: podsrl {train,eval,compare,plot} [options]\n\n"
               "  train   train a model (no options: the tiny demo run with PODS)\n"
               "  eval    accuracy of a model on a task's held-out split, with per-sample records\n"
-              "  plot    plot accuracy vs training time of run directories\n\n"
+              "  compare run methods x seeds with equal time budgets; curves, step times, speedups\n"
+              "  plot    the figures and table of `compare` from existing run directories\n\n"
               "`podsrl COMMAND --help` for the options of a command.", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])
