@@ -12,6 +12,7 @@ Prints seconds per call of each and the ratio; also checks both reach the same v
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import time
 
@@ -67,11 +68,20 @@ def main() -> None:
     print(f"  podsrl max_variance : {ours * 1e3:10.2f} ms/call")
     print(f"  reference loop      : {reference * 1e3:10.2f} ms/call")
     print(f"  speedup             : {reference / ours:10.1f}x   (same variance achieved: {same})")
-    print("scaling of max_variance in n (P = 1024, m = n // 4):")
+    print(f"scaling in n (P = {args.prompts}, m = n // 4): time / (P n log2 n) should stay flat")
     for n in (16, 64, 256, 1024, 4096):
         r = torch.rand(args.prompts, n)
         t = seconds_per_call(max_variance, r, n // 4, repeats=args.repeats)
-        print(f"  n = {n:5d}: {t * 1e3:8.2f} ms/call   {t / (args.prompts * n) * 1e9:6.2f} ns per reward")
+        print(f"  n = {n:5d}: {t * 1e3:8.2f} ms/call   {t / (args.prompts * n * math.log2(n)) * 1e9:6.2f} ns per "
+              f"reward per log2 n")
+    print(f"scaling in P (n = {args.n}, m = {args.m}): linear")
+    for prompts in (64, 256, 1024, 4096):
+        t = seconds_per_call(max_variance, torch.rand(prompts, args.n), args.m, repeats=args.repeats)
+        print(f"  P = {prompts:5d}: {t * 1e3:8.2f} ms/call   {t / prompts * 1e6:6.2f} us per group")
+    print(f"scaling in m (P = {args.prompts}, n = {args.n}): the O(m) scan is small next to the sort")
+    for m in (2, 16, 64, 128, args.n):
+        t = seconds_per_call(max_variance, torch.rand(args.prompts, args.n), m, repeats=args.repeats)
+        print(f"  m = {m:5d}: {t * 1e3:8.2f} ms/call")
 
 
 if __name__ == "__main__":

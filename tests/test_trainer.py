@@ -136,6 +136,21 @@ def test_generation_shapes_and_masks(random_model_dir):
     assert kept.completion_ids.shape[:2] == (2, 2) and kept.texts[1] == rollouts.texts[1][1:3]
 
 
+def test_shared_prefill_draws_the_same_samples(random_model_dir):
+    bundle = load_model(random_model_dir)
+    prompts = ["What is 1 + 2?", "What is 10 - 3 + 4? Answer in format", "7"]  # unequal lengths: left padding
+    outputs = []
+    for share in (False, True):
+        torch.manual_seed(0)
+        outputs.append(generate(bundle.model, bundle.tokenizer, prompts, 6, max_new_tokens=6, temperature=1.0,
+                                share_prefill=share))
+    assert outputs[0].texts == outputs[1].texts
+    assert torch.equal(outputs[0].completion_mask, outputs[1].completion_mask)
+    greedy_one = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=6, temperature=0.0)
+    greedy_shared = generate(bundle.model, bundle.tokenizer, prompts, 3, max_new_tokens=6, temperature=0.0)
+    assert all(text == greedy_one.texts[p][0] for p in range(3) for text in greedy_shared.texts[p])
+
+
 def test_completion_mask_from_eos():
     ids = torch.tensor([[5, 6, 0, 0], [0, 7, 0, 8], [5, 5, 5, 5]])
     assert completion_mask_from_eos(ids, 0).tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]

@@ -95,7 +95,7 @@ def cmd_compare(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="podsrl compare", allow_abbrev=False,
         description="Run arms (methods x rules x n x m) x seeds one after another with the same training-time "
-                    "budget, then plot accuracy vs time (mean, 95%% band), seconds per step (inference vs update) "
+                    "budget, then plot accuracy vs time (mean, 95% band), seconds per step (inference vs update) "
                     "and a speedup table. Any `podsrl train` option (--config, --FIELD VALUE) sets the shared "
                     "config; --output_dir is the comparison folder. Re-running reuses finished runs.")
     parser.add_argument("--methods", default="grpo,grpo-ga,pods")

@@ -77,6 +77,8 @@ class Config:
     top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
     max_new_tokens: int = _f(8, "Maximum completion length in tokens.")
     generation_batch_size: int = _f(0, "Max sequences decoded at once (0 = the whole batch).")
+    share_prefill: bool = _f(True, "Compute each prompt's KV cache once and copy it to its n samples "
+                                   "(same samples, less prompt compute).")
     # --- LoRA (rank 0 = full fine-tuning) ------------------------------------------------
     lora_rank: int = _f(0, "LoRA rank; 0 trains every parameter.")
     lora_alpha: float = _f(16.0, "LoRA alpha.")

@@ -316,7 +316,8 @@ def train(cfg: Config) -> RunResult:
             rollouts = generate(model, bundle.tokenizer, [train_split.prompts[i] for i in batch_indices],
                                 cfg.rollouts_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                 temperature=cfg.temperature, top_p=cfg.top_p,
-                                batch_size=cfg.generation_batch_size or None)  # [P, n, Lc]
+                                batch_size=cfg.generation_batch_size or None,
+                                share_prefill=cfg.share_prefill)  # [P, n, Lc]
         with timer("reward"):
             scores = scorer(examples, rollouts)
             rewards = scores["reward"]  # [P, n]

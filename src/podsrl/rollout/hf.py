@@ -55,14 +55,42 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) ->
     return (eos_before == 0).long()
 
 
+def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: int, share_prefill: bool,
+                    **generate_kwargs) -> torch.Tensor:
+    """ids, mask [p, Lp] -> sequences [p * n, Lp + Lc], grouped by prompt.
+
+    With ``share_prefill`` the prompt is run through the model once per prompt, not once
+    per sample: its KV cache (all tokens but the last, which ``generate`` must see to
+    produce the first logits) is copied n times and decoding continues from it. The
+    samples drawn are the same as without sharing (same RNG draws, same shapes); logits
+    can differ in the last float bits because the prompt is computed in a smaller batch.
+    """
+    if not share_prefill or num_samples == 1 or ids.shape[1] < 2:
+        return model.generate(input_ids=ids, attention_mask=mask, num_return_sequences=num_samples,
+                              **generate_kwargs)
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    position_ids = (mask.cumsum(dim=1) - 1).clamp_min(0)  # [p, Lp], as generate computes them
+    model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
+          past_key_values=cache, use_cache=True)
+    cache.batch_repeat_interleave(num_samples)  # [p, ...] -> [p * n, ...], grouped by prompt
+    return model.generate(input_ids=ids.repeat_interleave(num_samples, dim=0),
+                          attention_mask=mask.repeat_interleave(num_samples, dim=0),
+                          past_key_values=cache, **generate_kwargs)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-             temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:
+             temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None,
+             share_prefill: bool = True) -> Rollouts:
     """Sample ``num_samples`` completions per prompt (greedy when ``temperature == 0``).
 
     Prompts are left-padded so every row's completion starts at the same column.
     Sampling draws from torch's global RNG: seed it (or save its state) for reproducibility.
     ``batch_size`` bounds the number of sequences decoded at once (whole prompt groups).
+    ``share_prefill`` computes each prompt's KV cache once for its n samples (PODS
+    generates many rollouts per prompt, so the prompt would otherwise be paid n times).
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp]
@@ -76,10 +104,8 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     for start in range(0, num_prompts, prompts_per_call):
         ids = prompt_ids[start:start + prompts_per_call]
         mask = prompt_mask[start:start + prompts_per_call]
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-            num_return_sequences=num_samples, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, **sampling)
+        out = _generate_group(model, ids, mask, num_samples, share_prefill, max_new_tokens=max_new_tokens,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **sampling)
         chunks.append(out[:, ids.shape[1]:])  # [p * n, <=max_new_tokens]
     model.train(was_training)
     width = max(c.shape[1] for c in chunks)

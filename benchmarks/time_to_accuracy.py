@@ -1,0 +1,59 @@
+"""The CPU reproduction of the paper's comparison, on the tiny model and the arithmetic task.
+
+Three experiments, each `podsrl compare` (arms run one at a time on this machine, every
+run with the same training-time budget; finished runs are reused when re-run):
+
+1. methods: grpo (n = m) vs grpo-ga (n, accumulated) vs pods (n -> m), max_variance;
+2. rules:   pods with max_variance vs random vs max_reward;
+3. n sweep: pods n -> m at fixed m.
+
+    python benchmarks/time_to_accuracy.py [--seeds 3] [--budget_minutes 1] [--output_dir runs/tta]
+        [--experiments methods,rules,nsweep] [-- any podsrl train options, e.g. --task_level 4]
+
+Each experiment writes compare.md / compare.json / accuracy.png / step_time.png under
+OUTPUT_DIR/EXPERIMENT and prints its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from podsrl.cli import main as podsrl
+
+EXPERIMENTS = {
+    "methods": ["--methods", "grpo,grpo-ga,pods"],
+    "rules": ["--methods", "pods", "--rules", "max_variance,random,max_reward"],
+    "nsweep": ["--methods", "pods", "--n_values", "8,16,32,64"],
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget_minutes", type=float, default=1.0)
+    parser.add_argument("--output_dir", type=Path, default=Path("runs/tta"))
+    parser.add_argument("--experiments", default="methods,rules,nsweep")
+    parser.add_argument("--figures", type=Path, default=None, help="copy the figures here (e.g. benchmarks/figures)")
+    args, train_options = parser.parse_known_args()
+    runs_root = args.output_dir / "runs"  # shared: an arm that two experiments need runs once
+    for name in [e.strip() for e in args.experiments.split(",") if e.strip()]:
+        report = args.output_dir / name
+        print(f"\n=== {name} ===", flush=True)
+        code = podsrl(["compare", *EXPERIMENTS[name], "--seeds", str(args.seeds), "--budget_minutes",
+                       str(args.budget_minutes), "--output_dir", str(runs_root), *train_options])
+        if code:
+            return code
+        for produced in ("compare.md", "compare.json", "accuracy.png", "step_time.png"):
+            report.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(runs_root / produced), report / produced)
+            if args.figures and produced.endswith(".png"):
+                args.figures.mkdir(parents=True, exist_ok=True)
+                shutil.copy(report / produced, args.figures / f"{name}-{produced}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
