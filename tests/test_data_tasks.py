@@ -40,6 +40,7 @@ def test_math_gold_falls_back_to_last_boxed(tmp_path):
     (b'{"question": "a", "answer": "#### 1"}\n{"question": "b"}\n', "line 2: missing column 'answer'"),
     (b'{"question": "a", "answer": "#### 1"}\n{not json}\n', "line 2: invalid JSON"),
     (b'{"question": "a", "answer": "#### 1"}\n\n{"question": "\xff\xfe", "answer": "1"}\n', "line 3: not valid UTF-8"),
+    (b'{"question": "a", "answer": "#### 1"}\n{"question": "  ", "answer": "#### 2"}\n', "line 2: column 'question' is empty"),
 ])
 def test_bad_rows_name_field_file_and_line(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"

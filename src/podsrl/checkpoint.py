@@ -65,18 +65,24 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 def load_checkpoint(path: Path, *, model, optimizer, scheduler,
                     generators: dict[str, torch.Generator]) -> dict:
-    """Restore everything in place; returns the trainer state (step, data position, time)."""
+    """Restore everything in place; returns the trainer state (step, data position, time).
+
+    Every file is read and checked before anything is changed, so a corrupt checkpoint
+    raises and leaves model and optimizer untouched for the caller to try an older one.
+    """
     weights = torch.load(path / "trainable.pt", weights_only=True)
+    rest = torch.load(path / "optimizer.pt", weights_only=False)
+    state = json.loads((path / STATE_FILE).read_text())
     params = dict(model.named_parameters())
-    missing = [name for name in weights if name not in params]
-    if missing:
-        raise ValueError(f"checkpoint {path}: parameters {missing[:3]} do not exist in the model; "
-                         f"was it written by a different model or LoRA setting?")
+    wrong = [name for name, value in weights.items()
+             if name not in params or params[name].shape != value.shape]
+    if wrong or set(weights) != {n for n, p in params.items() if p.requires_grad}:
+        raise ValueError(f"checkpoint {path}: its parameters do not match the model's trainable ones "
+                         f"(e.g. {wrong[:3]}); was it written with another model or LoRA setting?")
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value)
-    rest = torch.load(path / "optimizer.pt", weights_only=False)
     optimizer.load_state_dict(rest["optimizer"])
     scheduler.load_state_dict(rest["scheduler"])
     restore_rng(rest["rng"], generators)
-    return json.loads((path / STATE_FILE).read_text())
+    return state

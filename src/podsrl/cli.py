@@ -47,10 +47,13 @@ def cmd_train(argv: list[str]) -> int:
     cfg = _parse_config(argv, "podsrl train", "Train a causal LM with GRPO, GRPO-GA or PODS.")
     if cfg is None:
         return 2
-    from podsrl.trainer import train
+    from podsrl.trainer import TrainingStopped, train
 
     try:
         result = train(cfg)
+    except TrainingStopped as stopped:
+        print(f"podsrl train: {stopped}", file=sys.stderr)
+        return 128 + stopped.signum if stopped.signum else 1
     except (ValueError, OSError) as err:  # data or model problems found while loading
         print(f"podsrl train: error: {err}", file=sys.stderr)
         return 2

@@ -100,6 +100,8 @@ class Config:
     checkpoint_every: int = _f(50, "Checkpoint every this many steps (0 = off).")
     checkpoint_minutes: float = _f(0.0, "Also checkpoint after this many wall-clock minutes (0 = off).")
     keep_checkpoints: int = _f(2, "How many most recent checkpoints to keep.")
+    max_consecutive_skips: int = _f(5, "Stop the run after this many consecutive steps skipped for a "
+                                       "non-finite loss or gradient.")
     resume: bool = _f(False, "Resume from the latest checkpoint in output_dir.")
     progress: bool = _f(True, "Show a progress bar.")
 
@@ -229,6 +231,7 @@ def validate(cfg: Config) -> None:
     check_model_name(cfg.model)
     for name in ("n", "m", "prompts_per_step", "steps", "micro_batch_size", "num_iterations",
                  "max_new_tokens", "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens",
+                 "max_consecutive_skips",
                  "eval_batch_size", "reasoning_gym_size"):
         require(getattr(cfg, name) > 0, f"{name}: must be positive, got {getattr(cfg, name)}")
     for name in ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",

@@ -12,7 +12,9 @@ import copy
 import json
 import math
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,12 +231,58 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+class TrainingStopped(RuntimeError):
+    """The run stopped before its end: a signal (``signum`` set, a checkpoint was written)
+    or too many consecutive non-finite steps (the last good checkpoint is left as it was)."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT / SIGTERM request a clean stop after the current step; a second SIGINT
+    interrupts at once. Handlers are installed only in the main thread, and restored."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._request)
+        return self
+
+    def _request(self, signum, _frame) -> None:
+        self.signum = signum
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is not ignored
+        _say(f"\n{signal.Signals(signum).name}: stopping after this step and writing a checkpoint ...")
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _restore(checkpoints: Path, **state) -> tuple[Path, dict] | tuple[None, None]:
+    """Load the newest readable checkpoint; a corrupt one is skipped with a warning."""
+    for candidate in reversed(list_checkpoints(checkpoints)):
+        try:
+            return candidate, load_checkpoint(candidate, **state)
+        except Exception as err:  # truncated file, bad pickle, wrong shapes ...
+            _say(f"warning: checkpoint {candidate} is unreadable ({type(err).__name__}: {err}); "
+                 f"trying the previous one")
+    return None, None
+
+
 def train(cfg: Config) -> RunResult:
+    with StopSignals() as stop:
+        return _train(cfg, stop)
+
+
+def _train(cfg: Config, stop: StopSignals) -> RunResult:
     run_dir = Path(cfg.output_dir)
     checkpoints = run_dir / "checkpoints"
-    resume_from = (list_checkpoints(checkpoints) or [None])[-1] if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        _say(f"resume: no checkpoint in {checkpoints}; starting from scratch")
     if not cfg.resume and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"output_dir: {run_dir} already holds a run; pass --resume true to "
                               f"continue it or choose another --output_dir")
@@ -279,9 +327,11 @@ def train(cfg: Config) -> RunResult:
     metrics = MetricsLog(run_dir / "metrics.jsonl")
 
     step, train_seconds = 0, 0.0
+    resume_from, state = (_restore(checkpoints, model=model, optimizer=optimizer, scheduler=scheduler,
+                                   generators=generators) if cfg.resume else (None, None))
+    if cfg.resume and resume_from is None:
+        _say(f"resume: no usable checkpoint in {checkpoints}; starting from scratch")
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler,
-                                generators=generators)
         step, train_seconds = state["step"], state["train_seconds"]
         sampler.epoch, sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
         metrics.truncate_after(step)
@@ -302,6 +352,8 @@ def train(cfg: Config) -> RunResult:
     progress = _progress(cfg, step)
     last_checkpoint_time = time.time()
     latest_eval = dict(initial)
+
+    consecutive_skips = 0
 
     def out_of_time() -> bool:
         return bool(cfg.max_minutes) and train_seconds >= cfg.max_minutes * 60
@@ -363,9 +415,21 @@ def train(cfg: Config) -> RunResult:
         progress.set_postfix(reward=f"{record['reward_mean']:.2f}",
                              acc=f"{latest_eval['eval_accuracy']:.3f}", refresh=False)
 
+        consecutive_skips = consecutive_skips + 1 if update["skipped_step"] else 0
+        if consecutive_skips >= cfg.max_consecutive_skips:
+            progress.close()
+            good = list_checkpoints(checkpoints)
+            raise TrainingStopped(f"stopped at step {step}: {consecutive_skips} consecutive steps had a non-finite "
+                                  f"loss or gradient (max_consecutive_skips); last good checkpoint: "
+                                  f"{good[-1] if good else 'none'}")
         due_by_time = cfg.checkpoint_minutes and time.time() - last_checkpoint_time >= cfg.checkpoint_minutes * 60
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or due_by_time:
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or due_by_time or stop.signum:
             checkpoint()
+        if stop.signum:
+            progress.close()
+            raise TrainingStopped(f"stopped by {signal.Signals(stop.signum).name} after step {step}; checkpoint "
+                                  f"written to {checkpoints}; continue with the same command plus --resume true",
+                                  signum=stop.signum)
     progress.close()
 
     if not (checkpoints / f"step_{step:07d}").is_dir():

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from podsrl.grading import extract_final_answer, math_correct, think_answer_format_soft
 from podsrl.tasks.base import Example, Task
-from podsrl.tasks.data import read_rows, require_column
+from podsrl.tasks.data import read_rows, require_column, require_text
 
 
 def custom_examples(spec: str, split: str, field_name: str, prompt_column: str, answer_column: str) -> list[Example]:
     out = []
     for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
-        prompt = require_column(row, prompt_column, spec, field_name, i)
+        prompt = require_text(row, prompt_column, spec, field_name, i)
         answer = require_column(row, answer_column, spec, field_name, i)
-        if not isinstance(prompt, str) or not prompt.strip():
-            where = f"line {row['_line']}" if "_line" in row else f"row {i}"
-            raise ValueError(f"{field_name}: {spec} {where}: column {prompt_column!r} is empty or not text")
         columns = {k: v for k, v in row.items() if k not in (prompt_column, answer_column, "_line")}
         out.append(Example(prompt=prompt, answer=str(answer), columns=columns))
     return out

@@ -77,3 +77,14 @@ def require_column(row: dict, column: str, spec: str, field_name: str, index: in
         present = sorted(k for k in row if k != "_line")
         raise ValueError(f"{field_name}: {spec} {where}: missing column {column!r} (columns: {present})")
     return row[column]
+
+
+def require_text(row: dict, column: str, spec: str, field_name: str, index: int) -> str:
+    """A non-empty string column. Policy: an empty prompt is a data error and is rejected
+    (with the file and line); over-long prompts are dropped and counted later, since
+    "too long" depends on the model's tokenizer."""
+    value = require_column(row, column, spec, field_name, index)
+    if not isinstance(value, str) or not value.strip():
+        where = f"line {row['_line']}" if "_line" in row else f"row {index}"
+        raise ValueError(f"{field_name}: {spec} {where}: column {column!r} is empty or not text")
+    return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 from podsrl.grading import (extract_final_answer, gsm8k_correct, gsm8k_gold, math_correct, math_gold,
                             think_answer_format_strict)
 from podsrl.tasks.base import THINK_ANSWER_SYSTEM_PROMPT, Example, Task
-from podsrl.tasks.data import read_rows, require_column
+from podsrl.tasks.data import read_rows, require_column, require_text
 
 # hub datasets used when no local file is given (users with network)
 HUB_DEFAULTS = {
@@ -27,7 +27,7 @@ def _sources(name: str, train_data: str, test_data: str) -> tuple[str, str]:
 def gsm8k_examples(spec: str, split: str, field_name: str) -> list[Example]:
     out = []
     for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
-        question = require_column(row, "question", spec, field_name, i)
+        question = require_text(row, "question", spec, field_name, i)
         solution = require_column(row, "answer", spec, field_name, i)
         out.append(Example(prompt=question, answer=gsm8k_gold(solution), columns={"solution": solution}))
     return out
@@ -36,7 +36,7 @@ def gsm8k_examples(spec: str, split: str, field_name: str) -> list[Example]:
 def math_examples(spec: str, split: str, field_name: str) -> list[Example]:
     out = []
     for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
-        problem = require_column(row, "problem", spec, field_name, i)
+        problem = require_text(row, "problem", spec, field_name, i)
         if not row.get("answer"):
             require_column(row, "solution", spec, field_name, i)
         gold = math_gold(row)

@@ -1,0 +1,176 @@
+"""Reliability: exact resume after SIGKILL, clean stop on SIGINT/SIGTERM, corrupt
+checkpoints, non-finite steps, degenerate groups, tokenizers without a pad token."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from podsrl import algo
+from podsrl.checkpoint import list_checkpoints
+from podsrl.config import make_config
+from podsrl.metrics import read_metrics
+from podsrl.models import load_model
+from podsrl.trainer import TrainingStopped, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_args(model_dir, out, steps, *extra):
+    return ["train", "--model", model_dir, "--task", "parity", "--steps", str(steps), "--prompts_per_step", "4",
+            "--n", "6", "--m", "3", "--max_new_tokens", "6", "--eval_prompts", "8", "--eval_samples", "1",
+            "--eval_every", "0", "--checkpoint_every", "1", "--lr", "1e-3", "--warmup_steps", "0",
+            "--progress", "false", "--output_dir", str(out), *extra]
+
+
+CHILD = "import sys, tests.conftest; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))"
+
+
+def start(args):
+    return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(run_dir, step, process, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line):
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step} not reached")
+
+
+def weights(run_dir):
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+def training_records(run_dir):
+    return [{k: v for k, v in r.items() if not k.startswith(("time_", "eval_")) and k != "train_seconds"}
+            for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(random_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full") / "run"
+    done = subprocess.run([sys.executable, "-c", CHILD, *run_args(random_model_dir, out, 6)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_sigkill_then_resume_is_exact(random_model_dir, tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    process = start(run_args(random_model_dir, out, 6))
+    wait_for_step(out, 3, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert list_checkpoints(out / "checkpoints"), "a checkpoint existed before the kill"
+    resumed = subprocess.run([sys.executable, "-c", CHILD, *run_args(random_model_dir, out, 6, "--resume", "true")],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr
+    assert training_records(out) == training_records(uninterrupted)
+    a, b = weights(out), weights(uninterrupted)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # elapsed training time continues from the checkpoint instead of restarting at 0
+    times = [r["train_seconds"] for r in read_metrics(out / "metrics.jsonl")]
+    assert times == sorted(times)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_cleanly_with_a_checkpoint(random_model_dir, tmp_path, uninterrupted, sig, code):
+    out = tmp_path / "run"
+    process = start(run_args(random_model_dir, out, 6, "--checkpoint_every", "0"))
+    wait_for_step(out, 2, process)
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == code
+    assert "--resume true" in stderr and signal.Signals(sig).name in stderr
+    last = list_checkpoints(out / "checkpoints")[-1]
+    assert int(last.name.split("_")[1]) == read_metrics(out / "metrics.jsonl")[-1]["step"]
+    if sig == signal.SIGINT:
+        resumed = subprocess.run([sys.executable, "-c", CHILD, *run_args(random_model_dir, out, 6, "--resume", "true")],
+                                 cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr
+        a, b = weights(out), weights(uninterrupted)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def quick(model_dir, out, **overrides):
+    values = dict(model=model_dir, task="parity", steps=3, prompts_per_step=4, n=6, m=3, max_new_tokens=6,
+                  eval_prompts=8, eval_samples=1, eval_every=0, checkpoint_every=1, progress=False,
+                  output_dir=str(out), lr=1e-3, warmup_steps=0, keep_checkpoints=3)
+    values.update(overrides)
+    return make_config(overrides={k: str(v) for k, v in values.items()})
+
+
+def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_path, capfd):
+    full = train(quick(random_model_dir, tmp_path / "full", steps=4)).run_dir
+    out = tmp_path / "run"
+    train(quick(random_model_dir, out, steps=3))
+    newest = list_checkpoints(out / "checkpoints")[-1]
+    (newest / "trainable.pt").write_bytes((newest / "trainable.pt").read_bytes()[:100])  # truncated
+    train(quick(random_model_dir, out, steps=4, resume=True))
+    err = capfd.readouterr().err
+    assert f"checkpoint {newest} is unreadable" in err and "step_0000002" in err
+    assert training_records(out) == training_records(full)
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = algo.policy_loss
+
+    def poisoned(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        calls["n"] += 1
+        # one micro-batch per step here (12 sequences <= micro_batch_size): steps 1-2 stay finite
+        return (loss * float("nan") if calls["n"] > 2 else loss), stats
+
+    monkeypatch.setattr(algo, "policy_loss", poisoned)
+    with pytest.raises(TrainingStopped, match="3 consecutive steps had a non-finite loss"):
+        train(quick(random_model_dir, tmp_path / "run", steps=10, max_consecutive_skips=3))
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["skipped_step"] for r in records[1:]] == [0, 0, 1, 1, 1]
+    last_good = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
+    saved = torch.load(last_good / "trainable.pt")
+    assert all(torch.isfinite(v).all() for v in saved.values())
+
+
+@pytest.mark.parametrize("n, m, method", [(1, 1, "pods"), (4, 4, "pods"), (1, 1, "grpo-ga")])
+def test_degenerate_groups_give_finite_losses(random_model_dir, tmp_path, n, m, method):
+    result = train(quick(random_model_dir, tmp_path / "run", n=n, m=m, method=method, steps=2))
+    for record in read_metrics(result.run_dir / "metrics.jsonl")[1:]:
+        assert record["loss"] is not None and record["skipped_step"] == 0
+
+
+def test_all_none_rewards_are_unverifiable_not_nan(random_model_dir, tmp_path):
+    rewards = tmp_path / "none_rewards.py"
+    rewards.write_text("def nothing(prompts, completions, **kw):\n    return [None] * len(completions)\n")
+    result = train(quick(random_model_dir, tmp_path / "run", reward_funcs=f"{rewards}:nothing", steps=2))
+    record = read_metrics(result.run_dir / "metrics.jsonl")[-1]
+    assert record["unverifiable"] == 4 * 6 and record["loss"] == 0.0 and record["kept_reward_std"] == 0.0
+    sys.modules.pop("none_rewards", None)
+
+
+def test_tokenizer_without_pad_token(random_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_model_dir)
+    tokenizer.pad_token = None
+    path = tmp_path / "no_pad"
+    tokenizer.save_pretrained(path)
+    AutoModelForCausalLM.from_pretrained(random_model_dir).save_pretrained(path)
+    assert AutoTokenizer.from_pretrained(path).pad_token is None
+    bundle = load_model(str(path))
+    assert bundle.tokenizer.pad_token == bundle.tokenizer.eos_token and bundle.tokenizer.padding_side == "left"
+    train(quick(str(path), tmp_path / "run", steps=1))
