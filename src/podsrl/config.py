@@ -76,6 +76,7 @@ class Config:
     temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
     top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
     max_new_tokens: int = _f(8, "Maximum completion length in tokens.")
+    generation_engine: str = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate.")
     generation_batch_size: int = _f(0, "Max sequences decoded at once (0 = the whole batch).")
     share_prefill: bool = _f(True, "Compute each prompt's KV cache once and copy it to its n samples "
                                    "(same samples, less prompt compute).")
@@ -192,6 +193,7 @@ def validate(cfg: Config) -> None:
     """Reject invalid values and combinations before any work, naming the field."""
     from podsrl.models import check_model_name
     from podsrl.rewards import load_reward_fn
+    from podsrl.rollout import ENGINES
     from podsrl.select import RULES
     from podsrl.tasks import is_known_task
     from podsrl.tasks.arithmetic import LEVELS, space_size
@@ -203,6 +205,8 @@ def validate(cfg: Config) -> None:
 
     require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
     require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
+    require(cfg.generation_engine in ENGINES,
+            f"generation_engine: unknown engine {cfg.generation_engine!r}; known: {', '.join(sorted(ENGINES))}")
     require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: arithmetic, gsm8k, math, "
                                      f"jsonl, reasoning_gym:NAME")
     for name in ("train_data", "test_data"):

@@ -29,7 +29,7 @@ from podsrl.evaluate import accuracy, generate_and_grade
 from podsrl.metrics import MetricsLog, StageTimer
 from podsrl.models import ModelBundle, load_model
 from podsrl.rewards import RewardStack, load_reward_fn
-from podsrl.rollout import Rollouts, generate
+from podsrl.rollout import ENGINES, Rollouts
 from podsrl.select import select
 from podsrl.tasks import Example, PreparedSplit, Task, build_task, prepare_split, reward_columns
 
@@ -335,11 +335,11 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
         step, train_seconds = state["step"], state["train_seconds"]
         sampler.epoch, sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
         metrics.truncate_after(step)
-        initial = _first_eval(run_dir)
+        initial, latest_eval = _logged_evals(run_dir)
         _say(f"resumed from {resume_from} at step {step}")
     else:
         metrics.truncate_after(-1)  # a resume that found no checkpoint starts the log afresh
-        initial = evaluate(bundle, task, test_split, cfg)
+        initial = latest_eval = evaluate(bundle, task, test_split, cfg)
         metrics.write({"step": 0, "train_seconds": 0.0, **initial})
 
     def checkpoint() -> None:
@@ -351,8 +351,6 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
 
     progress = _progress(cfg, step)
     last_checkpoint_time = time.time()
-    latest_eval = dict(initial)
-
     consecutive_skips = 0
 
     def out_of_time() -> bool:
@@ -365,11 +363,10 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
         examples = [train_split.examples[i] for i in batch_indices]
 
         with timer("generate"):
-            rollouts = generate(model, bundle.tokenizer, [train_split.prompts[i] for i in batch_indices],
-                                cfg.rollouts_per_prompt, max_new_tokens=cfg.max_new_tokens,
-                                temperature=cfg.temperature, top_p=cfg.top_p,
-                                batch_size=cfg.generation_batch_size or None,
-                                share_prefill=cfg.share_prefill)  # [P, n, Lc]
+            rollouts = ENGINES[cfg.generation_engine](
+                model, bundle.tokenizer, [train_split.prompts[i] for i in batch_indices], cfg.rollouts_per_prompt,
+                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                batch_size=cfg.generation_batch_size or None, share_prefill=cfg.share_prefill)  # [P, n, Lc]
         with timer("reward"):
             scores = scorer(examples, rollouts)
             rewards = scores["reward"]  # [P, n]
@@ -447,11 +444,13 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
     return result
 
 
-def _first_eval(run_dir: Path) -> dict[str, float]:
+def _logged_evals(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """The first and the latest evaluation written to metrics.jsonl (on resume)."""
     from podsrl.metrics import read_metrics
 
-    first = read_metrics(run_dir / "metrics.jsonl")[0]
-    return {k: v for k, v in first.items() if k.startswith("eval_")}
+    evals = [{k: v for k, v in r.items() if k.startswith("eval_")}
+             for r in read_metrics(run_dir / "metrics.jsonl") if r.get("eval_accuracy") is not None]
+    return evals[0], evals[-1]
 
 
 def _progress(cfg: Config, step: int):

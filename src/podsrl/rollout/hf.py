@@ -25,10 +25,6 @@ class Rollouts:
     texts: list[list[str]]
 
     @property
-    def num_prompts(self) -> int:
-        return self.completion_ids.shape[0]
-
-    @property
     def group_size(self) -> int:
         return self.completion_ids.shape[1]
 
