@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podsrl.metrics import read_metrics
+from podsrl.plot import save_accuracy_figure
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
 GRID_POINTS = 200
@@ -175,15 +176,8 @@ def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, P
                             color=line.get_color())
     ax.axhline(100 * result["target_accuracy"], color="gray", linestyle=":", linewidth=1,
                label=f"target: 99% of {result['baseline']} best")
-    ax.set_xlabel("training time (minutes, evaluation excluded)")
-    ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title(title or "accuracy vs training time (mean, 95% CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
     accuracy_png = output_dir / "accuracy.png"
-    fig.savefig(accuracy_png, dpi=120)
-    plt.close(fig)
+    save_accuracy_figure(fig, ax, accuracy_png, title or "accuracy vs training time (mean, 95% CI)")
 
     rows = result["rows"]
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * len(rows)))

@@ -3,6 +3,10 @@ temperature 0.9) and greedy accuracy, with per-sample records for ``podsrl eval`
 
 from __future__ import annotations
 
+import json
+import re
+import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -54,11 +58,6 @@ def run_eval(cfg) -> dict:
     sample (prompt, completion, extracted answer, gold, correct) and a summary to
     ``{output_dir}/eval/``. Returns the summary.
     """
-    import json
-    import re
-    import time
-    from pathlib import Path
-
     from podsrl.models import load_model
     from podsrl.tasks import build_task, prepare_split
 

@@ -23,12 +23,19 @@ def plot_accuracy(run_dirs: list[Path], output: Path, title: str = "") -> Path:
                   if r.get("eval_greedy_accuracy") is not None]
         if greedy:
             ax.plot(*zip(*greedy), linestyle="--", marker=".", alpha=0.7, label=f"{label} greedy")
+    save_accuracy_figure(fig, ax, output, title or "held-out accuracy vs training time")
+    return output
+
+
+def save_accuracy_figure(fig, ax, output: Path, title: str) -> None:
+    """The shared look of accuracy-vs-training-time figures (single runs and comparisons)."""
+    import matplotlib.pyplot as plt
+
     ax.set_xlabel("training time (minutes, evaluation excluded)")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title(title or "held-out accuracy vs training time")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(output, dpi=120)
     plt.close(fig)
-    return output

@@ -19,11 +19,6 @@ HUB_DEFAULTS = {
 }
 
 
-def _sources(name: str, train_data: str, test_data: str) -> tuple[str, str]:
-    default_train, default_test = HUB_DEFAULTS[name]
-    return train_data or default_train, test_data or default_test
-
-
 def gsm8k_examples(spec: str, split: str, field_name: str) -> list[Example]:
     out = []
     for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
@@ -46,17 +41,17 @@ def math_examples(spec: str, split: str, field_name: str) -> list[Example]:
     return out
 
 
-def build_gsm8k(train_data: str = "", test_data: str = "", with_train: bool = True) -> Task:
-    train_spec, test_spec = _sources("gsm8k", train_data, test_data)
-    return Task(name="gsm8k", train=gsm8k_examples(train_spec, "train", "train_data") if with_train else [],
-                test=gsm8k_examples(test_spec, "test", "test_data"), correct_fn=gsm8k_correct,
-                format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
+def _build(name: str, read_examples, correct_fn, train_data: str, test_data: str, with_train: bool) -> Task:
+    default_train, default_test = HUB_DEFAULTS[name]
+    train = read_examples(train_data or default_train, "train", "train_data") if with_train else []
+    return Task(name=name, train=train, test=read_examples(test_data or default_test, "test", "test_data"),
+                correct_fn=correct_fn, format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
                 system_prompt=THINK_ANSWER_SYSTEM_PROMPT)
+
+
+def build_gsm8k(train_data: str = "", test_data: str = "", with_train: bool = True) -> Task:
+    return _build("gsm8k", gsm8k_examples, gsm8k_correct, train_data, test_data, with_train)
 
 
 def build_math(train_data: str = "", test_data: str = "", with_train: bool = True) -> Task:
-    train_spec, test_spec = _sources("math", train_data, test_data)
-    return Task(name="math", train=math_examples(train_spec, "train", "train_data") if with_train else [],
-                test=math_examples(test_spec, "test", "test_data"), correct_fn=math_correct,
-                format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
-                system_prompt=THINK_ANSWER_SYSTEM_PROMPT)
+    return _build("math", math_examples, math_correct, train_data, test_data, with_train)
