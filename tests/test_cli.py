@@ -33,6 +33,11 @@ def test_bad_arguments_fail_before_any_work(tmp_path, args, message):
     assert not (tmp_path / "run").exists(), "nothing may be written for an invalid config"
 
 
+def test_compare_rejects_bad_sweep_values(tmp_path):
+    result = podsrl("compare", "--budget_minutes", "1", "--n_values", "8,many", "--output_dir", str(tmp_path / "c"))
+    assert result.returncode == 2 and "n_values: expected comma-separated integers" in result.stderr
+
+
 def test_train_smoke_and_plot(random_model_dir, tmp_path):
     run = tmp_path / "run"
     result = podsrl("train", "--model", random_model_dir, "--steps", "2", "--prompts_per_step", "2",

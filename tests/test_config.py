@@ -38,6 +38,8 @@ def test_method_decides_generated_and_trained_counts():
     ({"eval_greedy": "maybe"}, "eval_greedy:"),
     ({"top_p": "1.5"}, "top_p:"),
     ({"loss_aggregation": "sum"}, "loss_aggregation:"),
+    ({"reward_funcs": "arithmetic_correct", "reward_weights": "heavy"}, "reward_weights: expected comma-separated"),
+    ({"reward_funcs": "arithmetic_correct", "reward_weights": "1,2"}, "reward_weights: 2 weights for 1"),
 ])
 def test_invalid_values_name_the_field(overrides, field):
     with pytest.raises(ValueError) as err:
@@ -80,3 +82,10 @@ def test_yaml_errors_name_file_and_line(tmp_path):
 def test_config_is_frozen():
     with pytest.raises(Exception):
         Config().n = 3
+
+
+def test_comma_separated_fields_parse():
+    cfg = make_config(overrides={"reward_funcs": " arithmetic_correct, arithmetic_format ,", "reward_weights": "",
+                                 "lora_target_modules": "q_proj,,v_proj"})
+    assert cfg.reward_specs == ["arithmetic_correct", "arithmetic_format"]
+    assert cfg.reward_weight_values == [1.0, 1.0] and cfg.lora_targets == ("q_proj", "v_proj")

@@ -11,7 +11,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from podsrl.config import Config, make_config, parse_value
+from podsrl.config import Config, make_config, parse_value, split_list
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -90,8 +90,11 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
-def _int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+def _ints(name: str, text: str) -> list[int]:
+    try:
+        return [int(v) for v in split_list(text)]
+    except ValueError:
+        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
 
 
 def cmd_compare(argv: list[str]) -> int:
@@ -119,9 +122,9 @@ def cmd_compare(argv: list[str]) -> int:
     try:
         if args.seeds < 1 or args.budget_minutes <= 0:
             raise ValueError("seeds and budget_minutes: must be positive")
-        arms = arm_configs(cfg, [m.strip() for m in args.methods.split(",") if m.strip()],
-                           [r.strip() for r in args.rules.split(",") if r.strip()],
-                           _int_list(args.n_values) or [cfg.n], _int_list(args.m_values) or [cfg.m])
+        n_values = _ints("n_values", args.n_values) or [cfg.n]
+        m_values = _ints("m_values", args.m_values) or [cfg.m]
+        arms = arm_configs(cfg, split_list(args.methods), split_list(args.rules), n_values, m_values)
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))
         result = analyze(run_dirs, baseline=args.baseline or None)
     except (ValueError, OSError) as err:

@@ -134,13 +134,13 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     base = arms[base_name]
     target = TARGET_FRACTION * max(base.mean)
     base_times = [r.time_to(target) for r in base.runs]
+    base_time = base.mean_time_to(target)
     rows = []
     for name, arm in arms.items():
         seed_times = [r.time_to(target) for r in arm.runs]
         ratios = [b / t for b, t in zip(base_times, seed_times) if b is not None and t]
         speedup, speedup_ci = mean_ci(ratios) if ratios else (float("nan"), float("nan"))
         mean_time = arm.mean_time_to(target)
-        base_time = base.mean_time_to(target)
         rows.append({
             "arm": name, "seeds": len(arm.runs), "steps_mean": statistics.fmean(r.steps for r in arm.runs),
             "peak_accuracy": max(arm.mean),

@@ -117,8 +117,36 @@ class Config:
         """Rollouts trained on per prompt: n for grpo-ga, m otherwise."""
         return self.n if self.method == "grpo-ga" else self.m
 
+    @property
+    def reward_specs(self) -> list[str]:
+        """``reward_funcs`` as a list of names / ``module:function`` specs."""
+        return split_list(self.reward_funcs)
+
+    @property
+    def reward_weight_values(self) -> list[float]:
+        """``reward_weights`` as floats (1 per function when empty)."""
+        if not self.reward_weights:
+            return [1.0] * len(self.reward_specs)
+        try:
+            return [float(w) for w in split_list(self.reward_weights)]
+        except ValueError:
+            raise ValueError(f"reward_weights: expected comma-separated numbers, got {self.reward_weights!r}") from None
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        return tuple(split_list(self.lora_target_modules))
+
+    def system_prompt_for(self, task) -> str:
+        """The system prompt to use with ``task``: its own when ``system_prompt`` is 'auto'."""
+        return task.system_prompt if self.system_prompt == "auto" else self.system_prompt
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def split_list(text: str) -> list[str]:
+    """Comma-separated values, stripped, empty items dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 FIELDS = {f.name: f for f in fields(Config)}
@@ -215,16 +243,11 @@ def validate(cfg: Config) -> None:
             raise FileNotFoundError(f"{name}: file not found: {spec}")
     require(cfg.task != "jsonl" or bool(cfg.train_data or cfg.test_data),
             "train_data: task 'jsonl' needs train_data (training) or test_data (evaluation)")
-    reward_specs = [r.strip() for r in cfg.reward_funcs.split(",") if r.strip()]
-    for spec in reward_specs:
+    for spec in cfg.reward_specs:
         load_reward_fn(spec)  # import errors surface now, not mid-run
-    if cfg.reward_weights:
-        try:
-            weights = [float(w) for w in cfg.reward_weights.split(",")]
-        except ValueError:
-            raise ValueError(f"reward_weights: expected comma-separated numbers, got {cfg.reward_weights!r}") from None
-        require(len(weights) == len(reward_specs), f"reward_weights: {len(weights)} weights for "
-                                                   f"{len(reward_specs)} reward_funcs")
+    weights = cfg.reward_weight_values
+    require(len(weights) == len(cfg.reward_specs),
+            f"reward_weights: {len(weights)} weights for {len(cfg.reward_specs)} reward_funcs")
     require(cfg.reward_error_policy in ("raise", "zero"),
             f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
     if cfg.task == "arithmetic":

@@ -63,8 +63,7 @@ def run_eval(cfg) -> dict:
 
     task = build_task(cfg, with_train=False)
     bundle = load_model(cfg.model, dtype=cfg.dtype)
-    system_prompt = task.system_prompt if cfg.system_prompt == "auto" else cfg.system_prompt
-    split = prepare_split(task.test[:cfg.eval_prompts], bundle.tokenizer, system_prompt=system_prompt,
+    split = prepare_split(task.test[:cfg.eval_prompts], bundle.tokenizer, system_prompt=cfg.system_prompt_for(task),
                           use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
     if not split.examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} (dropped {split.dropped} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import importlib.util
 import math
 import re
 import sys

@@ -77,9 +77,8 @@ class Scorer:
         def stack(fns, weights):
             return RewardStack(fns, weights, error_policy=cfg.reward_error_policy, timeout=cfg.reward_timeout)
 
-        specs = [r.strip() for r in cfg.reward_funcs.split(",") if r.strip()]
-        weights = [float(w) for w in cfg.reward_weights.split(",")] if cfg.reward_weights else [1.0] * len(specs)
-        custom = stack([load_reward_fn(r) for r in specs], weights) if specs else None
+        custom = (stack([load_reward_fn(r) for r in cfg.reward_specs], cfg.reward_weight_values)
+                  if cfg.reward_specs else None)
         return cls(stack([task.correct_fn], [1.0]), stack([task.format_fn], [1.0]), custom,
                    cfg.correct_weight, cfg.format_weight)
 
@@ -291,8 +290,8 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
     task = build_task(cfg)
     bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, dtype=cfg.dtype,
-                        lora_target_modules=tuple(t for t in cfg.lora_target_modules.split(",") if t))
-    system_prompt = task.system_prompt if cfg.system_prompt == "auto" else cfg.system_prompt
+                        lora_target_modules=cfg.lora_targets)
+    system_prompt = cfg.system_prompt_for(task)
     split_options = dict(system_prompt=system_prompt, use_chat_template=cfg.chat_template,
                          max_prompt_tokens=cfg.max_prompt_tokens)
     train_split = prepare_split(task.train, bundle.tokenizer, **split_options)
