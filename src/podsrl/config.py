@@ -76,8 +76,22 @@ class Config:
     temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
     top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
     max_new_tokens: int = _f(8, "Maximum completion length in tokens.")
-    generation_engine: str = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate.")
-    generation_batch_size: int = _f(0, "Max sequences decoded at once (0 = the whole batch).")
+    generation_engine: str = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
+                                      "on whole prompt groups; 'slots' = decoding slots refilled sample by sample "
+                                      "(n bounded by time, not memory).")
+    generation_batch_size: int = _f(0, "hf engine: max sequences decoded at once, in whole prompt groups "
+                                       "(0 = the whole batch).")
+    generation_micro_group: int = _f(0, "slots engine: sequences decoded at once (g); 0 = as many as "
+                                        "generation_memory_mb allows, or all P*n without a cap.")
+    generation_refill: str = _f("continuous", "slots engine: 'continuous' gives a finished sample's slot to the "
+                                              "next pending sample at once; 'group' waits for the whole "
+                                              "micro-group (naive micro-groups).")
+    generation_schedule: str = _f("fifo", "slots engine: order of pending samples: 'fifo' (prompt by prompt), "
+                                          "'shortest_first' or 'longest_first' by a completion-length "
+                                          "predictor learned online.")
+    generation_memory_mb: float = _f(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and "
+                                          "logits, MiB; 0 = none): hf decodes fewer groups together and fails "
+                                          "if one group exceeds it; slots sizes g to fit.")
     share_prefill: bool = _f(True, "Compute each prompt's KV cache once and copy it to its n samples "
                                    "(same samples, less prompt compute).")
     # --- LoRA (rank 0 = full fine-tuning) ------------------------------------------------
@@ -222,6 +236,7 @@ def validate(cfg: Config) -> None:
     from podsrl.models import check_model_name
     from podsrl.rewards import load_reward_fn
     from podsrl.rollout import ENGINES
+    from podsrl.rollout.slots import REFILLS, SCHEDULES
     from podsrl.select import RULES
     from podsrl.tasks import is_known_task
     from podsrl.tasks.arithmetic import LEVELS, space_size
@@ -235,6 +250,10 @@ def validate(cfg: Config) -> None:
     require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
     require(cfg.generation_engine in ENGINES,
             f"generation_engine: unknown engine {cfg.generation_engine!r}; known: {', '.join(sorted(ENGINES))}")
+    require(cfg.generation_refill in REFILLS,
+            f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
+    require(cfg.generation_schedule in SCHEDULES,
+            f"generation_schedule: unknown {cfg.generation_schedule!r}; known: {', '.join(SCHEDULES)}")
     require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: arithmetic, gsm8k, math, "
                                      f"jsonl, reasoning_gym:NAME")
     for name in ("train_data", "test_data"):
@@ -262,6 +281,7 @@ def validate(cfg: Config) -> None:
                  "eval_batch_size", "reasoning_gym_size"):
         require(getattr(cfg, name) > 0, f"{name}: must be positive, got {getattr(cfg, name)}")
     for name in ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
+                 "generation_micro_group", "generation_memory_mb",
                  "max_minutes", "checkpoint_minutes", "beta", "weight_decay", "max_grad_norm",
                  "temperature", "eval_temperature", "lora_dropout", "reward_timeout"):
         require(getattr(cfg, name) >= 0, f"{name}: must be >= 0, got {getattr(cfg, name)}")

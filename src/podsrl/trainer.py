@@ -304,6 +304,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
     if not test_split.examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
     scorer = Scorer.from_config(task, cfg)
+    generate_rollouts = ENGINES[cfg.generation_engine](cfg)
     run_dir.mkdir(parents=True, exist_ok=True)  # only once model and data loaded: no empty run folders
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     (run_dir / "data.json").write_text(json.dumps({
@@ -362,10 +363,8 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
         examples = [train_split.examples[i] for i in batch_indices]
 
         with timer("generate"):
-            rollouts = ENGINES[cfg.generation_engine](
-                model, bundle.tokenizer, [train_split.prompts[i] for i in batch_indices], cfg.rollouts_per_prompt,
-                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                batch_size=cfg.generation_batch_size or None, share_prefill=cfg.share_prefill)  # [P, n, Lc]
+            rollouts = generate_rollouts(model, bundle.tokenizer, [train_split.prompts[i] for i in batch_indices],
+                                         cfg.rollouts_per_prompt)  # [P, n, Lc]
         with timer("reward"):
             scores = scorer(examples, rollouts)
             rewards = scores["reward"]  # [P, n]
@@ -401,6 +400,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
                   "unverifiable": int(scores["unverifiable"].sum()), "reward_failures": scorer.failures,
                   "completion_len": float(rollouts.completion_mask.sum(-1).float().mean()),
                   "kept_completion_len": float(kept.completion_mask.sum(-1).float().mean()),
+                  "decode_steps": rollouts.stats["decode_steps"],
                   **update, **{f"time_{k}": v for k, v in timer.seconds.items()}}
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps or out_of_time():
             eval_start = time.perf_counter()

@@ -1,11 +1,76 @@
 """Generation engines, registered by name (config field ``generation_engine``).
 
-An engine is ``fn(model, tokenizer, prompts, num_samples, *, max_new_tokens, temperature,
-top_p, batch_size, share_prefill) -> Rollouts`` with the group axis kept ([P, n, ...]).
+``ENGINES[name](cfg)`` builds an engine once per run; an engine is
+``engine(model, tokenizer, prompts, num_samples) -> Rollouts`` with the group axis kept
+([P, n, ...]). Both engines honour ``generation_memory_mb``, a cap on the estimated memory
+of what is decoded at once (:func:`podsrl.rollout.slots.generation_memory_bytes`).
+
+- ``hf``: transformers ``generate`` on whole prompt groups (with the prompt prefill shared);
+  the cap bounds how many groups are decoded together, and a single group that does not fit
+  is an error.
+- ``slots``: podsrl's own decoder with a bounded number of slots (micro-groups, continuous
+  refill, length-aware scheduling), so n is not bounded by memory.
 """
 
+from __future__ import annotations
+
 from podsrl.rollout.hf import Rollouts, completion_mask_from_eos, generate
+from podsrl.rollout.slots import LengthPredictor, generate_in_slots, generation_memory_bytes
 
-ENGINES = {"hf": generate}
+MB = 2**20
 
-__all__ = ["ENGINES", "Rollouts", "completion_mask_from_eos", "generate"]
+
+def _longest_prompt(tokenizer, prompts: list[str]) -> int:
+    return max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+
+
+def _rows_within(cfg, model, prompt_len: int, prompts: int = 0, stored_prompt_len: int = 0) -> int:
+    """Most sequences decoded at once whose estimated memory fits generation_memory_mb."""
+    seq_len = prompt_len + cfg.max_new_tokens
+    fixed = generation_memory_bytes(model.config, 0, seq_len, prompts, stored_prompt_len)
+    per_row = generation_memory_bytes(model.config, 1, seq_len)
+    return max(0, int((cfg.generation_memory_mb * MB - fixed) // per_row))
+
+
+def build_hf(cfg):
+    def engine(model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+        batch_size = cfg.generation_batch_size or None
+        if cfg.generation_memory_mb:
+            rows = _rows_within(cfg, model, _longest_prompt(tokenizer, prompts))
+            if rows < num_samples:
+                need = generation_memory_bytes(model.config, num_samples,
+                                               _longest_prompt(tokenizer, prompts) + cfg.max_new_tokens) / MB
+                raise MemoryError(
+                    f"generation_memory_mb: one prompt group of n={num_samples} needs ~{need:.0f} MB to decode at "
+                    f"once, over the cap of {cfg.generation_memory_mb:g} MB; use generation_engine: slots "
+                    f"(decodes in micro-groups) or raise the cap")
+            batch_size = min(batch_size or rows, rows)
+        return generate(model, tokenizer, prompts, num_samples, max_new_tokens=cfg.max_new_tokens,
+                        temperature=cfg.temperature, top_p=cfg.top_p, batch_size=batch_size,
+                        share_prefill=cfg.share_prefill)
+    return engine
+
+
+def build_slots(cfg):
+    predictor = LengthPredictor() if cfg.generation_schedule != "fifo" else None  # learns across steps
+
+    def engine(model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+        slots = cfg.generation_micro_group
+        if cfg.generation_memory_mb:
+            longest = _longest_prompt(tokenizer, prompts)
+            rows = _rows_within(cfg, model, longest, prompts=len(prompts), stored_prompt_len=longest)
+            if rows < 1 or (slots and slots > rows):
+                raise MemoryError(
+                    f"generation_memory_mb: {slots or 1} decoding slot(s) need more than the cap of "
+                    f"{cfg.generation_memory_mb:g} MB (fits {rows}); lower generation_micro_group or raise the cap")
+            slots = slots or rows
+        return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=cfg.max_new_tokens,
+                                 temperature=cfg.temperature, top_p=cfg.top_p, slots=slots,
+                                 refill=cfg.generation_refill, schedule=cfg.generation_schedule, predictor=predictor)
+    return engine
+
+
+ENGINES = {"hf": build_hf, "slots": build_slots}
+
+__all__ = ["ENGINES", "LengthPredictor", "Rollouts", "completion_mask_from_eos", "generate", "generate_in_slots",
+           "generation_memory_bytes"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +16,8 @@ class Rollouts:
     completion_ids   [P, n, Lc]  generated tokens; positions after the first EOS are padding
     completion_mask  [P, n, Lc]  1 on generated tokens up to and including the first EOS
     texts            P lists of n decoded completions (special tokens removed)
+    stats            engine counters: generated_tokens, decode_steps (model calls after the
+                     prefill), and the engine's own (e.g. slots)
     """
 
     prompt_ids: torch.Tensor
@@ -23,6 +25,7 @@ class Rollouts:
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
     texts: list[list[str]]
+    stats: dict = field(default_factory=dict)
 
     @property
     def group_size(self) -> int:
@@ -37,6 +40,7 @@ class Rollouts:
             completion_ids=self.completion_ids[rows, keep],  # [P, m, Lc]
             completion_mask=self.completion_mask[rows, keep],
             texts=[[self.texts[p][j] for j in row] for p, row in enumerate(keep.tolist())],
+            stats=self.stats,
         )
 
 
@@ -108,9 +112,19 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     completion_ids = torch.cat(
         [torch.nn.functional.pad(c, (0, width - c.shape[1]), value=tokenizer.pad_token_id)
          for c in chunks]).view(num_prompts, num_samples, width)  # [P, n, Lc]
+    rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, completion_ids)
+    rollouts.stats["decode_steps"] = sum(c.shape[1] - 1 for c in chunks)  # the first token comes from the prefill
+    return rollouts
+
+
+def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                completion_ids: torch.Tensor) -> Rollouts:
+    """Rollouts from generated tokens [P, n, Lc] (anything after a row's first EOS is ignored)."""
+    num_prompts, num_samples, width = completion_ids.shape
     completion_mask = completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)
     rows = zip(completion_ids.view(-1, width).tolist(), completion_mask.view(-1, width).tolist())
     decoded = tokenizer.batch_decode([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows],
                                      skip_special_tokens=True)
     texts = [decoded[p * num_samples:(p + 1) * num_samples] for p in range(num_prompts)]
-    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, texts)
+    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, texts,
+                    stats={"generated_tokens": int(completion_mask.sum())})

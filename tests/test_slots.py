@@ -1,0 +1,223 @@
+"""The slots engine: large n on bounded memory (micro-groups, continuous refill, length-aware order)."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+from podsrl.config import Config, validate
+from podsrl.models import load_model
+from podsrl.rollout import ENGINES, generate, generate_in_slots, generation_memory_bytes
+from podsrl.rollout.slots import LengthPredictor, _PendingSamples, warp_logits
+from podsrl.tasks import build_task, render_prompt, reward_columns
+from podsrl.trainer import train
+
+SETTINGS = [(0, "continuous", "fifo"), (1, "continuous", "fifo"), (3, "continuous", "fifo"),
+            (4, "group", "fifo"), (5, "continuous", "shortest_first"), (7, "group", "longest_first"),
+            (6, "continuous", "longest_first")]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_prompts(tiny):
+    task = build_task(Config())
+    return task, [render_prompt(tiny.tokenizer, ex) for ex in task.train[:64]]
+
+
+def full_group_greedy(bundle, prompts, n, max_new_tokens):
+    """The reference: every prompt repeated n times, decoded as one batch by transformers."""
+    out = generate(bundle.model, bundle.tokenizer, [p for p in prompts for _ in range(n)], 1,
+                   max_new_tokens=max_new_tokens, temperature=0.0)
+    lengths = out.completion_mask.sum(-1).view(len(prompts), n)  # [P, n]
+    return [[t for g in out.texts[i * n:(i + 1) * n] for t in g] for i in range(len(prompts))], lengths
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_warp_logits_matches_transformers(seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 50, generator=gen) * 3
+    logits[0, :10] = 2.0  # ties
+    for temperature in (0.5, 1.0, 1.7):
+        for top_p in (0.1, 0.5, 0.9, 0.999, 1.0):
+            expected = TemperatureLogitsWarper(temperature)(None, logits.clone())
+            if top_p < 1.0:
+                expected = TopPLogitsWarper(top_p)(None, expected)
+            assert torch.equal(warp_logits(logits, temperature, top_p), expected), (temperature, top_p)
+
+
+@pytest.mark.parametrize("slots,refill,schedule", SETTINGS)
+def test_greedy_matches_full_group_generation(tiny, tiny_prompts, slots, refill, schedule):
+    _, prompts = tiny_prompts
+    prompts = prompts[:6] + ["What is 3 + 4?"]  # a short prompt among longer ones: widening on refill
+    expected, _ = full_group_greedy(tiny, prompts, 5, 8)
+    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 5, max_new_tokens=8, temperature=0.0,
+                            slots=slots, refill=refill, schedule=schedule)
+    assert out.texts == expected
+
+
+def test_greedy_matches_on_a_random_model_that_rarely_stops(random_model_dir):
+    bundle = load_model(random_model_dir)
+    prompts = ["What is 1 + 2?", "What is 10 - 3 + 4? Answer in format", "7"]
+    expected, lengths = full_group_greedy(bundle, prompts, 4, 9)
+    for slots, refill, schedule in SETTINGS:
+        out = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 4, max_new_tokens=9, temperature=0.0,
+                                slots=slots, refill=refill, schedule=schedule)
+        assert out.texts == expected, (slots, refill, schedule)
+        assert torch.equal(out.completion_mask.sum(-1), lengths)
+
+
+def simulated_decode_steps(lengths: list[int], slots: int, refill: str) -> int:
+    """Brute-force oracle: decode steps of samples with these lengths, taken in this order.
+
+    A sample's first token comes from its prompt's prefill, so it needs length - 1 decode
+    steps; one that ends on its first token never takes a slot."""
+    queue = [length - 1 for length in lengths]
+    steps, rows = 0, []
+    while queue or rows:
+        if refill == "group" and not rows:
+            rows = [r for r in queue[:slots] if r > 0]
+            queue = queue[slots:]
+            steps += max(rows, default=0)
+            rows = []
+            continue
+        while queue and len(rows) < slots:
+            remaining = queue.pop(0)
+            if remaining > 0:
+                rows.append(remaining)
+        steps += 1
+        rows = [r - 1 for r in rows if r > 1]
+    return steps
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 5, 8, 40])
+@pytest.mark.parametrize("refill", ["continuous", "group"])
+def test_decode_steps_match_the_scheduling_oracle(tiny, tiny_prompts, slots, refill):
+    prompts = tiny_prompts[1][:4]
+    torch.manual_seed(1)  # hot sampling: completions of unequal lengths
+    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 6, max_new_tokens=9, temperature=2.0,
+                            slots=slots, refill=refill)
+    fifo_lengths = out.completion_mask.sum(-1).view(-1).tolist()  # prompt by prompt = fifo order
+    assert len(set(fifo_lengths)) > 1  # the oracle is only interesting with unequal lengths
+    assert out.stats["decode_steps"] == simulated_decode_steps(fifo_lengths, slots, refill)
+    assert out.stats["generated_tokens"] == sum(fifo_lengths)
+
+
+def correct_rate(task, prompts, rollouts) -> tuple[float, int]:
+    examples = task.train[:len(prompts)]
+    n = rollouts.group_size
+    completions = [c for group in rollouts.texts for c in group]
+    values = task.correct_fn([p for p in prompts for _ in range(n)], completions, **reward_columns(examples, n))
+    return sum(values) / len(values), len(values)
+
+
+def test_sampling_matches_full_group_in_distribution(tiny, tiny_prompts):
+    """Over 3 seeds x 16 prompts x 32 samples, the correct-answer rate of the slots engine
+    and of full-group generation agree within 4 standard errors; both differ from greedy
+    decoding (so the check has the power to see a sampler that ignores the temperature)."""
+    task, prompts = tiny_prompts
+    prompts = prompts[:16]
+    rates = {"hf": [], "slots": []}
+    for seed in range(3):
+        torch.manual_seed(seed)
+        rates["hf"].append(correct_rate(task, prompts, generate(tiny.model, tiny.tokenizer, prompts, 32,
+                                                                max_new_tokens=8, temperature=1.0)))
+        torch.manual_seed(seed)
+        rates["slots"].append(correct_rate(task, prompts, generate_in_slots(
+            tiny.model, tiny.tokenizer, prompts, 32, max_new_tokens=8, temperature=1.0, slots=24,
+            schedule="shortest_first")))
+    pooled = {k: (sum(r * c for r, c in v) / sum(c for _, c in v), sum(c for _, c in v)) for k, v in rates.items()}
+    (p1, n1), (p2, n2) = pooled["hf"], pooled["slots"]
+    p = (p1 * n1 + p2 * n2) / (n1 + n2)
+    stderr = math.sqrt(p * (1 - p) * (1 / n1 + 1 / n2))
+    assert abs(p1 - p2) < 4 * stderr, pooled
+    greedy, count = correct_rate(task, prompts, generate_in_slots(tiny.model, tiny.tokenizer, prompts, 32,
+                                                                   max_new_tokens=8, temperature=0.0, slots=24))
+    assert abs(greedy - p2) > 4 * math.sqrt(p2 * (1 - p2) / n2), (greedy, p2)
+
+
+def test_top_p_samples_stay_in_the_nucleus(random_model_dir):
+    """A tiny nucleus leaves only the most likely token: sampling equals greedy decoding."""
+    bundle = load_model(random_model_dir)
+    prompts = ["What is 1 + 2?", "7"]
+    torch.manual_seed(0)
+    sampled = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 5, max_new_tokens=6, temperature=1.0,
+                                top_p=1e-6, slots=3)
+    greedy = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 5, max_new_tokens=6, temperature=0.0)
+    assert sampled.texts == greedy.texts
+
+
+def test_length_predictor_learns_a_linear_length_law():
+    predictor = LengthPredictor()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        prompts = [torch.randint(0, 100, (int(k),), generator=gen).tolist()
+                   for k in torch.randint(4, 60, (8,), generator=gen)]
+        features = predictor.features(prompts)
+        lengths = torch.tensor([[3 + len(p) // 2] * 4 for p in prompts])  # [P, n]
+        predictor.update(features, lengths)
+    test = [[1] * 10, [2] * 50]
+    predicted = predictor.predict(predictor.features(test))
+    assert abs(predicted[0] - 8) < 1.5 and abs(predicted[1] - 28) < 1.5, predicted
+
+
+def test_pending_samples_order():
+    predictor = LengthPredictor()
+    order = {}
+    for schedule in ("fifo", "shortest_first", "longest_first"):
+        pending = _PendingSamples(3, 2, schedule, [5.0, 1.0, 9.0], predictor)
+        order[schedule] = [pending.pop() for _ in range(6)]
+        assert len(pending) == 0
+    assert order["fifo"] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert [p for p, _ in order["shortest_first"]] == [1, 1, 0, 0, 2, 2]
+    assert [p for p, _ in order["longest_first"]] == [2, 2, 0, 0, 1, 1]
+    # finished siblings update the guess: prompt 0's samples turn out long
+    pending = _PendingSamples(2, 3, "shortest_first", [2.0, 4.0], predictor)
+    assert pending.pop() == (0, 0)
+    pending.record(0, 20)
+    assert pending.pop()[0] == 1
+
+
+def test_memory_cap_hf_refuses_a_group_that_does_not_fit_and_slots_fits_it(tiny, tiny_prompts):
+    _, prompts = tiny_prompts
+    prompts = prompts[:2]
+    longest = max(len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    full_mb = generation_memory_bytes(tiny.model.config, 2 * 256, longest + 8) / 2**20
+    cfg = dataclasses.replace(Config(), n=256, generation_memory_mb=full_mb / 4)
+    with pytest.raises(MemoryError, match="generation_memory_mb"):
+        ENGINES["hf"](cfg)(tiny.model, tiny.tokenizer, prompts, 256)
+    cfg = dataclasses.replace(cfg, generation_engine="slots")
+    torch.manual_seed(0)
+    out = ENGINES["slots"](cfg)(tiny.model, tiny.tokenizer, prompts, 256)
+    assert out.completion_ids.shape[:2] == (2, 256)
+    assert 0 < out.stats["slots"] <= 2 * 256 // 4
+    too_many = dataclasses.replace(cfg, generation_micro_group=2 * 256)
+    with pytest.raises(MemoryError, match="generation_micro_group"):
+        ENGINES["slots"](too_many)(tiny.model, tiny.tokenizer, prompts, 256)
+
+
+def test_pods_at_n256_trains_under_a_memory_cap_full_group_generation_exceeds(tmp_path, tiny):
+    base = Config(model="tiny", method="pods", n=256, m=4, prompts_per_step=2, steps=2, eval_every=0,
+                  eval_prompts=8, eval_samples=1, checkpoint_every=0, progress=False, generation_memory_mb=4.0)
+    # full-group generation of one step: 2 x 256 sequences
+    full_mb = generation_memory_bytes(tiny.model.config, 2 * 256, 40 + base.max_new_tokens) / 2**20
+    assert full_mb > base.generation_memory_mb
+    validate(base)
+    with pytest.raises(MemoryError, match="generation_memory_mb"):
+        train(dataclasses.replace(base, output_dir=str(tmp_path / "hf")))
+    result = train(dataclasses.replace(base, generation_engine="slots", output_dir=str(tmp_path / "slots")))
+    assert result.steps == 2
+
+
+def test_config_names_bad_slots_fields():
+    with pytest.raises(ValueError, match="generation_refill"):
+        validate(dataclasses.replace(Config(), generation_refill="eager"))
+    with pytest.raises(ValueError, match="generation_schedule"):
+        validate(dataclasses.replace(Config(), generation_schedule="random"))
+    with pytest.raises(ValueError, match="generation_memory_mb"):
+        validate(dataclasses.replace(Config(), generation_memory_mb=-1))
