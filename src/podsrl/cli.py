@@ -57,6 +57,8 @@ def cmd_train(argv: list[str]) -> int:
     except (ValueError, OSError) as err:  # data or model problems found while loading
         print(f"podsrl train: error: {err}", file=sys.stderr)
         return 2
+    if not result.is_main:
+        return 0
     init, final = result.initial, result.final
     print(f"held-out accuracy (sampled, T={cfg.eval_temperature}, {cfg.eval_samples} samples x "
           f"{cfg.eval_prompts} prompts): {100 * init['eval_accuracy']:.1f}% at step 0 -> "

@@ -25,11 +25,12 @@ import torch
 from podsrl import algo
 from podsrl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from podsrl.config import Config
-from podsrl.evaluate import accuracy, generate_and_grade
+from podsrl.distributed import Processes
+from podsrl.evaluate import generate_and_grade
 from podsrl.metrics import MetricsLog, StageTimer
 from podsrl.models import ModelBundle, load_model
 from podsrl.rewards import RewardStack, load_reward_fn
-from podsrl.rollout import ENGINES, Rollouts
+from podsrl.rollout import ENGINES, Rollouts, concat_rollouts
 from podsrl.select import select
 from podsrl.tasks import Example, PreparedSplit, Task, build_task, prepare_split, reward_columns
 
@@ -150,34 +151,41 @@ def batch_logprobs(model, batch: dict[str, torch.Tensor], size: int) -> torch.Te
     return out
 
 
-def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Config) -> dict[str, float]:
+def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Config,
+                  procs: Processes | None = None, num_tokens: float | None = None) -> dict[str, float]:
     """One optimizer step over the whole batch, accumulating gradients over micro-batches.
 
     Each micro-batch loss is normalised by the whole batch's sequence / token count, so
-    the accumulated gradient equals the full-batch gradient. A non-finite loss or
-    gradient skips the step (logged) instead of corrupting the weights.
+    the accumulated gradient equals the full-batch gradient. With several processes the
+    gradient is the average over processes, so ``num_tokens`` is the global token count
+    divided by the number of processes (every process holds the same number of
+    sequences). A non-finite loss or gradient skips the step (logged) instead of
+    corrupting the weights.
     """
+    procs = procs or Processes()
     num_sequences = batch["advantages"].shape[0]
-    num_tokens = float(batch["completion_mask"].sum())
-    params = [p for p in model.parameters() if p.requires_grad]
+    num_tokens = num_tokens or float(batch["completion_mask"].sum())
     optimizer.zero_grad(set_to_none=True)
     total_loss, clip_fraction, kl = 0.0, 0.0, 0.0
-    for part in micro_batches(batch, cfg.micro_batch_size):
+    parts = list(micro_batches(batch, cfg.micro_batch_size))
+    for i, part in enumerate(parts):
         lc = part["completion_mask"].shape[1]
-        logp = algo.token_logprobs(model, part["input_ids"], part["attention_mask"], lc)  # [b, lc]
-        old_logp = part["old_logp"] if part.get("old_logp") is not None else logp.detach()
-        loss, stats = algo.policy_loss(
-            logp, old_logp, part["advantages"], part["completion_mask"],
-            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-            ref_logp=part.get("ref_logp"), beta=cfg.beta, aggregation=cfg.loss_aggregation,
-            num_sequences=num_sequences, num_tokens=num_tokens)
-        loss.backward()
+        # gradients are averaged across processes once per step, after the last micro-batch
+        with procs.no_sync(model, last=i == len(parts) - 1):
+            logp = algo.token_logprobs(model, part["input_ids"], part["attention_mask"], lc)  # [b, lc]
+            old_logp = part["old_logp"] if part.get("old_logp") is not None else logp.detach()
+            loss, stats = algo.policy_loss(
+                logp, old_logp, part["advantages"], part["completion_mask"],
+                clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+                ref_logp=part.get("ref_logp"), beta=cfg.beta, aggregation=cfg.loss_aggregation,
+                num_sequences=num_sequences, num_tokens=num_tokens)
+            procs.backward(loss)
         share = part["advantages"].shape[0] / num_sequences
         total_loss += loss.item()
         clip_fraction += stats["clip_fraction"] * share
         kl += stats.get("kl", 0.0) * share
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    grad_norm = procs.clip_grad_norm(model, max_norm)
     skipped = not (math.isfinite(total_loss) and math.isfinite(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)
@@ -188,17 +196,24 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
             "skipped_step": int(skipped)}
 
 
-def evaluate(bundle: ModelBundle, task: Task, test: PreparedSplit, cfg: Config) -> dict[str, float]:
+def evaluate(bundle: ModelBundle, task: Task, test: PreparedSplit, cfg: Config,
+             procs: Processes | None = None) -> dict[str, float]:
     """Held-out accuracy: sampled (eval_samples per prompt at eval_temperature) and greedy.
-    A fixed seed gives every evaluation the same sampling noise (common random numbers)."""
-    common = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_007, correct_fn=task.correct_fn,
+    A fixed seed gives every evaluation the same sampling noise (common random numbers).
+    With several processes each grades every world_size-th prompt and the counts are summed."""
+    procs = procs or Processes()
+    common = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_007 + procs.rank, correct_fn=task.correct_fn,
                   batch_size=cfg.eval_batch_size)
-    examples, prompts = test.examples[:cfg.eval_prompts], test.prompts[:cfg.eval_prompts]
-    out = {"eval_accuracy": accuracy(generate_and_grade(bundle, examples, prompts, samples=cfg.eval_samples,
-                                                        temperature=cfg.eval_temperature, **common))}
+    examples = procs.strided(test.examples[:cfg.eval_prompts])
+    prompts = procs.strided(test.prompts[:cfg.eval_prompts])
+    modes = {"eval_accuracy": (cfg.eval_samples, cfg.eval_temperature)}
     if cfg.eval_greedy:
-        out["eval_greedy_accuracy"] = accuracy(generate_and_grade(bundle, examples, prompts, samples=1,
-                                                                  temperature=0.0, **common))
+        modes["eval_greedy_accuracy"] = (1, 0.0)
+    out = {}
+    for name, (samples, temperature) in modes.items():
+        records = generate_and_grade(bundle, examples, prompts, samples=samples, temperature=temperature, **common)
+        correct, count = procs.sum([float(sum(r["correct"] for r in records)), float(len(records))])
+        out[name] = correct / max(1.0, count)
     return out
 
 
@@ -218,6 +233,7 @@ class RunResult:
     steps: int
     train_seconds: float
     plot: Path
+    is_main: bool = True  # False in the other processes of a multi-process run (they write nothing)
 
 
 def _seed_everything(seed: int) -> None:
@@ -279,12 +295,26 @@ def train(cfg: Config) -> RunResult:
         return _train(cfg, stop)
 
 
+def sampling_seed(seed: int, step: int, first_prompt: int) -> int:
+    """The RNG seed of the rollouts of one chunk of a step's prompts.
+
+    Seeding per chunk by the chunk's position in the step's batch, not by process, makes
+    the samples independent of how the batch is split: a run over W processes draws the
+    same rollouts as one process generating the same chunks (generation_batch_size)."""
+    return hash((seed, step, first_prompt)) % 2**63
+
+
 def _train(cfg: Config, stop: StopSignals) -> RunResult:
+    procs = Processes.from_env()
     run_dir = Path(cfg.output_dir)
     checkpoints = run_dir / "checkpoints"
     if not cfg.resume and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"output_dir: {run_dir} already holds a run; pass --resume true to "
                               f"continue it or choose another --output_dir")
+    if cfg.prompts_per_step % procs.world_size:
+        raise ValueError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
+                         f"{procs.world_size} processes")
+    procs.barrier()  # every process has checked output_dir before the main one writes to it
 
     _seed_everything(cfg.seed)
     task = build_task(cfg)
@@ -296,7 +326,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
                          max_prompt_tokens=cfg.max_prompt_tokens)
     train_split = prepare_split(task.train, bundle.tokenizer, **split_options)
     test_split = prepare_split(task.test, bundle.tokenizer, **split_options)
-    if train_split.dropped or test_split.dropped:
+    if (train_split.dropped or test_split.dropped) and procs.is_main:
         _say(f"max_prompt_tokens={cfg.max_prompt_tokens}: dropped {train_split.dropped} train and "
              f"{test_split.dropped} held-out prompts that are longer")
     if not train_split.examples:
@@ -305,53 +335,65 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
     scorer = Scorer.from_config(task, cfg)
     generate_rollouts = ENGINES[cfg.generation_engine](cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)  # only once model and data loaded: no empty run folders
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    (run_dir / "data.json").write_text(json.dumps({
-        "task": task.name, "train_prompts": len(train_split.examples), "test_prompts": len(test_split.examples),
-        "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,
-        "system_prompt": system_prompt, "example_prompt": test_split.prompts[0]}, indent=2) + "\n")
-    model = bundle.model
-    model.train()
+    if procs.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)  # only once model and data loaded: no empty run folders
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        (run_dir / "data.json").write_text(json.dumps({
+            "task": task.name, "train_prompts": len(train_split.examples), "test_prompts": len(test_split.examples),
+            "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,
+            "system_prompt": system_prompt, "example_prompt": test_split.prompts[0],
+            "processes": procs.world_size}, indent=2) + "\n")
+    policy = bundle.model  # the bare model: generation, no-grad log-probs, saving
+    policy.train()
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
     reference = None
     if cfg.beta > 0 and not bundle.uses_lora:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
     rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
     generators = {"rule": rule_generator}
-    sampler = PromptSampler(len(train_split.examples), seed=cfg.seed)
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    sampler = PromptSampler(len(train_split.examples), seed=cfg.seed)  # the same on every process
+    metrics = MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None
 
     step, train_seconds = 0, 0.0
-    resume_from, state = (_restore(checkpoints, model=model, optimizer=optimizer, scheduler=scheduler,
+    resume_from, state = (_restore(checkpoints, model=policy, optimizer=optimizer, scheduler=scheduler,
                                    generators=generators) if cfg.resume else (None, None))
-    if cfg.resume and resume_from is None:
+    if cfg.resume and resume_from is None and procs.is_main:
         _say(f"resume: no usable checkpoint in {checkpoints}; starting from scratch")
+    model, optimizer = procs.prepare(policy, optimizer)  # DDP / FSDP / DeepSpeed under a launcher
     if resume_from is not None:
         step, train_seconds = state["step"], state["train_seconds"]
         sampler.epoch, sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
-        metrics.truncate_after(step)
+        if metrics:
+            metrics.truncate_after(step)
         initial, latest_eval = _logged_evals(run_dir)
-        _say(f"resumed from {resume_from} at step {step}")
+        if procs.is_main:
+            _say(f"resumed from {resume_from} at step {step}")
     else:
-        metrics.truncate_after(-1)  # a resume that found no checkpoint starts the log afresh
-        initial = latest_eval = evaluate(bundle, task, test_split, cfg)
-        metrics.write({"step": 0, "train_seconds": 0.0, **initial})
+        if metrics:
+            metrics.truncate_after(-1)  # a resume that found no checkpoint starts the log afresh
+        initial = latest_eval = evaluate(bundle, task, test_split, cfg, procs)
+        if metrics:
+            metrics.write({"step": 0, "train_seconds": 0.0, **initial})
 
     def checkpoint() -> None:
         nonlocal last_checkpoint_time
-        save_checkpoint(checkpoints, step=step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        trainer_state={"train_seconds": train_seconds, "sampler": sampler.state()},
-                        generators=generators, keep=cfg.keep_checkpoints)
+        if procs.is_main:  # the parameters and optimizer state are the same on every process
+            save_checkpoint(checkpoints, step=step, model=policy, optimizer=optimizer, scheduler=scheduler,
+                            trainer_state={"train_seconds": train_seconds, "sampler": sampler.state()},
+                            generators=generators, keep=cfg.keep_checkpoints)
+        procs.barrier()
         last_checkpoint_time = time.time()
 
-    progress = _progress(cfg, step)
+    progress = _progress(cfg, step, enabled=procs.is_main)
     last_checkpoint_time = time.time()
     consecutive_skips = 0
+    local_prompts = cfg.prompts_per_step // procs.world_size
+    chunk = max(1, cfg.generation_batch_size // cfg.rollouts_per_prompt) if cfg.generation_batch_size \
+        else local_prompts
 
     def out_of_time() -> bool:
         return bool(cfg.max_minutes) and train_seconds >= cfg.max_minutes * 60
@@ -359,12 +401,17 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
     while step < cfg.steps and not out_of_time():
         step += 1
         timer = StageTimer()
-        batch_indices = sampler.take(cfg.prompts_per_step)
+        batch_indices = procs.block(sampler.take(cfg.prompts_per_step))  # this process's prompts
         examples = [train_split.examples[i] for i in batch_indices]
+        prompts = [train_split.prompts[i] for i in batch_indices]
 
         with timer("generate"):
-            rollouts = generate_rollouts(model, bundle.tokenizer, [train_split.prompts[i] for i in batch_indices],
-                                         cfg.rollouts_per_prompt)  # [P, n, Lc]
+            parts = []
+            for start in range(0, local_prompts, chunk):
+                torch.manual_seed(sampling_seed(cfg.seed, step, procs.rank * local_prompts + start))
+                parts.append(generate_rollouts(policy, bundle.tokenizer, prompts[start:start + chunk],
+                                               cfg.rollouts_per_prompt))
+            rollouts = concat_rollouts(parts, bundle.tokenizer.pad_token_id)  # [P, n, Lc]
         with timer("reward"):
             scores = scorer(examples, rollouts)
             rewards = scores["reward"]  # [P, n]
@@ -381,32 +428,43 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
         if cfg.num_iterations > 1 or cfg.beta > 0:
             with timer("logprobs"):
                 if cfg.num_iterations > 1:
-                    batch["old_logp"] = batch_logprobs(model, batch, cfg.micro_batch_size)
+                    batch["old_logp"] = batch_logprobs(policy, batch, cfg.micro_batch_size)
                 if cfg.beta > 0:
                     if reference is None:
-                        with model.disable_adapter():
-                            batch["ref_logp"] = batch_logprobs(model, batch, cfg.micro_batch_size)
+                        with policy.disable_adapter():
+                            batch["ref_logp"] = batch_logprobs(policy, batch, cfg.micro_batch_size)
                     else:
                         batch["ref_logp"] = batch_logprobs(reference, batch, cfg.micro_batch_size)
         with timer("update"):
+            tokens_per_process = procs.sum([float(batch["completion_mask"].sum())])[0] / procs.world_size
             for _ in range(cfg.num_iterations):
-                update = update_policy(model, optimizer, scheduler, batch, cfg)
-        train_seconds += timer.total
+                update = update_policy(model, optimizer, scheduler, batch, cfg, procs, tokens_per_process)
+        # the slowest process sets the pace (and every process must agree on max_minutes)
+        train_seconds += procs.max([timer.total])[0]
 
+        everywhere = {name: procs.gather(t) for name, t in (  # [P_all, ...]: metrics of the whole batch
+            ("rewards", rewards), ("kept_rewards", kept_rewards), ("correct", scores["correct"]),
+            ("format", scores["format"]), ("unverifiable", scores["unverifiable"].float()),
+            ("length", rollouts.completion_mask.sum(-1).float()), ("kept_length", kept.completion_mask.sum(-1).float()))}
+        decode_steps, failures = procs.sum([rollouts.stats["decode_steps"], scorer.failures])
         record = {"step": step, "train_seconds": train_seconds, "lr": scheduler.get_last_lr()[0],
-                  **_group_stats("reward", rewards), **_group_stats("kept_reward", kept_rewards),
-                  "correct_rate": float(scores["correct"].nanmean()),
-                  "format_rate": float(scores["format"].nanmean()),  # NaN (null) when not scored
-                  "unverifiable": int(scores["unverifiable"].sum()), "reward_failures": scorer.failures,
-                  "completion_len": float(rollouts.completion_mask.sum(-1).float().mean()),
-                  "kept_completion_len": float(kept.completion_mask.sum(-1).float().mean()),
-                  "decode_steps": rollouts.stats["decode_steps"],
-                  **update, **{f"time_{k}": v for k, v in timer.seconds.items()}}
+                  **_group_stats("reward", everywhere["rewards"]), **_group_stats("kept_reward", everywhere["kept_rewards"]),
+                  "correct_rate": float(everywhere["correct"].nanmean()),
+                  "format_rate": float(everywhere["format"].nanmean()),  # NaN (null) when not scored
+                  "unverifiable": int(everywhere["unverifiable"].sum()), "reward_failures": int(failures),
+                  "completion_len": float(everywhere["length"].mean()),
+                  "kept_completion_len": float(everywhere["kept_length"].mean()),
+                  "decode_steps": int(decode_steps),
+                  **procs.mean({**update, **{f"time_{k}": v for k, v in timer.seconds.items()}})}
+        if procs.world_size > 1:
+            record["skipped_step"] = int(record["skipped_step"])
+            record["rank_param_spread"] = procs.parameter_spread(model)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps or out_of_time():
             eval_start = time.perf_counter()
-            latest_eval = evaluate(bundle, task, test_split, cfg)
+            latest_eval = evaluate(bundle, task, test_split, cfg, procs)
             record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
-        metrics.write(record)
+        if metrics:
+            metrics.write(record)
         progress.update(1)
         progress.set_postfix(reward=f"{record['reward_mean']:.2f}",
                              acc=f"{latest_eval['eval_accuracy']:.3f}", refresh=False)
@@ -418,28 +476,33 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
             raise TrainingStopped(f"stopped at step {step}: {consecutive_skips} consecutive steps had a non-finite "
                                   f"loss or gradient (max_consecutive_skips); last good checkpoint: "
                                   f"{good[-1] if good else 'none'}")
+        # a signal may reach one process only: every process stops at the same step
+        signum = int(procs.max([float(stop.signum or 0)])[0])
         due_by_time = cfg.checkpoint_minutes and time.time() - last_checkpoint_time >= cfg.checkpoint_minutes * 60
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or due_by_time or stop.signum:
+        due_by_time = bool(procs.max([float(bool(due_by_time))])[0])
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or due_by_time or signum:
             checkpoint()
-        if stop.signum:
+        if signum:
             progress.close()
-            raise TrainingStopped(f"stopped by {signal.Signals(stop.signum).name} after step {step}; checkpoint "
+            raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint "
                                   f"written to {checkpoints}; continue with the same command plus --resume true",
-                                  signum=stop.signum)
+                                  signum=signum)
     progress.close()
 
     if not (checkpoints / f"step_{step:07d}").is_dir():
         checkpoint()
-    model.save_pretrained(run_dir / "model")
-    bundle.tokenizer.save_pretrained(run_dir / "model")
-    from podsrl.plot import plot_accuracy
-
-    plot = plot_accuracy([run_dir], run_dir / "accuracy.png", title=f"{cfg.method} on {cfg.task} ({cfg.model})")
     result = RunResult(run_dir=run_dir, initial=initial, final=latest_eval, steps=step,
-                       train_seconds=train_seconds, plot=plot)
-    (run_dir / "summary.json").write_text(json.dumps({
-        "steps": step, "train_seconds": round(train_seconds, 2), "initial": initial, "final": latest_eval},
-        indent=2) + "\n")
+                       train_seconds=train_seconds, plot=run_dir / "accuracy.png", is_main=procs.is_main)
+    if procs.is_main:
+        policy.save_pretrained(run_dir / "model")
+        bundle.tokenizer.save_pretrained(run_dir / "model")
+        from podsrl.plot import plot_accuracy
+
+        plot_accuracy([run_dir], result.plot, title=f"{cfg.method} on {cfg.task} ({cfg.model})")
+        (run_dir / "summary.json").write_text(json.dumps({
+            "steps": step, "train_seconds": round(train_seconds, 2), "initial": initial, "final": latest_eval},
+            indent=2) + "\n")
+    procs.barrier()
     return result
 
 
@@ -452,8 +515,8 @@ def _logged_evals(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
     return evals[0], evals[-1]
 
 
-def _progress(cfg: Config, step: int):
+def _progress(cfg: Config, step: int, enabled: bool = True):
     from tqdm.auto import tqdm
 
-    return tqdm(total=cfg.steps, initial=step, disable=not cfg.progress, desc=f"{cfg.method}", unit="step",
+    return tqdm(total=cfg.steps, initial=step, disable=not (cfg.progress and enabled), desc=f"{cfg.method}", unit="step",
                 dynamic_ncols=True)

@@ -14,7 +14,7 @@ of what is decoded at once (:func:`podsrl.rollout.slots.generation_memory_bytes`
 
 from __future__ import annotations
 
-from podsrl.rollout.hf import Rollouts, completion_mask_from_eos, generate
+from podsrl.rollout.hf import Rollouts, completion_mask_from_eos, concat_rollouts, generate
 from podsrl.rollout.slots import LengthPredictor, generate_in_slots, generation_memory_bytes
 
 MB = 2**20
@@ -72,5 +72,5 @@ def build_slots(cfg):
 
 ENGINES = {"hf": build_hf, "slots": build_slots}
 
-__all__ = ["ENGINES", "LengthPredictor", "Rollouts", "completion_mask_from_eos", "generate", "generate_in_slots",
+__all__ = ["ENGINES", "LengthPredictor", "Rollouts", "completion_mask_from_eos", "concat_rollouts", "generate", "generate_in_slots",
            "generation_memory_bytes"]

@@ -44,6 +44,29 @@ class Rollouts:
         )
 
 
+def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
+    """Rollouts of consecutive prompt chunks as one batch: prompts re-padded on the left,
+    completions on the right (masks padded with 0), group axis kept."""
+    if len(parts) == 1:
+        return parts[0]
+    prompt_width = max(r.prompt_ids.shape[1] for r in parts)
+    completion_width = max(r.completion_ids.shape[2] for r in parts)
+    pad = torch.nn.functional.pad
+
+    def left(t, value):
+        return pad(t, (prompt_width - t.shape[1], 0), value=value)
+
+    def right(t, value):
+        return pad(t, (0, completion_width - t.shape[2]), value=value)
+
+    stats = {k: sum(r.stats[k] for r in parts) for k in ("generated_tokens", "decode_steps")}
+    return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in parts]),  # [P, Lp]
+                    prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in parts]),
+                    completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in parts]),  # [P, n, Lc]
+                    completion_mask=torch.cat([right(r.completion_mask, 0) for r in parts]),
+                    texts=[group for r in parts for group in r.texts], stats=stats)
+
+
 def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     """1 up to and including the first EOS of each row, 0 after it; all 1 when no EOS.
 
