@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from podsrl import algo
 from podsrl.algo import group_advantages, policy_loss
 
 
@@ -108,3 +109,34 @@ def test_micro_batch_losses_add_up_to_full_batch(aggregation):
     parts = sum(policy_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3], aggregation=aggregation,
                             num_sequences=8, num_tokens=float(mask.sum()))[0] for i in range(0, 8, 3))
     assert float(parts) == pytest.approx(float(full), rel=1e-6)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_logprobs_equal_full_rows_with_gradients(random_model_dir, lora):
+    """Brute-force oracle: every row run in full. Groups of unequal size (a micro-batch may
+    cut a group), prompts of unequal length (left padding), completions of unequal length."""
+    from podsrl.models import load_model
+    from podsrl.rollout import generate
+    from podsrl.trainer import flatten_for_update, micro_batches
+
+    bundle = load_model(random_model_dir, lora_rank=4 if lora else 0)
+    torch.manual_seed(0)
+    rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "7", "What is 10 - 3 + 4?"], 3,
+                        max_new_tokens=6, temperature=1.0)
+    rollouts.completion_mask[0, 1, 3:] = 0  # a shorter completion
+    batch = flatten_for_update(rollouts, torch.zeros(3, 3))
+    part = next(micro_batches({k: v[1:8] for k, v in batch.items()}, 7))  # rows 1-7: groups of 2, 3, 2
+    lc = part["completion_mask"].shape[1]
+    model = bundle.model
+    results = []
+    for fn in (algo.token_logprobs, algo.shared_prompt_token_logprobs):
+        model.zero_grad()
+        logp = fn(model, part["input_ids"], part["attention_mask"], lc)  # [7, lc]
+        weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+        (logp * weights * part["completion_mask"]).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        results.append((logp.detach() * part["completion_mask"], grads))
+    (full, full_grads), (shared, shared_grads) = results
+    assert torch.allclose(shared, full, atol=1e-5)
+    assert all(torch.allclose(s, f, atol=1e-5, rtol=1e-4) for s, f in zip(shared_grads, full_grads))
+    assert any(float(g.abs().max()) > 0 for g in full_grads)

@@ -94,6 +94,9 @@ class Config:
                                           "if one group exceeds it; slots sizes g to fit.")
     share_prefill: bool = _f(True, "Compute each prompt's KV cache once and copy it to its n samples "
                                    "(same samples, less prompt compute).")
+    share_prompt_in_update: bool = _f(True, "In the update's forward/backward, run each prompt once per group "
+                                            "and reuse its KV cache for the group's completions (same "
+                                            "log-probs and gradient, fewer tokens).")
     # --- LoRA (rank 0 = full fine-tuning) ------------------------------------------------
     lora_rank: int = _f(0, "LoRA rank; 0 trains every parameter.")
     lora_alpha: float = _f(16.0, "LoRA alpha.")

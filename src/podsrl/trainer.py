@@ -139,14 +139,15 @@ def micro_batches(batch: dict[str, torch.Tensor], size: int):
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: dict[str, torch.Tensor], size: int) -> torch.Tensor:
+def batch_logprobs(model, batch: dict[str, torch.Tensor], size: int, share_prompt: bool = True) -> torch.Tensor:
     """Log-probs [B, Lc] of the completion tokens under ``model`` (no gradient)."""
+    logprobs = algo.shared_prompt_token_logprobs if share_prompt else algo.token_logprobs
     out = torch.zeros(batch["completion_mask"].shape)  # [B, Lc]
     row = 0
     for part in micro_batches(batch, size):
         lc = part["completion_mask"].shape[1]
         rows = part["input_ids"].shape[0]
-        out[row:row + rows, :lc] = algo.token_logprobs(model, part["input_ids"], part["attention_mask"], lc)
+        out[row:row + rows, :lc] = logprobs(model, part["input_ids"], part["attention_mask"], lc)
         row += rows
     return out
 
@@ -163,6 +164,7 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
     corrupting the weights.
     """
     procs = procs or Processes()
+    logprobs = algo.shared_prompt_token_logprobs if cfg.share_prompt_in_update else algo.token_logprobs
     num_sequences = batch["advantages"].shape[0]
     num_tokens = num_tokens or float(batch["completion_mask"].sum())
     optimizer.zero_grad(set_to_none=True)
@@ -172,7 +174,7 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
         lc = part["completion_mask"].shape[1]
         # gradients are averaged across processes once per step, after the last micro-batch
         with procs.no_sync(model, last=i == len(parts) - 1):
-            logp = algo.token_logprobs(model, part["input_ids"], part["attention_mask"], lc)  # [b, lc]
+            logp = logprobs(model, part["input_ids"], part["attention_mask"], lc)  # [b, lc]
             old_logp = part["old_logp"] if part.get("old_logp") is not None else logp.detach()
             loss, stats = algo.policy_loss(
                 logp, old_logp, part["advantages"], part["completion_mask"],
@@ -427,14 +429,15 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
             batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
         if cfg.num_iterations > 1 or cfg.beta > 0:
             with timer("logprobs"):
+                options = dict(size=cfg.micro_batch_size, share_prompt=cfg.share_prompt_in_update)
                 if cfg.num_iterations > 1:
-                    batch["old_logp"] = batch_logprobs(policy, batch, cfg.micro_batch_size)
+                    batch["old_logp"] = batch_logprobs(policy, batch, **options)
                 if cfg.beta > 0:
                     if reference is None:
                         with policy.disable_adapter():
-                            batch["ref_logp"] = batch_logprobs(policy, batch, cfg.micro_batch_size)
+                            batch["ref_logp"] = batch_logprobs(policy, batch, **options)
                     else:
-                        batch["ref_logp"] = batch_logprobs(reference, batch, cfg.micro_batch_size)
+                        batch["ref_logp"] = batch_logprobs(reference, batch, **options)
         with timer("update"):
             tokens_per_process = procs.sum([float(batch["completion_mask"].sum())])[0] / procs.world_size
             for _ in range(cfg.num_iterations):
