@@ -12,11 +12,15 @@ resident memory (Linux /proc/self/clear_refs), generate, read the peak (VmHWM) m
 resident memory just before generating. Prints one table per model with ratios to full-group
 generation (memory, tokens/s) and to naive micro-groups (decode steps).
 
-    python benchmarks/generation_memory.py [--models tiny,smollm2-135m-instruct] [--n 16,64,256]
+    python benchmarks/generation_memory.py [--workloads tiny,smollm2-chat,smollm2-gsm8k] [--n 16,64,256]
         [--slots 64] [--json out.json]
 
-Prompts: arithmetic (level 3) for the tiny model; GSM8K test questions from ../shared/data
-for SmolLM2 when present (long, varied completions), else arithmetic.
+Workloads (model, prompts, prompts per batch, max new tokens):
+  tiny           the tiny model, arithmetic level 3, 4 prompts, 8 tokens (lengths ~6, nearly equal)
+  smollm2-chat   SmolLM2-135M-Instruct, arithmetic level 1 in its chat template without a
+                 format instruction, 2 prompts, 96 tokens: it chats, lengths 3 to 96
+  smollm2-gsm8k  SmolLM2-135M-Instruct, GSM8K test questions (../shared/data; arithmetic if
+                 absent) with the think/answer system prompt, 2 prompts, 48 tokens (most hit the cap)
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ import time
 from pathlib import Path
 
 SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-# model -> (prompts per batch, max new tokens)
-SETTINGS = {"tiny": (4, 8), "smollm2-135m-instruct": (2, 48)}
+# name -> (model, prompts, prompts per batch, max new tokens)
+WORKLOADS = {"tiny": ("tiny", "arithmetic", 4, 8),
+             "smollm2-chat": ("smollm2-135m-instruct", "arithmetic-chat", 2, 96),
+             "smollm2-gsm8k": ("smollm2-135m-instruct", "gsm8k", 2, 48)}
 MODES = {
     "full": dict(engine="hf"),
     "micro": dict(engine="slots", refill="group", schedule="fifo"),
@@ -48,20 +54,20 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _prompts(model: str, tokenizer, count: int, offset: int) -> list[str]:
+def _prompts(source: str, tokenizer, count: int, offset: int) -> list[str]:
     from podsrl.config import Config
     from podsrl.tasks import build_task, render_prompt
 
-    if model != "tiny" and SHARED_GSM8K.is_dir():
+    if source == "gsm8k" and SHARED_GSM8K.is_dir():
         test_file = next(p for p in sorted(SHARED_GSM8K.rglob("*test*")) if p.is_file())
         task = build_task(Config(task="gsm8k", train_data=str(test_file), test_data=str(test_file)))
         system = task.system_prompt
     else:
-        task, system = build_task(Config(task_level=3)), ""
+        task, system = build_task(Config(task_level=1 if source == "arithmetic-chat" else 3)), ""
     return [render_prompt(tokenizer, ex, system) for ex in task.train[offset:offset + count]]
 
 
-def worker(model_name: str, mode: str, n: int, slots: int, seed: int) -> dict:
+def worker(workload: str, mode: str, n: int, slots: int, seed: int) -> dict:
     import torch
 
     from podsrl.models import load_model
@@ -69,10 +75,10 @@ def worker(model_name: str, mode: str, n: int, slots: int, seed: int) -> dict:
     from podsrl.rollout.slots import LengthPredictor, generation_memory_bytes
 
     torch.set_num_threads(2)
-    prompts_per_batch, max_new_tokens = SETTINGS[model_name]
+    model_name, source, prompts_per_batch, max_new_tokens = WORKLOADS[workload]
     bundle = load_model(model_name)
     model, tokenizer = bundle.model, bundle.tokenizer
-    prompts = _prompts(model_name, tokenizer, prompts_per_batch, offset=0)
+    prompts = _prompts(source, tokenizer, prompts_per_batch, offset=0)
     options = MODES[mode]
     predictor = LengthPredictor() if options.get("schedule", "fifo") != "fifo" else None
 
@@ -84,7 +90,7 @@ def worker(model_name: str, mode: str, n: int, slots: int, seed: int) -> dict:
                                  predictor=predictor)
 
     torch.manual_seed(seed + 1)
-    run(_prompts(model_name, tokenizer, prompts_per_batch, offset=prompts_per_batch), min(n, 16))  # warm-up
+    run(_prompts(source, tokenizer, prompts_per_batch, offset=prompts_per_batch), min(n, 16))  # warm-up
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
     before = _status_kb("VmRSS")
@@ -96,7 +102,7 @@ def worker(model_name: str, mode: str, n: int, slots: int, seed: int) -> dict:
     rows = len(prompts) * n if options["engine"] == "hf" else min(slots, len(prompts) * n)
     stored = (len(prompts), longest) if options["engine"] == "slots" else (0, 0)
     estimate = generation_memory_bytes(model.config, rows, longest + max_new_tokens, *stored) / 2**20
-    return {"estimated_mb": estimate, "model": model_name, "mode": mode, "n": n, "prompts": len(prompts), "slots": slots,
+    return {"estimated_mb": estimate, "workload": workload, "mode": mode, "n": n, "prompts": len(prompts), "slots": slots,
             "seconds": seconds, "tokens": out.stats["generated_tokens"], "decode_steps": out.stats["decode_steps"],
             "tokens_per_second": out.stats["generated_tokens"] / seconds,
             "peak_mb": (_status_kb("VmHWM") - before) / 1024, "mean_length": float(out.completion_mask.sum(-1)
@@ -106,17 +112,17 @@ def worker(model_name: str, mode: str, n: int, slots: int, seed: int) -> dict:
 def table(rows: list[dict]) -> str:
     ratio = lambda a, b: f"{a / b:.2f}" if b else "n/a"  # noqa: E731
     lines = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        first = next(r for r in rows if r["model"] == model)
-        lines += [f"\n{model}: {first['prompts']} prompts x n, g = {first['slots']} slots, T = 1.0", "",
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        first = next(r for r in rows if r["workload"] == workload)
+        lines += [f"\n{workload}: {first['prompts']} prompts x n, g = {first['slots']} slots, T = 1.0", "",
                   "| n | mode | peak MB (estimate) | vs full | tokens/s | vs full | decode steps | vs micro | mean length |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for n in dict.fromkeys(r["n"] for r in rows if r["model"] == model):
-            group = {r["mode"]: r for r in rows if r["model"] == model and r["n"] == n}
+        for n in dict.fromkeys(r["n"] for r in rows if r["workload"] == workload):
+            group = {r["mode"]: r for r in rows if r["workload"] == workload and r["n"] == n}
             full, micro = group.get("full", {}), group.get("micro", {})
             for mode, r in group.items():
-                lines.append(f"| {n} | {mode} | {r['peak_mb']:.1f} ({r['estimated_mb']:.1f}) | {ratio(r['peak_mb'], full.get('peak_mb'))} | "
-                             f"{r['tokens_per_second']:.0f} | "
+                lines.append(f"| {n} | {mode} | {r['peak_mb']:.1f} ({r['estimated_mb']:.1f}) | "
+                             f"{ratio(r['peak_mb'], full.get('peak_mb'))} | {r['tokens_per_second']:.0f} | "
                              f"{ratio(r['tokens_per_second'], full.get('tokens_per_second'))} | "
                              f"{r['decode_steps']} | {ratio(r['decode_steps'], micro.get('decode_steps'))} | "
                              f"{r['mean_length']:.1f} |")
@@ -125,31 +131,31 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="tiny,smollm2-135m-instruct")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--n", default="16,64,256")
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "MODE", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=3, metavar=("WORKLOAD", "MODE", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        model, mode, n = args.worker
-        print(json.dumps(worker(model, mode, int(n), args.slots, args.seed)))
+        workload, mode, n = args.worker
+        print(json.dumps(worker(workload, mode, int(n), args.slots, args.seed)))
         return 0
     rows = []
-    for model in args.models.split(","):
+    for workload in args.workloads.split(","):
         for n in [int(v) for v in args.n.split(",")]:
             for mode in args.modes.split(","):
-                done = subprocess.run([sys.executable, __file__, "--worker", model, mode, str(n),
+                done = subprocess.run([sys.executable, __file__, "--worker", workload, mode, str(n),
                                        "--slots", str(args.slots), "--seed", str(args.seed)],
                                       capture_output=True, text=True)
                 if done.returncode:
-                    print(f"{model} {mode} n={n} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+                    print(f"{workload} {mode} n={n} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
                     return done.returncode
                 rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
                 r = rows[-1]
-                print(f"{model} n={n} {mode}: {r['seconds']:.2f} s, {r['tokens_per_second']:.0f} tok/s, "
+                print(f"{workload} n={n} {mode}: {r['seconds']:.2f} s, {r['tokens_per_second']:.0f} tok/s, "
                       f"{r['decode_steps']} decode steps, peak +{r['peak_mb']:.1f} MB", flush=True)
                 if args.json:
                     args.json.write_text(json.dumps(rows, indent=1))
