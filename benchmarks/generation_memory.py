@@ -102,11 +102,11 @@ def worker(workload: str, mode: str, n: int, slots: int, seed: int) -> dict:
     rows = len(prompts) * n if options["engine"] == "hf" else min(slots, len(prompts) * n)
     stored = (len(prompts), longest) if options["engine"] == "slots" else (0, 0)
     estimate = generation_memory_bytes(model.config, rows, longest + max_new_tokens, *stored) / 2**20
-    return {"estimated_mb": estimate, "workload": workload, "mode": mode, "n": n, "prompts": len(prompts), "slots": slots,
-            "seconds": seconds, "tokens": out.stats["generated_tokens"], "decode_steps": out.stats["decode_steps"],
-            "tokens_per_second": out.stats["generated_tokens"] / seconds,
-            "peak_mb": (_status_kb("VmHWM") - before) / 1024, "mean_length": float(out.completion_mask.sum(-1)
-                                                                                  .float().mean())}
+    return {"estimated_mb": estimate, "workload": workload, "mode": mode, "n": n, "prompts": len(prompts),
+            "slots": slots, "seconds": seconds, "tokens": out.stats["generated_tokens"],
+            "decode_steps": out.stats["decode_steps"], "tokens_per_second": out.stats["generated_tokens"] / seconds,
+            "peak_mb": (_status_kb("VmHWM") - before) / 1024,
+            "mean_length": float(out.completion_mask.sum(-1).float().mean())}
 
 
 def table(rows: list[dict]) -> str:
@@ -115,7 +115,8 @@ def table(rows: list[dict]) -> str:
     for workload in dict.fromkeys(r["workload"] for r in rows):
         first = next(r for r in rows if r["workload"] == workload)
         lines += [f"\n{workload}: {first['prompts']} prompts x n, g = {first['slots']} slots, T = 1.0", "",
-                  "| n | mode | peak MB (estimate) | vs full | tokens/s | vs full | decode steps | vs micro | mean length |",
+                  "| n | mode | peak MB (estimate) | vs full | tokens/s | vs full | decode steps | vs micro "
+                  "| mean length |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for n in dict.fromkeys(r["n"] for r in rows if r["workload"] == workload):
             group = {r["mode"]: r for r in rows if r["workload"] == workload and r["n"] == n}

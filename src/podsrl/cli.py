@@ -54,7 +54,7 @@ def cmd_train(argv: list[str]) -> int:
     except TrainingStopped as stopped:
         print(f"podsrl train: {stopped}", file=sys.stderr)
         return 128 + stopped.signum if stopped.signum else 1
-    except (ValueError, OSError) as err:  # data or model problems found while loading
+    except (ValueError, OSError, MemoryError) as err:  # data, model or memory-cap problems
         print(f"podsrl train: error: {err}", file=sys.stderr)
         return 2
     if not result.is_main:

@@ -204,8 +204,8 @@ def evaluate(bundle: ModelBundle, task: Task, test: PreparedSplit, cfg: Config,
     A fixed seed gives every evaluation the same sampling noise (common random numbers).
     With several processes each grades every world_size-th prompt and the counts are summed."""
     procs = procs or Processes()
-    common = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_007 + procs.rank, correct_fn=task.correct_fn,
-                  batch_size=cfg.eval_batch_size)
+    common = dict(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_007 + procs.rank,
+                  correct_fn=task.correct_fn, batch_size=cfg.eval_batch_size)
     examples = procs.strided(test.examples[:cfg.eval_prompts])
     prompts = procs.strided(test.prompts[:cfg.eval_prompts])
     modes = {"eval_accuracy": (cfg.eval_samples, cfg.eval_temperature)}
@@ -448,10 +448,12 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
         everywhere = {name: procs.gather(t) for name, t in (  # [P_all, ...]: metrics of the whole batch
             ("rewards", rewards), ("kept_rewards", kept_rewards), ("correct", scores["correct"]),
             ("format", scores["format"]), ("unverifiable", scores["unverifiable"].float()),
-            ("length", rollouts.completion_mask.sum(-1).float()), ("kept_length", kept.completion_mask.sum(-1).float()))}
+            ("length", rollouts.completion_mask.sum(-1).float()),
+            ("kept_length", kept.completion_mask.sum(-1).float()))}
         decode_steps, failures = procs.sum([rollouts.stats["decode_steps"], scorer.failures])
         record = {"step": step, "train_seconds": train_seconds, "lr": scheduler.get_last_lr()[0],
-                  **_group_stats("reward", everywhere["rewards"]), **_group_stats("kept_reward", everywhere["kept_rewards"]),
+                  **_group_stats("reward", everywhere["rewards"]),
+                  **_group_stats("kept_reward", everywhere["kept_rewards"]),
                   "correct_rate": float(everywhere["correct"].nanmean()),
                   "format_rate": float(everywhere["format"].nanmean()),  # NaN (null) when not scored
                   "unverifiable": int(everywhere["unverifiable"].sum()), "reward_failures": int(failures),
@@ -521,5 +523,5 @@ def _logged_evals(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
 def _progress(cfg: Config, step: int, enabled: bool = True):
     from tqdm.auto import tqdm
 
-    return tqdm(total=cfg.steps, initial=step, disable=not (cfg.progress and enabled), desc=f"{cfg.method}", unit="step",
-                dynamic_ncols=True)
+    return tqdm(total=cfg.steps, initial=step, disable=not (cfg.progress and enabled), desc=f"{cfg.method}",
+                unit="step", dynamic_ncols=True)

@@ -36,10 +36,10 @@ def build_hf(cfg):
     def engine(model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
         batch_size = cfg.generation_batch_size or None
         if cfg.generation_memory_mb:
-            rows = _rows_within(cfg, model, _longest_prompt(tokenizer, prompts))
+            longest = _longest_prompt(tokenizer, prompts)
+            rows = _rows_within(cfg, model, longest)
             if rows < num_samples:
-                need = generation_memory_bytes(model.config, num_samples,
-                                               _longest_prompt(tokenizer, prompts) + cfg.max_new_tokens) / MB
+                need = generation_memory_bytes(model.config, num_samples, longest + cfg.max_new_tokens) / MB
                 raise MemoryError(
                     f"generation_memory_mb: one prompt group of n={num_samples} needs ~{need:.0f} MB to decode at "
                     f"once, over the cap of {cfg.generation_memory_mb:g} MB; use generation_engine: slots "
@@ -72,5 +72,5 @@ def build_slots(cfg):
 
 ENGINES = {"hf": build_hf, "slots": build_slots}
 
-__all__ = ["ENGINES", "LengthPredictor", "Rollouts", "completion_mask_from_eos", "concat_rollouts", "generate", "generate_in_slots",
-           "generation_memory_bytes"]
+__all__ = ["ENGINES", "LengthPredictor", "Rollouts", "completion_mask_from_eos", "concat_rollouts", "generate",
+           "generate_in_slots", "generation_memory_bytes"]

@@ -158,7 +158,8 @@ def kv_bytes_per_token(model_config) -> int:
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    element = torch.finfo(getattr(text, "dtype", None) or torch.float32).bits // 8
+    dtype = getattr(text, "dtype", None) or torch.float32
+    element = torch.finfo(getattr(torch, dtype) if isinstance(dtype, str) else dtype).bits // 8
     return text.num_hidden_layers * 2 * kv_heads * head_dim * element
 
 
