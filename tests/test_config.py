@@ -1,8 +1,12 @@
 """Config: defaults, YAML, overrides and validation messages that name the field."""
 
+from pathlib import Path
+
 import pytest
 
 from podsrl.config import Config, FIELDS, make_config
+
+ROOT = Path(__file__).parents[1]
 
 
 def test_every_field_is_documented():
@@ -38,6 +42,7 @@ def test_method_decides_generated_and_trained_counts():
     ({"eval_greedy": "maybe"}, "eval_greedy:"),
     ({"top_p": "1.5"}, "top_p:"),
     ({"loss_aggregation": "sum"}, "loss_aggregation:"),
+    ({"device": "gpu"}, "device:"),
     ({"reward_funcs": "arithmetic_correct", "reward_weights": "heavy"}, "reward_weights: expected comma-separated"),
     ({"reward_funcs": "arithmetic_correct", "reward_weights": "1,2"}, "reward_weights: 2 weights for 1"),
 ])
@@ -89,3 +94,10 @@ def test_comma_separated_fields_parse():
                                  "lora_target_modules": "q_proj,,v_proj"})
     assert cfg.reward_specs == ["arithmetic_correct", "arithmetic_format"]
     assert cfg.reward_weight_values == [1.0, 1.0] and cfg.lora_targets == ("q_proj", "v_proj")
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml")
+                                        if "accelerate" not in p.parts))
+def test_shipped_configs_are_valid(path):
+    cfg = make_config(str(ROOT / path))
+    assert cfg.output_dir.startswith("runs/")  # run outputs stay where .gitignore keeps them out of git

@@ -59,12 +59,12 @@ def shared_prompt_token_logprobs(model, input_ids: torch.Tensor, attention_mask:
     """
     prompt_cols = input_ids.shape[1] - num_completion_tokens
     prompt_ids, prompt_mask = input_ids[:, :prompt_cols], attention_mask[:, :prompt_cols]  # [B, Lp]
-    starts = torch.ones(input_ids.shape[0], dtype=torch.bool)
+    starts = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     starts[1:] = (prompt_ids[1:] != prompt_ids[:-1]).any(1) | (prompt_mask[1:] != prompt_mask[:-1]).any(1)
     if bool(starts.all()) or prompt_cols < 1:  # nothing to share
         return token_logprobs(model, input_ids, attention_mask, num_completion_tokens)
     first_rows = starts.nonzero().squeeze(1)  # [u]
-    repeats = torch.diff(first_rows, append=torch.tensor([input_ids.shape[0]]))  # [u] rows per prompt
+    repeats = torch.diff(first_rows, append=first_rows.new_tensor([input_ids.shape[0]]))  # [u] rows per prompt
     from transformers import DynamicCache
 
     cache = DynamicCache(config=getattr(model, "module", model).config)  # (DDP keeps the model in .module)

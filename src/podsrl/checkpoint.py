@@ -36,15 +36,17 @@ def restore_rng(state: dict, generators: dict[str, torch.Generator]) -> None:
         g.set_state(state["generators"][key])
 
 
-def save_checkpoint(directory: Path, *, step: int, model, optimizer, scheduler, trainer_state: dict,
-                    generators: dict[str, torch.Generator], keep: int) -> Path:
+def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
+                    scheduler, trainer_state: dict, generators: dict[str, torch.Generator], keep: int) -> Path:
+    """Write one checkpoint; ``weights`` are the trainable parameters by name and
+    ``optimizer_state`` the optimizer's state dict, both whole (not sharded)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step_{step:07d}"
     tmp = directory / f"step_{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(trainable_state(model), tmp / "trainable.pt")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+    torch.save(weights, tmp / "trainable.pt")
+    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                 "rng": rng_state(generators)}, tmp / "optimizer.pt")
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=2))
     shutil.rmtree(final, ignore_errors=True)

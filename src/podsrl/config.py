@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,9 @@ class Config:
     lora_dropout: float = _f(0.0, "LoRA dropout.")
     lora_target_modules: str = _f("", "Comma-separated module names for LoRA; empty = all linear layers.")
     dtype: str = _f("float32", "Model weights dtype: float32 | bfloat16 | float16.")
+    device: str = _f("auto", "Where the policy runs: 'auto' (the launcher's GPU for this process, else the "
+                             "first CUDA GPU, else the CPU), 'cpu', 'cuda' or 'cuda:N'. Rollouts, rewards and "
+                             "selection stay on the CPU; generation and the update run on the device.")
     # --- length and evaluation ----------------------------------------------------------
     steps: int = _f(150, "Number of optimizer steps (generation batches).")
     max_minutes: float = _f(0.0, "Stop after this much training time (eval excluded); 0 = no limit.")
@@ -249,6 +253,8 @@ def validate(cfg: Config) -> None:
         if not ok:
             raise ValueError(message)
 
+    require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
+            f"device: expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
     require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
     require(cfg.generation_engine in ENGINES,

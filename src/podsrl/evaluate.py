@@ -28,7 +28,8 @@ def generate_and_grade(bundle, examples: Sequence[Example], prompts: Sequence[st
     if not examples:
         return []
     samples = 1 if temperature == 0 else samples
-    with torch.random.fork_rng(devices=[]):
+    device = bundle.model.device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         rollouts = generate(bundle.model, bundle.tokenizer, list(prompts), samples, max_new_tokens=max_new_tokens,
                             temperature=temperature, top_p=top_p, batch_size=batch_size)
@@ -58,11 +59,13 @@ def run_eval(cfg) -> dict:
     sample (prompt, completion, extracted answer, gold, correct) and a summary to
     ``{output_dir}/eval/``. Returns the summary.
     """
+    from podsrl.distributed import Processes
     from podsrl.models import load_model
     from podsrl.tasks import build_task, prepare_split
 
     task = build_task(cfg, with_train=False)
     bundle = load_model(cfg.model, dtype=cfg.dtype)
+    bundle.model.to(Processes().device(cfg.device))
     split = prepare_split(task.test[:cfg.eval_prompts], bundle.tokenizer, system_prompt=cfg.system_prompt_for(task),
                           use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
     if not split.examples:

@@ -120,8 +120,9 @@ def flatten_for_update(kept: Rollouts, advantages: torch.Tensor) -> dict[str, to
             "completion_mask": completion_mask, "advantages": advantages.reshape(-1)}
 
 
-def micro_batches(batch: dict[str, torch.Tensor], size: int):
-    """Slices of ``size`` sequences, trimmed of all-padding columns on both sides."""
+def micro_batches(batch: dict[str, torch.Tensor], size: int, device: torch.device | str = "cpu"):
+    """Slices of ``size`` sequences, trimmed of all-padding columns on both sides, on
+    ``device`` (the model's: the batch itself stays on the CPU)."""
     total = batch["advantages"].shape[0]
     width = batch["completion_mask"].shape[1]
     for start in range(0, total, size):
@@ -135,19 +136,19 @@ def micro_batches(batch: dict[str, torch.Tensor], size: int):
         for key in ("completion_mask", "old_logp", "ref_logp"):
             if part.get(key) is not None:
                 part[key] = part[key][:, :completion_len]
-        yield part
+        yield {k: v.to(device) if v is not None else None for k, v in part.items()}
 
 
 @torch.no_grad()
 def batch_logprobs(model, batch: dict[str, torch.Tensor], size: int, share_prompt: bool = True) -> torch.Tensor:
     """Log-probs [B, Lc] of the completion tokens under ``model`` (no gradient)."""
     logprobs = algo.shared_prompt_token_logprobs if share_prompt else algo.token_logprobs
-    out = torch.zeros(batch["completion_mask"].shape)  # [B, Lc]
+    out = torch.zeros(batch["completion_mask"].shape)  # [B, Lc] on the CPU, like the batch
     row = 0
-    for part in micro_batches(batch, size):
+    for part in micro_batches(batch, size, device=model.device):
         lc = part["completion_mask"].shape[1]
         rows = part["input_ids"].shape[0]
-        out[row:row + rows, :lc] = logprobs(model, part["input_ids"], part["attention_mask"], lc)
+        out[row:row + rows, :lc] = logprobs(model, part["input_ids"], part["attention_mask"], lc).cpu()
         row += rows
     return out
 
@@ -169,7 +170,7 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
     num_tokens = num_tokens or float(batch["completion_mask"].sum())
     optimizer.zero_grad(set_to_none=True)
     total_loss, clip_fraction, kl = 0.0, 0.0, 0.0
-    parts = list(micro_batches(batch, cfg.micro_batch_size))
+    parts = list(micro_batches(batch, cfg.micro_batch_size, device=procs.unwrap(model).device))
     for i, part in enumerate(parts):
         lc = part["completion_mask"].shape[1]
         # gradients are averaged across processes once per step, after the last micro-batch
@@ -213,7 +214,9 @@ def evaluate(bundle: ModelBundle, task: Task, test: PreparedSplit, cfg: Config,
         modes["eval_greedy_accuracy"] = (1, 0.0)
     out = {}
     for name, (samples, temperature) in modes.items():
-        records = generate_and_grade(bundle, examples, prompts, samples=samples, temperature=temperature, **common)
+        with procs.whole_weights(bundle.model):
+            records = generate_and_grade(bundle, examples, prompts, samples=samples, temperature=temperature,
+                                         **common)
         correct, count = procs.sum([float(sum(r["correct"] for r in records)), float(len(records))])
         out[name] = correct / max(1.0, count)
     return out
@@ -345,7 +348,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
             "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,
             "system_prompt": system_prompt, "example_prompt": test_split.prompts[0],
             "processes": procs.world_size}, indent=2) + "\n")
-    policy = bundle.model  # the bare model: generation, no-grad log-probs, saving
+    policy = bundle.model.to(procs.device(cfg.device))  # the bare model: generation, no-grad log-probs, saving
     policy.train()
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
     reference = None
@@ -383,10 +386,11 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
 
     def checkpoint() -> None:
         nonlocal last_checkpoint_time
-        if procs.is_main:  # the parameters and optimizer state are the same on every process
-            save_checkpoint(checkpoints, step=step, model=policy, optimizer=optimizer, scheduler=scheduler,
-                            trainer_state={"train_seconds": train_seconds, "sampler": sampler.state()},
-                            generators=generators, keep=cfg.keep_checkpoints)
+        weights, optimizer_state = procs.full_state(policy, optimizer)  # gathered when sharded
+        if procs.is_main:  # whole parameters and optimizer state are the same on every process
+            save_checkpoint(checkpoints, step=step, weights=weights, optimizer_state=optimizer_state,
+                            scheduler=scheduler, generators=generators, keep=cfg.keep_checkpoints,
+                            trainer_state={"train_seconds": train_seconds, "sampler": sampler.state()})
         procs.barrier()
         last_checkpoint_time = time.time()
 
@@ -409,10 +413,11 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
 
         with timer("generate"):
             parts = []
-            for start in range(0, local_prompts, chunk):
-                torch.manual_seed(sampling_seed(cfg.seed, step, procs.rank * local_prompts + start))
-                parts.append(generate_rollouts(policy, bundle.tokenizer, prompts[start:start + chunk],
-                                               cfg.rollouts_per_prompt))
+            with procs.whole_weights(policy):
+                for start in range(0, local_prompts, chunk):
+                    torch.manual_seed(sampling_seed(cfg.seed, step, procs.rank * local_prompts + start))
+                    parts.append(generate_rollouts(policy, bundle.tokenizer, prompts[start:start + chunk],
+                                                   cfg.rollouts_per_prompt))
             rollouts = concat_rollouts(parts, bundle.tokenizer.pad_token_id)  # [P, n, Lc]
         with timer("reward"):
             scores = scorer(examples, rollouts)
@@ -463,6 +468,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
                   **procs.mean({**update, **{f"time_{k}": v for k, v in timer.seconds.items()}})}
         if procs.world_size > 1:
             record["skipped_step"] = int(record["skipped_step"])
+        if procs.world_size > 1 and not procs.sharded:
             record["rank_param_spread"] = procs.parameter_spread(model)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps or out_of_time():
             eval_start = time.perf_counter()
@@ -498,8 +504,9 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
         checkpoint()
     result = RunResult(run_dir=run_dir, initial=initial, final=latest_eval, steps=step,
                        train_seconds=train_seconds, plot=run_dir / "accuracy.png", is_main=procs.is_main)
+    weights = procs.full_state(policy, optimizer)[0] if procs.sharded else None  # gathered on every process
     if procs.is_main:
-        policy.save_pretrained(run_dir / "model")
+        policy.save_pretrained(run_dir / "model", state_dict=weights)
         bundle.tokenizer.save_pretrained(run_dir / "model")
         from podsrl.plot import plot_accuracy
 

@@ -125,11 +125,11 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     model.eval()
     chunks = []
     for start in range(0, num_prompts, prompts_per_call):
-        ids = prompt_ids[start:start + prompts_per_call]
-        mask = prompt_mask[start:start + prompts_per_call]
+        ids = prompt_ids[start:start + prompts_per_call].to(model.device)
+        mask = prompt_mask[start:start + prompts_per_call].to(model.device)
         out = _generate_group(model, ids, mask, num_samples, share_prefill, max_new_tokens=max_new_tokens,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **sampling)
-        chunks.append(out[:, ids.shape[1]:])  # [p * n, <=max_new_tokens]
+        chunks.append(out[:, ids.shape[1]:].cpu())  # [p * n, <=max_new_tokens]: rollouts live on the CPU
     model.train(was_training)
     width = max(c.shape[1] for c in chunks)
     completion_ids = torch.cat(

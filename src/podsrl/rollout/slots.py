@@ -193,7 +193,8 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     from transformers import DynamicCache
 
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp]
+    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] on the CPU, like the result
+    device = model.device  # decoding state lives with the model (GPU); completions come back to the CPU
     num_prompts, total = len(prompts), len(prompts) * num_samples
     slots = min(slots or total, total)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -205,7 +206,7 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     prompt_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per prompt, per layer ([H, Lp_i, d] x 2)
     prompt_logits = []  # per chunk [p, V] float32
     for start in range(0, num_prompts, slots):
-        ids, mask = prompt_ids[start:start + slots], prompt_mask[start:start + slots]
+        ids, mask = prompt_ids[start:start + slots].to(device), prompt_mask[start:start + slots].to(device)
         cache = DynamicCache(config=model.config)
         out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -228,9 +229,9 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     cache = DynamicCache(config=model.config)
     layers = None
     row_sample: list[tuple[int, int] | None] = []  # (prompt, sample) decoded in each row; None = idle
-    column_mask = torch.zeros(0, 0, dtype=torch.long)  # [B, W]: 1 where a row's cache column is its own
-    last_token = torch.zeros(0, dtype=torch.long)  # [B]: the token to feed next
-    position = torch.zeros(0, dtype=torch.long)  # [B]: its position id
+    column_mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, W]: 1 where a row's cache column is its own
+    last_token = torch.zeros(0, dtype=torch.long, device=device)  # [B]: the token to feed next
+    position = torch.zeros(0, dtype=torch.long, device=device)  # [B]: its position id
     decode_steps = 0
 
     def finish(prompt: int, sample: int) -> None:
@@ -281,9 +282,9 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
         first = len(row_sample)
         row_sample.extend([None] * count)
         width = column_mask.shape[1]
-        column_mask = torch.cat([column_mask, torch.zeros(count, width, dtype=torch.long)])
-        last_token = torch.cat([last_token, torch.full((count,), pad, dtype=torch.long)])
-        position = torch.cat([position, torch.zeros(count, dtype=torch.long)])
+        column_mask = torch.cat([column_mask, column_mask.new_zeros(count, width)])
+        last_token = torch.cat([last_token, last_token.new_full((count,), pad)])
+        position = torch.cat([position, position.new_zeros(count)])
         if layers is None:  # first rows: initialise the cache with one empty column per layer
             for index, (keys, values) in enumerate(prompt_kv[0]):
                 shape = (count, keys.shape[0], 0, keys.shape[-1])
@@ -297,7 +298,7 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
 
     def keep_rows(keep: list[int]) -> None:
         nonlocal column_mask, last_token, position, row_sample
-        index = torch.tensor(keep, dtype=torch.long)
+        index = torch.tensor(keep, dtype=torch.long, device=device)
         column_mask, last_token, position = column_mask[index], last_token[index], position[index]
         row_sample = [row_sample[i] for i in keep]
         for layer in layers:
@@ -320,7 +321,7 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
 
     start_group()
     while any(s is not None for s in row_sample):
-        attention_mask = torch.cat([column_mask, torch.ones(len(row_sample), 1, dtype=torch.long)], dim=1)
+        attention_mask = torch.cat([column_mask, column_mask.new_ones(len(row_sample), 1)], dim=1)
         out = model(input_ids=last_token[:, None], attention_mask=attention_mask, position_ids=position[:, None],
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         decode_steps += 1
