@@ -72,8 +72,8 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler,
     Every file is read and checked before anything is changed, so a corrupt checkpoint
     raises and leaves model and optimizer untouched for the caller to try an older one.
     """
-    weights = torch.load(path / "trainable.pt", weights_only=True)
-    rest = torch.load(path / "optimizer.pt", weights_only=False)
+    weights = torch.load(path / "trainable.pt", weights_only=True, map_location="cpu")
+    rest = torch.load(path / "optimizer.pt", weights_only=False, map_location="cpu")  # state follows its parameter
     state = json.loads((path / STATE_FILE).read_text())
     params = dict(model.named_parameters())
     wrong = [name for name, value in weights.items()

@@ -165,11 +165,13 @@ class Processes:
 
     def full_state(self, model, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
         """Whole copies of the trainable parameters and the optimizer state, as one process
-        holds them (every process must call this: sharded, it gathers)."""
+        holds them, on the CPU so a checkpoint loads anywhere (every process must call this:
+        sharded, it gathers)."""
         from podsrl.checkpoint import trainable_state
 
         def whole(value):
-            return value.full_tensor() if hasattr(value, "full_tensor") else value
+            value = value.full_tensor() if hasattr(value, "full_tensor") else value
+            return value.cpu() if torch.is_tensor(value) else value
 
         weights = {name: whole(value) for name, value in trainable_state(model).items()}
         state = optimizer.state_dict()
