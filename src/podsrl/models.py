@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,9 +130,12 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
         from peft import LoraConfig, get_peft_model
 
         targets = list(lora_target_modules) or "all-linear"
-        model = get_peft_model(model, LoraConfig(
-            r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-            target_modules=targets, task_type="CAUSAL_LM"))
+        with warnings.catch_warnings():
+            # peft reads transformers' deprecated `is_gradient_checkpointing`; not ours to fix
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(model, LoraConfig(
+                r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                target_modules=targets, task_type="CAUSAL_LM"))
     return ModelBundle(model=model, tokenizer=tokenizer, name=name)
 
 
