@@ -169,7 +169,8 @@ def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, P
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in arms.values():
         minutes = [t / 60 for t in arm.grid]
-        line, = ax.plot(minutes, [100 * a for a in arm.mean], label=f"{arm.name} ({len(arm.runs)} seeds)")
+        seeds = f"{len(arm.runs)} seed" + ("s" if len(arm.runs) > 1 else "")
+        line, = ax.plot(minutes, [100 * a for a in arm.mean], label=f"{arm.name} ({seeds})")
         if len(arm.runs) > 1:
             ax.fill_between(minutes, [100 * (m - h) for m, h in zip(arm.mean, arm.half_width)],
                             [100 * (m + h) for m, h in zip(arm.mean, arm.half_width)], alpha=0.2,
