@@ -1,6 +1,7 @@
 """podsrl compare: the speedup metric against hand-made curves, and an end-to-end run."""
 
 import json
+import random
 
 import pytest
 
@@ -44,6 +45,16 @@ def test_speedup_matches_hand_computation(tmp_path):
     paths = write_report(result, tmp_path / "report")
     assert paths["accuracy"].stat().st_size > 0 and paths["step_time"].stat().st_size > 0
     assert "pods 16->4 max_variance" in paths["table"].read_text()
+
+
+def test_band_stays_within_accuracy_bounds_and_holds_the_mean(tmp_path):
+    rng = random.Random(0)
+    # 2 seeds of noisy curves: the raw t-interval (t = 12.7) crosses 0 and 1
+    runs = [fake_run(tmp_path, "grpo", "grpo", seed, [(10 * k, rng.random()) for k in range(8)]) for seed in (0, 1)]
+    arm = analyze(runs)["arms"]["grpo 4/4"]
+    lower, upper = arm.band()
+    assert any(m - h < 0 or m + h > 1 for m, h in zip(arm.mean, arm.half_width))  # the case the clip is for
+    assert all(0.0 <= lo <= m <= hi <= 1.0 for lo, m, hi in zip(lower, arm.mean, upper))
 
 
 def test_arm_that_never_reaches_target_is_reported(tmp_path):

@@ -110,6 +110,13 @@ class Arm:
         self.mean = [m for m, _ in stats]
         self.half_width = [h for _, h in stats]
 
+    def band(self) -> tuple[list[float], list[float]]:
+        """The 95% band around the mean curve, clipped to [0, 1]: accuracy is bounded, the
+        t-interval is not (with 2 seeds t = 12.7 spans far beyond 0 and 1)."""
+        lower = [max(0.0, m - h) for m, h in zip(self.mean, self.half_width)]
+        upper = [min(1.0, m + h) for m, h in zip(self.mean, self.half_width)]
+        return lower, upper
+
     def mean_time_to(self, accuracy: float) -> float | None:
         return next((t for t, a in zip(self.grid, self.mean) if a >= accuracy), None)
 
@@ -172,8 +179,8 @@ def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, P
         seeds = f"{len(arm.runs)} seed" + ("s" if len(arm.runs) > 1 else "")
         line, = ax.plot(minutes, [100 * a for a in arm.mean], label=f"{arm.name} ({seeds})")
         if len(arm.runs) > 1:
-            ax.fill_between(minutes, [100 * (m - h) for m, h in zip(arm.mean, arm.half_width)],
-                            [100 * (m + h) for m, h in zip(arm.mean, arm.half_width)], alpha=0.2,
+            lower, upper = arm.band()
+            ax.fill_between(minutes, [100 * a for a in lower], [100 * a for a in upper], alpha=0.2,
                             color=line.get_color())
     ax.axhline(100 * result["target_accuracy"], color="gray", linestyle=":", linewidth=1,
                label=f"target: 99% of {result['baseline']} best")
