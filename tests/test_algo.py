@@ -117,7 +117,7 @@ def test_shared_prompt_logprobs_equal_full_rows_with_gradients(random_model_dir,
     cut a group), prompts of unequal length (left padding), completions of unequal length."""
     from podsrl.models import load_model
     from podsrl.rollout import generate
-    from podsrl.trainer import flatten_for_update, micro_batches
+    from podsrl.update import flatten_for_update, micro_batches
 
     bundle = load_model(random_model_dir, lora_rank=4 if lora else 0)
     torch.manual_seed(0)

@@ -13,7 +13,8 @@ from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.rollout import completion_mask_from_eos, generate
 from podsrl.models import load_model
-from podsrl.trainer import PromptSampler, flatten_for_update, train, update_policy
+from podsrl.trainer import PromptSampler, train
+from podsrl.update import flatten_for_update, update_policy
 
 
 def quick_config(model_dir, output_dir, **overrides):
