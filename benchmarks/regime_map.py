@@ -26,6 +26,9 @@ from pathlib import Path
 from podsrl.cli import main as podsrl
 from podsrl.metrics import read_metrics
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_md import record  # noqa: E402 (benchmarks/ is not a package)
+
 # name -> (what changes, podsrl train options)
 REGIMES = {
     "base": ("main job: level 3, 8 new tokens, 16 prompts/step, full fine-tuning", []),
@@ -40,6 +43,7 @@ REGIMES = {
                 ["--config", "configs/smollm2-arith.yaml", "--eval_every", "8", "--eval_prompts", "100"]),
 }
 DEFAULT_REGIMES = "base,level1,level5,tokens32,prompts4,prompts64,lora"
+N_M = (16, 4)  # PODS n -> m; GRPO generates and trains m
 
 
 def zero_variance_fraction(run_dirs: list[str]) -> float:
@@ -55,8 +59,9 @@ def summarize(name: str, report: dict) -> dict:
     grpo_runs = next(runs for arm, runs in report["runs"].items() if arm.startswith("grpo"))
     pods_runs = next(runs for arm, runs in report["runs"].items() if arm.startswith("pods"))
     # seconds to generate one rollout vs to train on one: PODS pays off when the first is small
-    rollout_cost = (pods["inference_seconds_per_step"] - grpo["inference_seconds_per_step"]) / 12  # 16 - 4 extra
-    trained_cost = grpo["update_seconds_per_step"] / 4
+    n, m = N_M
+    rollout_cost = (pods["inference_seconds_per_step"] - grpo["inference_seconds_per_step"]) / (n - m)  # extra ones
+    trained_cost = grpo["update_seconds_per_step"] / m
     return {
         "regime": name,
         "change": REGIMES[name][0],
@@ -70,6 +75,7 @@ def summarize(name: str, report: dict) -> dict:
         "target": report["target_accuracy"], "speedup": pods["speedup_vs_baseline"],
         "speedup_per_seed": pods["speedup_per_seed_mean"], "speedup_ci95": pods["speedup_per_seed_ci95"],
         "pods_seeds_reaching": pods["seeds_reaching_target"], "seeds": pods["seeds"],
+        "pairs": len(pods["seed_pairs"]), "censored_pairs": pods["censored_pairs"],
     }
 
 
@@ -85,7 +91,7 @@ def table(rows: list[dict]) -> str:
             f"{fmt(r['generate_vs_train_cost'], '.2f')} | {100 * r['grpo_zero_var']:.0f}% / "
             f"{100 * r['pods_zero_var']:.0f}% | {100 * r['grpo_peak']:.1f}% / {100 * r['pods_peak']:.1f}% | "
             f"{100 * r['target']:.1f}% | {fmt(r['speedup'], '.2f')} | {fmt(r['speedup_per_seed'], '.2f')} +- "
-            f"{fmt(r['speedup_ci95'], '.2f')} ({r['pods_seeds_reaching']}/{r['seeds']} seeds) |")
+            f"{fmt(r['speedup_ci95'], '.2f')} ({r['pairs']} pairs, {r['censored_pairs']} censored) |")
     return "\n".join(lines)
 
 
@@ -95,6 +101,7 @@ def main() -> int:
     parser.add_argument("--budget_minutes", type=float, default=1.0)
     parser.add_argument("--output_dir", type=Path, default=Path("runs/regime"))
     parser.add_argument("--regimes", default=DEFAULT_REGIMES, help=f"known: {', '.join(REGIMES)}")
+    parser.add_argument("--record", default="", help="write the table into RESULTS.md as generated block NAME")
     args, extra = parser.parse_known_args()
     names = [r.strip() for r in args.regimes.split(",") if r.strip()]
     unknown = [r for r in names if r not in REGIMES]
@@ -104,8 +111,8 @@ def main() -> int:
     for name in names:
         out = args.output_dir / name
         print(f"\n=== {name}: {REGIMES[name][0]} ===", flush=True)
-        code = podsrl(["compare", "--methods", "grpo,pods", "--n", "16", "--m", "4", "--seeds", str(args.seeds),
-                       "--budget_minutes", str(args.budget_minutes), "--output_dir", str(out / "runs"),
+        code = podsrl(["compare", "--methods", "grpo,pods", "--n", str(N_M[0]), "--m", str(N_M[1]),
+                       "--seeds", str(args.seeds), "--budget_minutes", str(args.budget_minutes), "--output_dir", str(out / "runs"),
                        *REGIMES[name][1], *extra])
         if code:
             return code
@@ -115,6 +122,8 @@ def main() -> int:
         (args.output_dir / "regime_map.json").write_text(json.dumps(rows, indent=1))
         (args.output_dir / "regime_map.md").write_text(table(rows) + "\n")
     print("\n" + table(rows))
+    if args.record:
+        record(args.record, table(rows))
     return 0
 
 

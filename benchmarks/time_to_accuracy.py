@@ -1,17 +1,21 @@
 """The CPU reproduction of the paper's comparison, on the tiny model and the arithmetic task.
 
-Three experiments, each `podsrl compare` (arms run one at a time on this machine, every
-run with the same training-time budget; finished runs are reused when re-run):
+Experiments, each a `podsrl compare` (runs one at a time on this machine, interleaved seed
+by seed, every run with the same training-time budget; finished runs are reused when re-run):
 
-1. methods: grpo (n = m) vs grpo-ga (n, accumulated) vs pods (n -> m), max_variance;
-2. rules:   pods with max_variance vs random vs max_reward;
-3. n sweep: pods n -> m at fixed m.
+1. methods:      grpo (n = m) vs grpo-ga (n, accumulated) vs pods (n -> m), max_variance;
+2. grpo-vs-pods: grpo (m) vs pods (n -> m) only (the quoted speedup);
+3. rules:        pods with max_variance vs random vs max_reward;
+4. nsweep:       pods n -> m at fixed m.
 
     python benchmarks/time_to_accuracy.py [--seeds 3] [--budget_minutes 1] [--output_dir runs/tta]
-        [--experiments methods,rules,nsweep] [-- any podsrl train options, e.g. --task_level 4]
+        [--experiments methods,rules,nsweep] [--figures benchmarks/figures] [--record NAME]
+        [-- any podsrl train options, e.g. --task_level 4]
 
 Each experiment writes compare.md / compare.json / accuracy.png / step_time.png under
-OUTPUT_DIR/EXPERIMENT and prints its table.
+OUTPUT_DIR/EXPERIMENT and prints its table. ``--record NAME`` also writes the table, with
+the command, date, commit and machine, into benchmarks/RESULTS.md as the generated block
+NAME-EXPERIMENT (replacing an earlier one); ``--figures`` copies the figures there.
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ from pathlib import Path
 
 from podsrl.cli import main as podsrl
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_md import record  # noqa: E402 (benchmarks/ is not a package)
+
 EXPERIMENTS = {
     "methods": ["--methods", "grpo,grpo-ga,pods"],
+    "grpo-vs-pods": ["--methods", "grpo,pods"],
     "rules": ["--methods", "pods", "--rules", "max_variance,random,max_reward"],
     "nsweep": ["--methods", "pods", "--n_values", "8,16,32,64"],
 }
@@ -37,10 +45,16 @@ def main() -> int:
     parser.add_argument("--output_dir", type=Path, default=Path("runs/tta"))
     parser.add_argument("--experiments", default="methods,rules,nsweep")
     parser.add_argument("--figures", type=Path, default=None, help="copy the figures here (e.g. benchmarks/figures)")
+    parser.add_argument("--record", default="", help="write each table into RESULTS.md as block NAME-EXPERIMENT")
     args, train_options = parser.parse_known_args()
     runs_root = args.output_dir / "runs"  # shared: an arm that two experiments need runs once
-    for name in [e.strip() for e in args.experiments.split(",") if e.strip()]:
+    names = [e.strip() for e in args.experiments.split(",") if e.strip()]
+    unknown = [name for name in names if name not in EXPERIMENTS]
+    if unknown:
+        parser.error(f"--experiments: unknown {unknown}; known: {', '.join(EXPERIMENTS)}")
+    for name in names:
         report = args.output_dir / name
+        stem = f"{args.record}-{name}" if args.record else name  # figure and RESULTS.md block names
         print(f"\n=== {name} ===", flush=True)
         code = podsrl(["compare", *EXPERIMENTS[name], "--seeds", str(args.seeds), "--budget_minutes",
                        str(args.budget_minutes), "--output_dir", str(runs_root), *train_options])
@@ -51,7 +65,10 @@ def main() -> int:
             shutil.move(str(runs_root / produced), report / produced)
             if args.figures and produced.endswith(".png"):
                 args.figures.mkdir(parents=True, exist_ok=True)
-                shutil.copy(report / produced, args.figures / f"{name}-{produced}")
+                shutil.copy(report / produced, args.figures / f"{stem}-{produced}")
+        if args.record:
+            figure = f"\n\n![{name}: accuracy vs training time](figures/{stem}-accuracy.png)" if args.figures else ""
+            record(stem, (report / "compare.md").read_text() + figure)
     return 0
 
 

@@ -1,19 +1,23 @@
-"""podsrl compare: the speedup metric against hand-made curves, and an end-to-end run."""
+"""podsrl compare: the speedup metric against hand-made curves, censoring, pairing by seed,
+the interleaved run order, provenance, and an end-to-end run."""
 
 import json
 import random
 
 import pytest
 
-from podsrl.compare import analyze, arm_configs, mean_ci, write_report
+from podsrl.compare import analyze, arm_configs, format_table, run_plan, write_report
 from podsrl.config import make_config
 
 
-def fake_run(root, name, method, seed, evals, n=16, m=4, rule="max_variance", step_times=(0.1, 0.05, 0.2)):
+def fake_run(root, name, method, seed, evals, n=16, m=4, rule="max_variance", step_times=(0.1, 0.05, 0.2),
+             environment=None):
     """A run directory with the given (seconds, accuracy) evaluations."""
     run = root / name / f"seed{seed}"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"method": method, "n": n, "m": m, "rule": rule, "seed": seed}))
+    if environment is not None:
+        (run / "environment.json").write_text(json.dumps(environment))
     generate, reward, update = step_times
     records = [{"step": 0, "train_seconds": 0.0, "eval_accuracy": evals[0][1]}]
     for i, (t, acc) in enumerate(evals[1:], start=1):
@@ -65,9 +69,78 @@ def test_arm_that_never_reaches_target_is_reported(tmp_path):
     assert rows["grpo-ga 16"]["seeds_reaching_target"] == 0
 
 
-def test_confidence_interval():
-    mean, half = mean_ci([1.0, 2.0, 3.0])
-    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5, rel=1e-3)
+def test_a_seed_that_misses_the_target_is_censored_at_its_budget_not_dropped(tmp_path):
+    baseline = [[(0, 0.5), (10, 0.6), (20, 0.8), (40, 0.8)],  # reaches 0.792 at 19.6 s
+                [(0, 0.5), (10, 0.6), (20, 0.8), (40, 0.8)],
+                [(0, 0.5), (10, 0.6), (20, 0.7), (40, 0.7)]]  # never: censored at 40 s
+    pods = [[(0, 0.5), (5, 0.7), (10, 0.9), (40, 0.9)],  # 7.3 s
+            [(0, 0.5), (10, 0.6), (20, 0.7), (30, 0.7)],  # never: censored at 30 s
+            [(0, 0.5), (5, 0.7), (10, 0.9), (40, 0.9)]]  # 7.3 s
+    runs = [fake_run(tmp_path, "grpo", "grpo", seed, evals) for seed, evals in enumerate(baseline)]
+    runs += [fake_run(tmp_path, "pods", "pods", seed, evals) for seed, evals in enumerate(pods)]
+    result = analyze(runs)
+    assert result["target_accuracy"] == pytest.approx(0.99 * (0.8 + 0.8 + 0.7) / 3)
+    target = result["target_accuracy"]
+    row = {r["arm"]: r for r in result["rows"]}["pods 16->4 max_variance"]
+    pairs = {p["seed"]: p for p in row["seed_pairs"]}
+    assert len(pairs) == 3 and row["censored_pairs"] == 2
+    base_time = 10 + 10 * (target - 0.6) / 0.2
+    pods_time = 5 + 5 * (target - 0.7) / 0.2
+    assert pairs[0] == pytest.approx({"seed": 0, "ratio": base_time / pods_time, "baseline_seconds": base_time,
+                                      "arm_seconds": pods_time, "censored": ""})
+    assert pairs[1]["censored"] == "arm" and pairs[1]["ratio"] == pytest.approx(base_time / 30)  # upper bound
+    assert pairs[2]["censored"] == "baseline" and pairs[2]["ratio"] == pytest.approx(40 / pods_time)  # lower bound
+    ratios = [pairs[s]["ratio"] for s in (0, 1, 2)]
+    assert row["speedup_per_seed_mean"] == pytest.approx(sum(ratios) / 3)
+    assert row["seeds_reaching_target"] == 2
+    table = format_table(result)
+    assert "(3 pairs, 2 censored)" in table and "seed 1: ratio" in table and "an upper bound" in table
+    assert "seed 2: ratio" in table and "a lower bound" in table
+
+
+def test_runs_are_paired_by_seed_not_by_position(tmp_path):
+    fast = [(0, 0.5), (10, 0.9)]  # reaches 0.891 at 9.775 s
+    slow = [(0, 0.5), (20, 0.9)]  # at 19.55 s
+    runs = [fake_run(tmp_path, "grpo", "grpo", 1, slow), fake_run(tmp_path, "grpo", "grpo", 0, fast),
+            fake_run(tmp_path, "pods", "pods", 0, fast), fake_run(tmp_path, "pods", "pods", 1, fast),
+            fake_run(tmp_path, "pods", "pods", 2, fast)]  # seed 2 has no baseline run: no pair
+    row = {r["arm"]: r for r in analyze(runs)["rows"]}["pods 16->4 max_variance"]
+    assert [(p["seed"], round(p["ratio"], 6)) for p in row["seed_pairs"]] == [(0, 1.0), (1, 2.0)]
+
+
+def test_accuracy_at_fractions_of_the_common_budget(tmp_path):
+    runs = [fake_run(tmp_path, "grpo", "grpo", 0, [(0, 0.2), (40, 0.6)]),
+            fake_run(tmp_path, "pods", "pods", 0, [(0, 0.2), (20, 0.6), (80, 0.8)])]
+    result = analyze(runs)
+    assert result["budget_seconds"] == 40  # the shortest run sets the common budget
+    rows = {r["arm"]: r for r in result["rows"]}
+    assert rows["grpo 4/4"]["accuracy_at_budget"] == pytest.approx({"0.25": 0.3, "0.5": 0.4, "1.0": 0.6})
+    assert rows["pods 16->4 max_variance"]["accuracy_at_budget"] == pytest.approx(
+        {"0.25": 0.4, "0.5": 0.6, "1.0": 0.6 + 0.2 * 20 / 60})
+
+
+def test_report_states_the_runs_own_commit_dates_machine_and_order(tmp_path):
+    def env(date, commit="abc1234"):
+        return [{"date": date, "commit": commit, "machine": "CPU X, 2 cores, no GPU, Linux x86_64", "torch": "2.13.0",
+                 "torch_threads": 2}]
+
+    evals = [(0, 0.5), (10, 0.9)]
+    runs = [fake_run(tmp_path, "grpo", "grpo", 0, evals, environment=env("2026-11-23T10:00:00+00:00")),
+            fake_run(tmp_path, "pods", "pods", 0, evals, environment=env("2026-11-23T10:02:00+00:00")),
+            fake_run(tmp_path, "pods", "pods", 1, evals, environment=env("2026-11-23T10:04:00+00:00", "def5678")),
+            fake_run(tmp_path, "grpo", "grpo", 1, evals, environment=env("2026-11-23T10:06:00+00:00", "def5678"))]
+    result = analyze(runs)
+    assert result["provenance"]["order"] == ["grpo 4/4", "pods 16->4 max_variance", "pods 16->4 max_variance",
+                                             "grpo 4/4"]
+    table = format_table(result)
+    assert "runs started 2026-11-23T10:00:00+00:00 to 2026-11-23T10:06:00+00:00" in table
+    assert "code abc1234, def5678" in table and "machine: CPU X, 2 cores" in table
+    assert "run order (by start time): A B B A (A = grpo 4/4, B = pods 16->4 max_variance)" in table
+
+
+def test_runs_are_interleaved_seed_by_seed_alternating_the_arm_order():
+    plan = run_plan(["A", "B", "C"], [0, 1, 2])
+    assert plan == [("A", 0), ("B", 0), ("C", 0), ("C", 1), ("B", 1), ("A", 1), ("A", 2), ("B", 2), ("C", 2)]
 
 
 def test_arms_cover_methods_rules_and_sweeps():
@@ -103,5 +176,33 @@ def test_compare_end_to_end(random_model_dir, tmp_path):
     assert {r["arm"] for r in summary["rows"]} == {"grpo 2/2", "pods 4->2 max_variance"}
     assert all(r["seeds"] == 2 for r in summary["rows"])
     assert (out / "accuracy.png").exists() and (out / "pods-n4-m2-max_variance" / "seed1" / "summary.json").exists()
+    # interleaved: seed 0 grpo then pods, seed 1 pods then grpo; each run recorded its environment
+    started = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("[")]
+    assert [Path(p).parent.name + "/" + Path(p).name for p in started] == [
+        "grpo-m2/seed0:", "pods-n4-m2-max_variance/seed0:", "pods-n4-m2-max_variance/seed1:", "grpo-m2/seed1:"]
+    assert summary["provenance"]["order"] == ["grpo 2/2", "pods 4->2 max_variance", "pods 4->2 max_variance",
+                                              "grpo 2/2"]
     again = compare()  # finished runs are reused, not retrained
     assert again.returncode == 0 and again.stdout.count("done earlier, reused") == 4
+
+
+def test_benchmarks_write_their_own_blocks_into_results_md(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results_md.py"
+    spec = importlib.util.spec_from_file_location("results_md", path)
+    results_md = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results_md)
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\nhand-written text\n")
+    results_md.record("tta-methods", "| a | b |", results)
+    results_md.record("other", "second", results)
+    results_md.record("tta-methods", "| c | d |", results)  # replaces its own block only
+    text = results.read_text()
+    assert text.startswith("# Results\n\nhand-written text\n")
+    assert "| a | b |" not in text and text.count("| c | d |") == 1 and "second" in text
+    block = text.split("<!-- begin generated: tta-methods -->")[1].split("<!-- end generated: tta-methods -->")[0]
+    assert "Generated by `python " in block and "code " in block and "cores" in block and "| c | d |" in block
+    with pytest.raises(ValueError, match="--record"):
+        results_md.record("bad name", "x", results)

@@ -102,8 +102,9 @@ def _ints(name: str, text: str) -> list[int]:
 def cmd_compare(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="podsrl compare", allow_abbrev=False,
-        description="Run arms (methods x rules x n x m) x seeds one after another with the same training-time "
-                    "budget, then plot accuracy vs time (mean, 95% band), seconds per step (inference vs update) "
+        description="Run arms (methods x rules x n x m) x seeds with the same training-time budget, interleaved "
+                    "(seed by seed, the arms' order alternating) so machine drift is not confounded with an arm, "
+                    "then plot accuracy vs time (mean, 95% band), seconds per step (inference vs update) "
                     "and a speedup table. Any `podsrl train` option (--config, --FIELD VALUE) sets the shared "
                     "config; --output_dir is the comparison folder. Re-running reuses finished runs.")
     parser.add_argument("--methods", default="grpo,grpo-ga,pods")

@@ -2,10 +2,18 @@
 
 ``analyze`` groups run directories into arms (same method, rule, n, m; different seeds),
 puts every seed's accuracy curve on a common time grid, and reports per arm: the mean
-curve with a confidence band, seconds per step split into inference (generate + reward)
-and update, peak accuracy, and the speedup metric of the authors' plotting code: the time
-the baseline needs to reach 99% of its own best mean accuracy, divided by the time each
-arm needs to reach that same accuracy.
+curve with a 95% band, seconds per step split into inference (generate + reward) and
+update, accuracy at fixed fractions of the budget, peak accuracy, and the speedup metric
+of the authors' plotting code: the time the baseline needs to reach 99% of its own best
+mean accuracy, divided by the time each arm needs to reach that same accuracy.
+
+Honest reading (see DESIGN.md "Reading the speedup honestly"): the speedup is given on the
+mean curves and per seed (runs paired by seed, mean with an exact t interval). A run that
+never reaches the target is **censored** at the end of its budget, not dropped: its time
+counts as its whole budget, so the pair's ratio is a bound (an upper bound when the arm
+missed, a lower bound when the baseline missed), and the table says how many pairs are
+censored. Reports state the commit, dates and machine the runs recorded themselves
+(``environment.json``) and the order in which they ran.
 """
 
 from __future__ import annotations
@@ -18,26 +26,12 @@ from pathlib import Path
 
 from podsrl.metrics import read_metrics
 from podsrl.plot import save_accuracy_figure
+from podsrl.provenance import read_environment
+from podsrl.stats import mean_ci
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
+BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
 GRID_POINTS = 200
-# two-sided 95% Student-t quantiles by degrees of freedom (normal beyond the table)
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-        10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def t95(dof: int) -> float:
-    if dof <= 0:
-        return float("nan")
-    return _T95.get(dof) or next((v for k, v in sorted(_T95.items()) if k >= dof), 1.96)
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95% confidence interval (nan with one value)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
 
 
 @dataclass
@@ -49,6 +43,7 @@ class Run:
     update_seconds: float  # mean per step: logprobs + update
     other_seconds: float  # mean per step: select + advantages
     steps: int
+    environment: list[dict] = field(default_factory=list)  # one entry per start of the run
 
     @property
     def arm(self) -> str:
@@ -58,6 +53,15 @@ class Run:
         if c["method"] == "grpo-ga":
             return f"grpo-ga {c['n']}"
         return f"pods {c['n']}->{c['m']} {c['rule']}"
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.get("seed")
+
+    @property
+    def budget_seconds(self) -> float:
+        """Training time of the last evaluation: where the run's curve ends."""
+        return self.evals[-1][0]
 
     def accuracy_at(self, seconds: float) -> float:
         """Linear interpolation between evaluations (held at the ends)."""
@@ -71,12 +75,18 @@ class Run:
 
     def time_to(self, accuracy: float) -> float | None:
         """First training time at which the (interpolated) curve reaches ``accuracy``."""
+        if self.evals[0][1] >= accuracy:
+            return self.evals[0][0]
         for (t0, a0), (t1, a1) in zip(self.evals, self.evals[1:]):
-            if a0 >= accuracy:
-                return t0
             if a1 >= accuracy:
                 return t0 + (t1 - t0) * (accuracy - a0) / (a1 - a0)
-        return self.evals[-1][0] if self.evals and self.evals[-1][1] >= accuracy else None
+        return None
+
+    def censored_time_to(self, accuracy: float) -> tuple[float, bool]:
+        """(seconds, censored): the time to ``accuracy``, or the whole budget when the run
+        never reached it (then the true time is larger: censored)."""
+        seconds = self.time_to(accuracy)
+        return (self.budget_seconds, True) if seconds is None else (seconds, False)
 
 
 def load_run(path: Path) -> Run:
@@ -92,7 +102,8 @@ def load_run(path: Path) -> Run:
         return statistics.fmean(sum(r.get(k) or 0.0 for k in keys) for r in steps)
 
     return Run(path, config, evals, per_step("time_generate", "time_reward"),
-               per_step("time_logprobs", "time_update"), per_step("time_select", "time_advantages"), len(steps))
+               per_step("time_logprobs", "time_update"), per_step("time_select", "time_advantages"), len(steps),
+               read_environment(path))
 
 
 @dataclass
@@ -104,7 +115,7 @@ class Arm:
     half_width: list[float] = field(default_factory=list)
 
     def fill_curve(self, grid: list[float]) -> None:
-        self.grid = [t for t in grid if t <= min(r.evals[-1][0] for r in self.runs)]
+        self.grid = [t for t in grid if t <= min(r.budget_seconds for r in self.runs)]
         curves = [[r.accuracy_at(t) for t in self.grid] for r in self.runs]
         stats = [mean_ci(list(column)) for column in zip(*curves)]
         self.mean = [m for m, _ in stats]
@@ -120,6 +131,50 @@ class Arm:
     def mean_time_to(self, accuracy: float) -> float | None:
         return next((t for t, a in zip(self.grid, self.mean) if a >= accuracy), None)
 
+    def by_seed(self) -> dict:
+        return {run.seed: run for run in self.runs}
+
+
+def paired_speedups(base: Arm, arm: Arm, target: float) -> list[dict]:
+    """Per seed present in both arms: the baseline's time to ``target`` over the arm's.
+
+    A run that misses the target is censored at its budget, so the ratio is a bound:
+    ``censored`` is 'arm' (the ratio is an upper bound), 'baseline' (a lower bound),
+    'both' (no bound either way) or '' (observed)."""
+    base_runs, arm_runs = base.by_seed(), arm.by_seed()
+    pairs = []
+    for seed in sorted(set(base_runs) & set(arm_runs), key=str):
+        base_time, base_censored = base_runs[seed].censored_time_to(target)
+        arm_time, arm_censored = arm_runs[seed].censored_time_to(target)
+        if arm_time > 0:
+            ratio = base_time / arm_time
+        else:  # the arm started at or above the target
+            ratio = 1.0 if base_time == 0 else math.inf
+        censored = {(False, False): "", (True, False): "baseline", (False, True): "arm",
+                    (True, True): "both"}[(base_censored, arm_censored)]
+        pairs.append({"seed": seed, "ratio": ratio, "baseline_seconds": base_time, "arm_seconds": arm_time,
+                      "censored": censored})
+    return pairs
+
+
+def run_order(runs: list[Run]) -> list[str]:
+    """Arm of each run in the order the runs started (from their environment.json)."""
+    started = [(r.environment[0].get("unix_time", 0.0), r.environment[0]["date"], r.arm)
+               for r in runs if r.environment]
+    return [arm for *_, arm in sorted(started)]
+
+
+def provenance(runs: list[Run]) -> dict:
+    """What the runs recorded about themselves: commits, first/last start, machines."""
+    entries = [e for r in runs for e in r.environment]
+    if not entries:
+        return {}
+    dates = sorted(e["date"] for e in entries)
+    return {"commits": sorted({e["commit"] for e in entries}), "first_start": dates[0], "last_start": dates[-1],
+            "machines": sorted({e["machine"] for e in entries}),
+            "torch": sorted({f"{e['torch']}, {e['torch_threads']} threads" for e in entries}),
+            "runs_without_record": sum(not r.environment for r in runs), "order": run_order(runs)}
+
 
 def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     """Group runs into arms and compute curves, step times and the speedup table.
@@ -131,7 +186,7 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     arms: dict[str, Arm] = {}
     for run in runs:
         arms.setdefault(run.arm, Arm(run.arm, [])).runs.append(run)
-    horizon = max(r.evals[-1][0] for r in runs)
+    horizon = max(r.budget_seconds for r in runs)
     grid = [horizon * i / (GRID_POINTS - 1) for i in range(GRID_POINTS)]
     for arm in arms.values():
         arm.fill_curve(grid)
@@ -140,28 +195,32 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     base_name = base_name or next((n for n in names if n.startswith("grpo ")), names[0])
     base = arms[base_name]
     target = TARGET_FRACTION * max(base.mean)
-    base_times = [r.time_to(target) for r in base.runs]
     base_time = base.mean_time_to(target)
+    budget = min(r.budget_seconds for r in runs)  # every run has a curve up to here
     rows = []
     for name, arm in arms.items():
-        seed_times = [r.time_to(target) for r in arm.runs]
-        ratios = [b / t for b, t in zip(base_times, seed_times) if b is not None and t]
-        speedup, speedup_ci = mean_ci(ratios) if ratios else (float("nan"), float("nan"))
+        pairs = paired_speedups(base, arm, target)
+        speedup, speedup_ci = mean_ci([p["ratio"] for p in pairs]) if pairs else (math.nan, math.nan)
         mean_time = arm.mean_time_to(target)
         rows.append({
             "arm": name, "seeds": len(arm.runs), "steps_mean": statistics.fmean(r.steps for r in arm.runs),
             "peak_accuracy": max(arm.mean),
-            "final_accuracy": mean_ci([r.evals[-1][1] for r in arm.runs])[0],
+            "final_accuracy": statistics.fmean(r.evals[-1][1] for r in arm.runs),
+            "accuracy_at_budget": {str(f): statistics.fmean(r.accuracy_at(f * budget) for r in arm.runs)
+                                   for f in BUDGET_FRACTIONS},
             "seconds_per_step": statistics.fmean(r.inference_seconds + r.update_seconds + r.other_seconds
                                                  for r in arm.runs),
             "inference_seconds_per_step": statistics.fmean(r.inference_seconds for r in arm.runs),
             "update_seconds_per_step": statistics.fmean(r.update_seconds for r in arm.runs),
-            "time_to_target": mean_time,
-            "seeds_reaching_target": sum(t is not None for t in seed_times),
-            "speedup_vs_baseline": (base_time / mean_time) if (base_time and mean_time) else None,
+            "time_to_target": mean_time,  # None: the mean curve never reaches it within the arm's budget
+            "mean_curve_end": arm.grid[-1] if arm.grid else 0.0,
+            "seeds_reaching_target": sum(r.time_to(target) is not None for r in arm.runs),
+            "speedup_vs_baseline": (base_time / mean_time) if (base_time is not None and mean_time) else None,
             "speedup_per_seed_mean": speedup, "speedup_per_seed_ci95": speedup_ci,
+            "seed_pairs": pairs, "censored_pairs": sum(bool(p["censored"]) for p in pairs),
         })
-    return {"baseline": base_name, "target_accuracy": target, "arms": arms, "rows": rows}
+    return {"baseline": base_name, "target_accuracy": target, "budget_seconds": budget, "arms": arms,
+            "rows": rows, "provenance": provenance(runs)}
 
 
 def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, Path]:
@@ -204,33 +263,65 @@ def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, P
     table = format_table(result)
     (output_dir / "compare.md").write_text(table + "\n")
     (output_dir / "compare.json").write_text(json.dumps(
-        {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"], "rows": rows,
+        {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"],
+         "budget_seconds": result["budget_seconds"], "rows": rows, "provenance": result["provenance"],
          "runs": {name: [str(r.path) for r in arm.runs] for name, arm in arms.items()}},
         indent=2, default=lambda x: None) + "\n")
     return {"accuracy": accuracy_png, "step_time": step_png, "table": output_dir / "compare.md"}
 
 
-def _fmt(value, pattern="{:.1f}", missing="not reached") -> str:
+def _fmt(value, pattern="{:.1f}", missing="n/a") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return missing
     return pattern.format(value)
 
 
+def _provenance_lines(prov: dict) -> list[str]:
+    if not prov:
+        return ["runs: no environment.json (written by podsrl before this report existed): commit, dates and "
+                "machine unknown"]
+    short = {arm: f"{chr(65 + i)}" for i, arm in enumerate(dict.fromkeys(prov["order"]))}
+    order = " ".join(short[a] for a in prov["order"])
+    legend = ", ".join(f"{letter} = {arm}" for arm, letter in short.items())
+    lines = [f"runs started {prov['first_start']} to {prov['last_start']} (UTC); code {', '.join(prov['commits'])}; "
+             f"machine: {'; '.join(prov['machines'])}; torch {'; '.join(prov['torch'])}",
+             f"run order (by start time): {order} ({legend})"]
+    if prov["runs_without_record"]:
+        lines.append(f"{prov['runs_without_record']} run(s) have no environment.json")
+    return lines
+
+
 def format_table(result: dict) -> str:
+    fractions = " / ".join(f"{int(100 * f)}%" for f in BUDGET_FRACTIONS)
     lines = [f"baseline: {result['baseline']}; target: {100 * result['target_accuracy']:.1f}% "
-             f"(99% of its best mean held-out accuracy)", "",
-             "| arm | seeds | steps | s/step (inference + update) | peak acc | final acc | time to target (s) "
-             "| speedup (mean curves) | speedup per seed (95% CI) |",
+             f"(99% of its best mean held-out accuracy); common budget: {result['budget_seconds']:.0f} s of training",
+             *_provenance_lines(result["provenance"]), "",
+             f"| arm | seeds | steps | s/step (inference + update) | acc at {fractions} of budget | peak acc "
+             f"| time to target (s) | speedup (mean curves) | speedup per seed (95% CI) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    notes = []
     for r in result["rows"]:
-        per_seed = (f"{r['speedup_per_seed_mean']:.2f} +- {_fmt(r['speedup_per_seed_ci95'], '{:.2f}', 'n/a')}"
-                    if not math.isnan(r["speedup_per_seed_mean"]) else "n/a")
+        at_budget = " / ".join(f"{100 * v:.1f}%" for v in r["accuracy_at_budget"].values())
+        reach = (f"{r['time_to_target']:.1f}" if r["time_to_target"] is not None
+                 else f"> {r['mean_curve_end']:.1f} (censored)")
+        pairs = len(r["seed_pairs"])
+        per_seed = (f"{_fmt(r['speedup_per_seed_mean'], '{:.2f}')} +- {_fmt(r['speedup_per_seed_ci95'], '{:.2f}')} "
+                    f"({pairs} pair{'s' if pairs != 1 else ''}"
+                    + (f", {r['censored_pairs']} censored" if r["censored_pairs"] else "") + ")")
         lines.append(
             f"| {r['arm']} | {r['seeds']} | {r['steps_mean']:.0f} | {r['seconds_per_step']:.3f} "
-            f"({r['inference_seconds_per_step']:.3f} + {r['update_seconds_per_step']:.3f}) "
-            f"| {100 * r['peak_accuracy']:.1f}% | {100 * r['final_accuracy']:.1f}% "
-            f"| {_fmt(r['time_to_target'])} ({r['seeds_reaching_target']}/{r['seeds']} seeds) "
-            f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x', 'n/a')} | {per_seed} |")
+            f"({r['inference_seconds_per_step']:.3f} + {r['update_seconds_per_step']:.3f}) | {at_budget} "
+            f"| {100 * r['peak_accuracy']:.1f}% | {reach} ({r['seeds_reaching_target']}/{r['seeds']} seeds) "
+            f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x')} | {per_seed} |")
+        for p in r["seed_pairs"]:
+            if p["censored"]:
+                bound = {"arm": "an upper bound: the arm missed the target within its budget",
+                         "baseline": "a lower bound: the baseline missed the target within its budget",
+                         "both": "no bound: neither run reached the target"}[p["censored"]]
+                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {p['ratio']:.2f} is {bound} "
+                             f"(times {p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
+    if notes:
+        lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
     return "\n".join(lines)
 
 
@@ -258,18 +349,27 @@ def arm_dir_name(overrides: dict) -> str:
     return f"pods-n{overrides['n']}-m{overrides['m']}-{overrides['rule']}"
 
 
+def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:
+    """The order of the runs: seed-major, the arms' order reversed every other seed
+    (A B, B A, A B, ...). Machine speed drifts (1.8x between days was seen on the
+    development machine); running every seed of one arm before the next would confound
+    that drift with the arm, while interleaving spreads it over all arms, and alternating
+    the order cancels a steady drift within each pair of seeds."""
+    return [(arm, seed) for k, seed in enumerate(seeds) for arm in (arms if k % 2 == 0 else arms[::-1])]
+
+
 def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, output_dir: Path,
                    log=print) -> list[Path]:
-    """Train every arm x seed one after another on this machine with the same training-time
-    budget. Finished runs are reused and interrupted ones resumed, so a long comparison can
-    be restarted."""
+    """Train every arm x seed on this machine with the same training-time budget, in the
+    interleaved order of :func:`run_plan`. Finished runs are reused and interrupted ones
+    resumed, so a long comparison can be restarted."""
     import dataclasses
 
     from podsrl.config import validate
     from podsrl.trainer import train
 
     run_dirs = []
-    plan = [(arm, base.seed + k) for arm in arms for k in range(seeds)]
+    plan = run_plan(arms, [base.seed + k for k in range(seeds)])
     for i, (arm, seed) in enumerate(plan, start=1):
         run_dir = output_dir / arm_dir_name(arm) / f"seed{seed}"
         run_dirs.append(run_dir)

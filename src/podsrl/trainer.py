@@ -28,6 +28,7 @@ from podsrl.distributed import Processes
 from podsrl.evaluate import generate_and_grade
 from podsrl.metrics import MetricsLog, StageTimer
 from podsrl.models import ModelBundle, load_model
+from podsrl.provenance import record_environment
 from podsrl.rewards import RewardStack, load_reward_fn
 from podsrl.rollout import ENGINES, Rollouts, concat_rollouts
 from podsrl.select import select
@@ -252,6 +253,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
     if procs.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)  # only once model and data loaded: no empty run folders
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        record_environment(run_dir)  # commit, date, machine: reports built from the run state them
         (run_dir / "data.json").write_text(json.dumps({
             "task": task.name, "train_prompts": len(train_split.examples), "test_prompts": len(test_split.examples),
             "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,

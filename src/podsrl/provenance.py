@@ -1,0 +1,84 @@
+"""Where and with what a measurement was taken: code commit, date, machine, library versions.
+
+Every run writes this to ``environment.json`` in its run directory when it starts (a
+resumed run appends its own entry), so reports built later from the runs (``podsrl
+compare`` / ``plot``, the benchmark scripts) state the commit, dates and machine of the
+runs themselves instead of relying on someone to copy them by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SOURCE_DIR = Path(__file__).resolve().parent
+
+
+def git_commit(path: Path = SOURCE_DIR) -> str:
+    """Short commit of the checkout holding ``path``, with ``+dirty`` when tracked files
+    differ from it; 'unknown' outside a git checkout (an installed wheel)."""
+    try:
+        run = dict(cwd=path, capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], **run)
+        if commit.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **run).stdout.strip()
+        return commit.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description() -> str:
+    """One line: CPU model, cores, GPU if any, OS and architecture."""
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}, {platform.system()} {platform.machine()}"
+
+
+def environment() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    now = time.time()
+    return {"date": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
+            "unix_time": now,  # orders runs that started within the same second
+            "commit": git_commit(), "machine": machine_description(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "transformers": installed("transformers"),
+            "podsrl": installed("podsrl"), "argv": sys.argv}
+
+
+def record_environment(run_dir: Path) -> None:
+    """Append this process's environment to ``run_dir/environment.json`` (a list: one
+    entry per start of the run, so a resumed run keeps the history)."""
+    path = Path(run_dir) / "environment.json"
+    entries = json.loads(path.read_text()) if path.exists() else []
+    entries.append(environment())
+    path.write_text(json.dumps(entries, indent=2) + "\n")
+
+
+def read_environment(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "environment.json"
+    return json.loads(path.read_text()) if path.exists() else []
