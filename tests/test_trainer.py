@@ -26,9 +26,11 @@ def quick_config(model_dir, output_dir, **overrides):
 
 
 def final_weights(run_dir):
+    """The saved model's weights: the whole model, or the LoRA adapter."""
     from safetensors.torch import load_file
 
-    return load_file(str(run_dir / "model" / "model.safetensors"))
+    full = run_dir / "model" / "model.safetensors"
+    return load_file(str(full if full.exists() else run_dir / "model" / "adapter_model.safetensors"))
 
 
 def training_records(run_dir):
@@ -105,12 +107,25 @@ def test_micro_batching_equals_one_big_batch(random_model_dir, aggregation):
             assert torch.allclose(changes[size][key], grad, atol=1e-6, rtol=1e-4), (size, key)
 
 
-def test_resume_matches_uninterrupted_run(random_model_dir, tmp_path):
-    full = train(quick_config(random_model_dir, tmp_path / "full", steps=4))
+RESUME_CASES = {
+    "defaults": {},
+    "random_rule": {"rule": "random"},  # the rule's own generator
+    "lora_dropout": {"lora_rank": 4, "lora_dropout": 0.1},  # dropout draws from the global RNG
+    "kl": {"beta": 0.1},  # the reference policy must stay the initial one
+    "two_iterations": {"num_iterations": 2},
+    "slots_length_aware": {"generation_engine": "slots", "generation_micro_group": 8,
+                           "generation_schedule": "shortest_first"},  # the learned length predictor
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESUME_CASES))
+def test_resume_matches_uninterrupted_run(random_model_dir, tmp_path, case):
+    options = RESUME_CASES[case]
+    full = train(quick_config(random_model_dir, tmp_path / "full", steps=4, **options))
     part_dir = tmp_path / "part"
-    train(quick_config(random_model_dir, part_dir, steps=2, checkpoint_every=2))
+    train(quick_config(random_model_dir, part_dir, steps=2, checkpoint_every=2, **options))
     (part_dir / "model").rename(part_dir / "model_at_2")
-    resumed = train(quick_config(random_model_dir, part_dir, steps=4, resume=True))
+    resumed = train(quick_config(random_model_dir, part_dir, steps=4, resume=True, **options))
     # the interrupted run also evaluated at its last step (2); evaluation draws from its own
     # RNG, so every training quantity must still match
     def without_eval(records):
@@ -119,7 +134,25 @@ def test_resume_matches_uninterrupted_run(random_model_dir, tmp_path):
     assert without_eval(training_records(resumed.run_dir)) == without_eval(training_records(full.run_dir))
     assert training_records(resumed.run_dir)[-1] == training_records(full.run_dir)[-1]
     wf, wr = final_weights(full.run_dir), final_weights(resumed.run_dir)
-    assert all(torch.equal(wf[k], wr[k]) for k in wf)
+    assert wf.keys() == wr.keys() and all(torch.equal(wf[k], wr[k]) for k in wf)
+
+
+def test_unusable_checkpoints_leave_the_model_untouched_for_a_fresh_start(random_model_dir, tmp_path, capfd):
+    """Every checkpoint's optimizer state is for another model: restore must fail before it
+    copies any weight, so 'starting from scratch' really starts from the initial weights."""
+    fresh = train(quick_config(random_model_dir, tmp_path / "fresh", steps=3)).run_dir
+    out = tmp_path / "run"
+    train(quick_config(random_model_dir, out, steps=2, checkpoint_every=1))
+    for path in (out / "checkpoints").iterdir():
+        rest = torch.load(path / "optimizer.pt", weights_only=True)
+        rest["optimizer"]["param_groups"][0]["params"].pop()  # one parameter fewer than the model
+        torch.save(rest, path / "optimizer.pt")
+    train(quick_config(random_model_dir, out, steps=3, resume=True))
+    err = capfd.readouterr().err
+    assert err.count("is unreadable") == 2 and "starting from scratch" in err
+    assert training_records(out) == training_records(fresh)
+    a, b = final_weights(out), final_weights(fresh)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_existing_run_is_not_overwritten(random_model_dir, tmp_path):

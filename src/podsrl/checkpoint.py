@@ -1,12 +1,22 @@
 """Checkpoints: trainable weights (full model or LoRA adapter), optimizer and scheduler,
-every RNG stream, step counter, data position and elapsed training time.
+every RNG stream, the generation engine's learned state, step counter, data position and
+elapsed training time.
 
-A checkpoint is written into ``step_XXXXXXX.tmp`` and renamed when complete, so a crash
-mid-write never leaves a folder that looks valid; only the newest ``keep`` are kept.
+Writing is crash-safe: everything goes into ``step_XXXXXXX.tmp``, each file and the folder
+are fsync'ed, the folder is renamed, and the parent directory is fsync'ed, so a crash or
+power loss never leaves a folder that looks complete but is not; only the newest ``keep``
+are kept.
+
+Reading is all-or-nothing: every file is read (tensors and plain data only, never
+arbitrary pickled objects) and checked against the model, optimizer, scheduler and RNG
+streams it will go into before any of them is touched; if applying still fails, what was
+already applied is rolled back. So a checkpoint that cannot be used leaves the run exactly
+as it was, and the caller can try an older one or start from scratch.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -17,40 +27,69 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.json"
+WEIGHTS_FILE = "trainable.pt"
+OPTIMIZER_FILE = "optimizer.pt"
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
+# --- RNG streams as tensors and plain numbers (loadable with weights_only=True) -------------
 def rng_state(generators: dict[str, torch.Generator]) -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    version, mt_state, gauss = random.getstate()
+    numpy_state = np.random.get_state(legacy=False)
+    return {"python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64), "gauss": gauss},
+            "numpy": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                      "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
+                      "gauss": float(numpy_state["gauss"])},
+            "torch": torch.get_rng_state(),
             "generators": {k: g.get_state() for k, g in generators.items()}}
 
 
 def restore_rng(state: dict, generators: dict[str, torch.Generator]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    numpy = state["numpy"]
+    np.random.set_state({"bit_generator": "MT19937",
+                         "state": {"key": numpy["key"].numpy().astype(np.uint32), "pos": numpy["pos"]},
+                         "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]})
     torch.set_rng_state(state["torch"])
     for key, g in generators.items():
         g.set_state(state["generators"][key])
 
 
+# --- writing ----------------------------------------------------------------------------------
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
-                    scheduler, trainer_state: dict, generators: dict[str, torch.Generator], keep: int) -> Path:
-    """Write one checkpoint; ``weights`` are the trainable parameters by name and
-    ``optimizer_state`` the optimizer's state dict, both whole (not sharded)."""
+                    scheduler, trainer_state: dict, generators: dict[str, torch.Generator], keep: int,
+                    engine_states: list[dict] | None = None) -> Path:
+    """Write one checkpoint. ``weights`` are the trainable parameters by name and
+    ``optimizer_state`` the optimizer's state dict, both whole (not sharded);
+    ``engine_states`` the generation engine's state of every process, in rank order (each
+    process's length predictor learns from its own prompts)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step_{step:07d}"
     tmp = directory / f"step_{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(weights, tmp / "trainable.pt")
-    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-                "rng": rng_state(generators)}, tmp / "optimizer.pt")
+    torch.save(weights, tmp / WEIGHTS_FILE)
+    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
+                "engine": engine_states or []}, tmp / OPTIMIZER_FILE)
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=2))
+    for name in (WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE):
+        _fsync(tmp / name)
+    _fsync(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    _fsync(directory)  # the rename itself reaches the disk
     for old in list_checkpoints(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -65,26 +104,86 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler,
-                    generators: dict[str, torch.Generator]) -> dict:
-    """Restore everything in place; returns the trainer state (step, data position, time).
-
-    Every file is read and checked before anything is changed, so a corrupt checkpoint
-    raises and leaves model and optimizer untouched for the caller to try an older one.
-    """
-    weights = torch.load(path / "trainable.pt", weights_only=True, map_location="cpu")
-    rest = torch.load(path / "optimizer.pt", weights_only=False, map_location="cpu")  # state follows its parameter
-    state = json.loads((path / STATE_FILE).read_text())
-    params = dict(model.named_parameters())
-    wrong = [name for name, value in weights.items()
-             if name not in params or params[name].shape != value.shape]
-    if wrong or set(weights) != {n for n, p in params.items() if p.requires_grad}:
+# --- reading ----------------------------------------------------------------------------------
+def _check_weights(path: Path, weights: dict, model) -> None:
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    wrong = sorted({name for name, value in weights.items()
+                    if name not in params or not torch.is_tensor(value) or params[name].shape != value.shape}
+                   | (set(params) - set(weights)))
+    if wrong:
         raise ValueError(f"checkpoint {path}: its parameters do not match the model's trainable ones "
                          f"(e.g. {wrong[:3]}); was it written with another model or LoRA setting?")
-    with torch.no_grad():
-        for name, value in weights.items():
-            params[name].copy_(value)
-    optimizer.load_state_dict(rest["optimizer"])
-    scheduler.load_state_dict(rest["scheduler"])
-    restore_rng(rest["rng"], generators)
-    return state
+
+
+def _check_optimizer(path: Path, state: dict, optimizer) -> None:
+    groups = optimizer.param_groups
+    saved_groups = state.get("param_groups", [])
+    if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in groups]:
+        raise ValueError(f"checkpoint {path}: optimizer state is for parameter groups of sizes "
+                         f"{[len(g['params']) for g in saved_groups]}, this optimizer has "
+                         f"{[len(g['params']) for g in groups]}")
+    shapes = [p.shape for g in groups for p in g["params"]]
+    for index, values in state.get("state", {}).items():
+        for key, value in values.items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != shapes[index]:
+                raise ValueError(f"checkpoint {path}: optimizer state {key!r} of parameter {index} has shape "
+                                 f"{tuple(value.shape)}, the parameter {tuple(shapes[index])}")
+
+
+def _check_rest(path: Path, rest: dict, scheduler, generators: dict, trainer_state: dict) -> None:
+    missing = [k for k in ("step", "train_seconds", "sampler") if k not in trainer_state]
+    missing += [f"rng.{k}" for k in ("python", "numpy", "torch") if k not in rest["rng"]]
+    missing += [f"rng.generators.{k}" for k in generators if k not in rest["rng"].get("generators", {})]
+    if missing:
+        raise ValueError(f"checkpoint {path}: missing {missing}")
+    if len(rest["scheduler"].get("base_lrs", [])) != len(scheduler.base_lrs):
+        raise ValueError(f"checkpoint {path}: scheduler state is for another number of parameter groups")
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict[str, torch.Generator],
+                    engine=None, rank: int = 0) -> dict:
+    """Restore everything in place; returns the trainer state (step, data position, time)
+    with ``engine_restored``: whether the checkpoint held ``engine``'s state for ``rank``
+    (not when it was written by fewer processes).
+
+    All-or-nothing: every part is read and checked before anything is changed, and if
+    applying fails anyway, the model, optimizer, scheduler, RNG streams and engine are put
+    back as they were before raising. ``weights_only=True`` throughout: a checkpoint can
+    hold tensors and plain data, never code."""
+    weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
+    rest = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu")  # state follows its parameter
+    trainer_state = json.loads((path / STATE_FILE).read_text())
+    if not isinstance(weights, dict) or not isinstance(rest, dict) or not {"optimizer", "scheduler", "rng"} <= set(rest):
+        raise ValueError(f"checkpoint {path}: not a podsrl checkpoint")
+    _check_weights(path, weights, model)
+    _check_optimizer(path, rest["optimizer"], optimizer)
+    _check_rest(path, rest, scheduler, generators, trainer_state)
+    engine_states = rest.get("engine", [])
+    engine_state = engine_states[rank] if engine is not None and rank < len(engine_states) else None
+    if engine_state is not None:
+        engine.check_state(engine_state)
+
+    params = dict(model.named_parameters())
+    before = {"weights": trainable_state(model), "optimizer": copy.deepcopy(optimizer.state_dict()),
+              "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
+              "engine": engine.state_dict() if engine is not None else None}
+    try:
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(value)
+        optimizer.load_state_dict(rest["optimizer"])
+        scheduler.load_state_dict(rest["scheduler"])
+        restore_rng(rest["rng"], generators)
+        if engine_state is not None:
+            engine.load_state_dict(engine_state)
+    except Exception:
+        with torch.no_grad():
+            for name, value in before["weights"].items():
+                params[name].copy_(value)
+        optimizer.load_state_dict(before["optimizer"])
+        scheduler.load_state_dict(before["scheduler"])
+        restore_rng(before["rng"], generators)
+        if engine is not None:
+            engine.load_state_dict(before["engine"])
+        raise
+    return {**trainer_state, "engine_restored": engine_state is not None}

@@ -208,6 +208,16 @@ class Processes:
         """Concatenate equal-shaped tensors of every process along dim 0 (rank order)."""
         return self.accelerator.gather(tensor.contiguous()) if self.accelerator else tensor
 
+    def gather_objects(self, value) -> list:
+        """Every process's ``value`` (any picklable object), in rank order, on every process."""
+        if self.accelerator is None:
+            return [value]
+        import torch.distributed as dist
+
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
     def sum(self, values: list[float]) -> list[float]:
         if self.accelerator is None:
             return values

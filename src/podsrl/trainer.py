@@ -276,13 +276,18 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
 
     step, train_seconds = 0, 0.0
     resume_from, state = (_restore(checkpoints, model=policy, optimizer=optimizer, scheduler=scheduler,
-                                   generators=generators) if cfg.resume else (None, None))
+                                   generators=generators, engine=generate_rollouts, rank=procs.rank)
+                          if cfg.resume else (None, None))
     if cfg.resume and resume_from is None and procs.is_main:
         _say(f"resume: no usable checkpoint in {checkpoints}; starting from scratch")
     model, optimizer = procs.prepare(policy, optimizer)  # DDP / FSDP / DeepSpeed under a launcher
     if resume_from is not None:
         step, train_seconds = state["step"], state["train_seconds"]
         sampler.epoch, sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
+        if not state["engine_restored"] and generate_rollouts.state_dict():
+            _say(f"resume: {resume_from} holds no generation-engine state for process {procs.rank} (written by "
+                 f"fewer processes): the length predictor starts afresh, so rollouts differ from an "
+                 f"uninterrupted run")
         if metrics:
             metrics.truncate_after(step)
         initial, latest_eval = _logged_evals(run_dir)
@@ -298,9 +303,11 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
     def checkpoint() -> None:
         nonlocal last_checkpoint_time
         weights, optimizer_state = procs.full_state(policy, optimizer)  # gathered when sharded
+        engine_states = procs.gather_objects(generate_rollouts.state_dict())  # each process's own
         if procs.is_main:  # whole parameters and optimizer state are the same on every process
             save_checkpoint(checkpoints, step=step, weights=weights, optimizer_state=optimizer_state,
                             scheduler=scheduler, generators=generators, keep=cfg.keep_checkpoints,
+                            engine_states=engine_states,
                             trainer_state={"train_seconds": train_seconds, "sampler": sampler.state()})
         procs.barrier()
         last_checkpoint_time = time.time()

@@ -2,7 +2,9 @@
 
 ``ENGINES[name](cfg)`` builds an engine once per run; an engine is
 ``engine(model, tokenizer, prompts, num_samples) -> Rollouts`` with the group axis kept
-([P, n, ...]). Both engines honour ``generation_memory_mb``, a cap on the estimated memory
+([P, n, ...]), and ``state_dict()`` / ``load_state_dict()`` / ``check_state()`` for what
+it learns across steps (checkpointed, so a resumed run generates exactly what an
+uninterrupted one would). Both engines honour ``generation_memory_mb``, a cap on the estimated memory
 of what is decoded at once (:func:`podsrl.rollout.slots.generation_memory_bytes`).
 
 - ``hf``: transformers ``generate`` on whole prompt groups (with the prompt prefill shared);
@@ -32,8 +34,14 @@ def _rows_within(cfg, model, prompt_len: int, prompts: int = 0, stored_prompt_le
     return max(0, int((cfg.generation_memory_mb * MB - fixed) // per_row))
 
 
-def build_hf(cfg):
-    def engine(model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+class HFEngine:
+    """transformers ``generate`` on whole prompt groups; learns nothing across steps."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+        cfg = self.cfg
         batch_size = cfg.generation_batch_size or None
         if cfg.generation_memory_mb:
             longest = _longest_prompt(tokenizer, prompts)
@@ -48,13 +56,28 @@ def build_hf(cfg):
         return generate(model, tokenizer, prompts, num_samples, max_new_tokens=cfg.max_new_tokens,
                         temperature=cfg.temperature, top_p=cfg.top_p, batch_size=batch_size,
                         share_prefill=cfg.share_prefill)
-    return engine
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def check_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"generation engine 'hf' keeps no state, the checkpoint has {sorted(state)}")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
 
 
-def build_slots(cfg):
-    predictor = LengthPredictor() if cfg.generation_schedule != "fifo" else None  # learns across steps
+class SlotsEngine:
+    """Decoding slots refilled sample by sample (:func:`generate_in_slots`); with a
+    length-aware schedule it carries a completion-length predictor learned across steps."""
 
-    def engine(model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.predictor = LengthPredictor() if cfg.generation_schedule != "fifo" else None
+
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+        cfg = self.cfg
         slots = cfg.generation_micro_group
         if cfg.generation_memory_mb:
             longest = _longest_prompt(tokenizer, prompts)
@@ -66,11 +89,26 @@ def build_slots(cfg):
             slots = slots or rows
         return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=cfg.max_new_tokens,
                                  temperature=cfg.temperature, top_p=cfg.top_p, slots=slots,
-                                 refill=cfg.generation_refill, schedule=cfg.generation_schedule, predictor=predictor)
-    return engine
+                                 refill=cfg.generation_refill, schedule=cfg.generation_schedule,
+                                 predictor=self.predictor)
+
+    def state_dict(self) -> dict:
+        return {"length_predictor": self.predictor.state_dict()} if self.predictor is not None else {}
+
+    def check_state(self, state: dict) -> None:
+        if set(state) != set(self.state_dict()):
+            raise ValueError(f"generation engine 'slots' with schedule {self.cfg.generation_schedule!r} keeps "
+                             f"{sorted(self.state_dict()) or 'no state'}, the checkpoint has {sorted(state) or 'none'}")
+        if self.predictor is not None:
+            self.predictor.check_state(state["length_predictor"])
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
+        if self.predictor is not None:
+            self.predictor.load_state_dict(state["length_predictor"])
 
 
-ENGINES = {"hf": build_hf, "slots": build_slots}
+ENGINES = {"hf": HFEngine, "slots": SlotsEngine}
 
-__all__ = ["ENGINES", "LengthPredictor", "Rollouts", "completion_mask_from_eos", "concat_rollouts", "generate",
+__all__ = ["ENGINES", "HFEngine", "LengthPredictor", "SlotsEngine", "Rollouts", "completion_mask_from_eos", "concat_rollouts", "generate",
            "generate_in_slots", "generation_memory_bytes"]

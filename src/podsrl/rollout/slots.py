@@ -108,6 +108,18 @@ class LengthPredictor:
         self.xty += features.T @ lengths.double().sum(dim=1)
         self.seen += lengths.numel()
 
+    def state_dict(self) -> dict:
+        return {"xtx": self.xtx.clone(), "xty": self.xty.clone(), "seen": self.seen}
+
+    def check_state(self, state: dict) -> None:
+        if (set(state) != {"xtx", "xty", "seen"} or tuple(state["xtx"].shape) != tuple(self.xtx.shape)
+                or tuple(state["xty"].shape) != tuple(self.xty.shape)):
+            raise ValueError(f"length predictor state does not fit a predictor with {self.buckets} buckets")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
+        self.xtx, self.xty, self.seen = state["xtx"].clone(), state["xty"].clone(), int(state["seen"])
+
     def blend(self, prior: float, finished_lengths: list[int]) -> float:
         """The prompt's prior guess updated with the lengths of its samples that already ended."""
         total = prior * self.prior_weight + sum(finished_lengths)
