@@ -155,6 +155,19 @@ def test_unusable_checkpoints_leave_the_model_untouched_for_a_fresh_start(random
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_logged_learning_rate_is_the_one_each_step_used(random_model_dir, tmp_path):
+    """Linear warm-up over warmup_steps optimizer steps from lr / warmup_steps, then constant;
+    each record's lr is the rate its own optimizer step used (the optimizer's own state
+    after step 5 holds the same)."""
+    run = train(quick_config(random_model_dir, tmp_path / "run", steps=5, warmup_steps=3, lr=1e-3,
+                             checkpoint_every=5)).run_dir
+    records = read_metrics(run / "metrics.jsonl")[1:]
+    assert [r["lr"] for r in records] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3, 1e-3], rel=1e-12)
+    group = torch.load(run / "checkpoints" / "step_0000005" / "optimizer.pt",
+                       weights_only=True)["optimizer"]["param_groups"][0]
+    assert group["lr"] == pytest.approx(1e-3, rel=1e-12)
+
+
 def test_existing_run_is_not_overwritten(random_model_dir, tmp_path):
     train(quick_config(random_model_dir, tmp_path / "run", steps=1))
     with pytest.raises(FileExistsError, match="output_dir"):

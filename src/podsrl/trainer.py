@@ -374,7 +374,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
             ("length", rollouts.completion_mask.sum(-1).float()),
             ("kept_length", kept.completion_mask.sum(-1).float()))}
         decode_steps, failures = procs.sum([rollouts.stats["decode_steps"], scorer.failures])
-        record = {"step": step, "train_seconds": train_seconds, "lr": scheduler.get_last_lr()[0],
+        record = {"step": step, "train_seconds": train_seconds, "lr": update["lr"],
                   **_group_stats("reward", everywhere["rewards"]),
                   **_group_stats("kept_reward", everywhere["kept_rewards"]),
                   "correct_rate": float(everywhere["correct"].nanmean()),

@@ -98,6 +98,7 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
         kl += stats.get("kl", 0.0) * share
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     grad_norm = procs.clip_grad_norm(model, max_norm)
+    lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it after)
     skipped = not (math.isfinite(total_loss) and math.isfinite(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)
@@ -105,4 +106,4 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
         optimizer.step()
         scheduler.step()
     return {"loss": total_loss, "grad_norm": grad_norm, "clip_fraction": clip_fraction, "kl": kl,
-            "skipped_step": int(skipped)}
+            "skipped_step": int(skipped), "lr": lr}
