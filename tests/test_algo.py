@@ -21,6 +21,15 @@ def test_advantages_hand_computed():
     assert centred[0].tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5])
 
 
+def test_advantage_denominator_adds_1e_4_to_the_std():
+    # a group with a tiny spread: the 1e-4 dominates the std (7.07e-6) and bounds the advantage
+    rewards = torch.tensor([[0.0, 1e-5], [0.0, 1.0]], dtype=torch.float64)
+    adv = group_advantages(rewards)
+    tiny_std, unit_std = math.sqrt(2) * 0.5e-5, math.sqrt(2) * 0.5  # sample std of two values
+    assert adv[0].tolist() == pytest.approx([-0.5e-5 / (tiny_std + 1e-4), 0.5e-5 / (tiny_std + 1e-4)], rel=1e-9)
+    assert adv[1].tolist() == pytest.approx([-0.5 / (unit_std + 1e-4), 0.5 / (unit_std + 1e-4)], rel=1e-9)
+
+
 def test_zero_variance_groups_get_zero_not_nan():
     rewards = torch.tensor([[0.3, 0.3, 0.3], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     for scale in (True, False):
@@ -59,6 +68,57 @@ def test_clipping_hand_computed():
     # negative advantage: min(-1.5, -1.2) = -1.5 ; min(-0.5, -0.8) = -0.8
     loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask)
     assert float(loss) == pytest.approx((1.5 + 0.8) / 2)
+
+
+def test_asymmetric_clip_range_hand_computed():
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
+    mask = torch.ones(1, 2)
+    # eps_low 0.1, eps_high 0.3: ratios are clipped to [0.9, 1.3]
+    # A = +1: min(1.5, 1.3) = 1.3 ; min(0.5, 0.9) = 0.5
+    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps_low=0.1, clip_eps_high=0.3)
+    assert float(loss) == pytest.approx(-(1.3 + 0.5) / 2)
+    assert stats["clip_fraction"] == pytest.approx(1.0)  # both tokens differ from their clipped value
+    # A = -1: min(-1.5, -1.3) = -1.5 ; min(-0.5, -0.9) = -0.9
+    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_eps_low=0.1, clip_eps_high=0.3)
+    assert float(loss) == pytest.approx((1.5 + 0.9) / 2)
+
+
+def ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation):
+    """The clipped objective token by token in plain Python."""
+    per_sequence, total, tokens, clipped = [], 0.0, 0, 0
+    for b in range(logp.shape[0]):
+        terms = []
+        for t in range(logp.shape[1]):
+            if not mask[b, t]:
+                continue
+            ratio = math.exp(float(logp[b, t]) - float(old[b, t]))
+            a = float(adv[b])
+            bounded = min(max(ratio, 1 - eps_low), 1 + eps_high)
+            terms.append(-min(ratio * a, bounded * a))
+            clipped += ratio * a != bounded * a
+        per_sequence.append(sum(terms) / max(1, len(terms)))
+        total, tokens = total + sum(terms), tokens + len(terms)
+    loss = sum(per_sequence) / len(per_sequence) if aggregation == "sequence" else total / tokens
+    return loss, clipped / tokens
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+def test_clipped_loss_matches_a_token_by_token_oracle(aggregation):
+    generator = torch.Generator().manual_seed(5)
+    for trial in range(20):
+        logp = -torch.rand(6, 7, generator=generator, dtype=torch.float64)
+        old = logp + 0.4 * torch.randn(6, 7, generator=generator, dtype=torch.float64)  # ratios ~0.5-2
+        adv = torch.randn(6, generator=generator, dtype=torch.float64)
+        mask = (torch.rand(6, 7, generator=generator) > 0.3).double()
+        mask[:, 0] = 1
+        eps_low, eps_high = 0.05 + 0.3 * float(torch.rand(1, generator=generator)), 0.05 + 0.5 * trial / 20
+        loss, stats = policy_loss(logp, old, adv, mask, clip_eps_low=eps_low, clip_eps_high=eps_high,
+                                  aggregation=aggregation)
+        expected_loss, expected_clipped = ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation)
+        assert float(loss) == pytest.approx(expected_loss, rel=1e-12, abs=1e-12)
+        assert stats["clip_fraction"] == pytest.approx(expected_clipped, abs=1e-12)
+        assert 0 < expected_clipped < 1
 
 
 def test_k3_kl_term():

@@ -1,4 +1,5 @@
-"""The command line, run as a user would: in a subprocess."""
+"""The command line: argument errors in-process (fast), whole commands in a subprocess, as a
+user runs them."""
 
 import json
 import subprocess
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from podsrl.cli import main
 from podsrl.config import FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,17 +27,19 @@ def podsrl(*args, cwd=None):
     (["--config", "missing.yaml"], "config: file not found"),
     (["--n", "0"], "n: must be positive"),
     (["stray"], "unexpected argument 'stray'"),
+    (["--task", "jsonl", "--train_data", "train.jsonl"], "test_data: task 'jsonl' needs test_data"),
 ])
-def test_bad_arguments_fail_before_any_work(tmp_path, args, message):
-    result = podsrl("train", *args, "--output_dir", str(tmp_path / "run"), cwd=tmp_path)
-    assert result.returncode == 2
-    assert message in result.stderr
+def test_bad_arguments_fail_before_any_work(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1 + 1?", "answer": 2}\n')
+    assert main(["train", *args, "--output_dir", str(tmp_path / "run")]) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists(), "nothing may be written for an invalid config"
 
 
-def test_compare_rejects_bad_sweep_values(tmp_path):
-    result = podsrl("compare", "--budget_minutes", "1", "--n_values", "8,many", "--output_dir", str(tmp_path / "c"))
-    assert result.returncode == 2 and "n_values: expected comma-separated integers" in result.stderr
+def test_compare_rejects_bad_sweep_values(tmp_path, capsys):
+    assert main(["compare", "--budget_minutes", "1", "--n_values", "8,many", "--output_dir", str(tmp_path / "c")]) == 2
+    assert "n_values: expected comma-separated integers" in capsys.readouterr().err
 
 
 def test_train_smoke_and_plot(random_model_dir, tmp_path):

@@ -53,8 +53,9 @@ def test_bad_rows_name_field_file_and_line(tmp_path, content, message):
 def test_missing_data_file_is_rejected_by_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_data: file not found"):
         make_config(overrides={"task": "gsm8k", "train_data": str(tmp_path / "nope.jsonl")})
-    with pytest.raises(ValueError, match="train_data: task 'jsonl' needs train_data"):
-        make_config(overrides={"task": "jsonl"})
+    with pytest.raises(ValueError, match="test_data: task 'jsonl' needs test_data"):
+        make_config(overrides={"task": "jsonl", "train_data": write_jsonl(tmp_path / "t.jsonl", [{"prompt": "q",
+                                                                                               "answer": 1}])})
 
 
 @needs_shared
@@ -83,7 +84,6 @@ def test_reasoning_gym_task_uses_its_scorer():
                                  "eval_prompts": 5})
     task = build_task(cfg)
     assert (len(task.train), len(task.test)) == (20, 5)
-    assert not {ex.prompt for ex in task.train} & {ex.prompt for ex in task.test} or len(task.test) == 5
     ex = task.test[0]
     right = task.correct_fn(prompts=[ex.prompt], completions=[f"<think>x</think><answer>{ex.answer}</answer>"],
                             answer=[ex.answer], rg_entry=[ex.columns["rg_entry"]])
@@ -92,6 +92,21 @@ def test_reasoning_gym_task_uses_its_scorer():
     assert (right, wrong) == ([1.0], [0.0])
     with pytest.raises(ValueError, match="unknown reasoning-gym dataset"):
         build_task(make_config(overrides={"task": "reasoning_gym:no_such_thing"}))
+
+
+def test_reasoning_gym_held_out_problems_never_appear_in_training():
+    # lcm's problem space is small: a 1,000-problem stream repeats questions, so some held-out
+    # questions also occur among the train indices; those train copies must be dropped
+    import reasoning_gym
+
+    stream = reasoning_gym.create_dataset("lcm", size=1050, seed=0)
+    questions = [stream[i]["question"] for i in range(1050)]
+    assert set(questions[:1000]) & set(questions[1000:]), "the case this test is for"
+    task = build_task(make_config(overrides={"task": "reasoning_gym:lcm", "reasoning_gym_size": 1000,
+                                             "eval_prompts": 50}))
+    held_out = {ex.prompt for ex in task.test}
+    assert len(task.test) == 50 and not held_out & {ex.prompt for ex in task.train}
+    assert len(task.train) == sum(q not in held_out for q in questions[:1000])
 
 
 def test_render_prompt_with_and_without_chat_template(random_model_dir):

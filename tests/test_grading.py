@@ -142,7 +142,6 @@ def test_normalize_number_gsm8k_words_only_for_gsm8k():
 ])
 def test_grade(completion, gold, task, expected):
     assert grade(completion, gold, task) is expected
-    assert grade(completion, gold, task) is expected  # deterministic
 
 
 def test_grade_bad_task():
@@ -150,7 +149,28 @@ def test_grade_bad_task():
         grade("\\boxed{1}", "1", "aime")
 
 
-def test_grade_long_and_unicode_input_is_fast():
+def run_with_hang_guard(fn, seconds=120):
+    """fn() in a thread; fails only if it has not returned after ``seconds`` (a hang or an
+    exponential blow-up, not a timing: a linear pass over these inputs takes milliseconds)."""
+    results = []
+    worker = threading.Thread(target=lambda: results.append(fn()), daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    assert results, f"no result after {seconds} s"
+    return results[0]
+
+
+def test_long_and_unicode_input_is_bounded_before_math_verify(monkeypatch):
+    import math_verify
+
+    seen = []
+    real_parse = math_verify.parse
+
+    def recording_parse(text, *args, **kwargs):
+        seen.append(len(text))
+        return real_parse(text, *args, **kwargs)
+
+    monkeypatch.setattr(math_verify, "parse", recording_parse)
     think = "<think>" + "é→ 12 + 3 = 15, π ≈ 3.14. " * 4000 + "</think>"
     cases = [
         (think + "<answer>\\boxed{42}</answer>", True),
@@ -158,19 +178,27 @@ def test_grade_long_and_unicode_input_is_fast():
         (think + "<answer>" + "a " * 50_000 + "</answer>", False),
         ("\\boxed{" * 20_000, False),
         ("9" * 100_000, False),
+        (think + "<answer>" + "x+" * 40_000 + "1</answer>", False),  # a huge expression
+        (think + "<answer>\\sqrt{1764}</answer>", True),  # needs math_verify
     ]
     for completion, expected in cases:
-        assert len(completion) >= 100_000
-        start = time.perf_counter()
-        assert grade(completion, "42", "math") is expected
-        assert grade(completion, "42", "gsm8k") is expected
-        assert time.perf_counter() - start < 2.0
+        assert len(completion) >= 80_000
+        assert run_with_hang_guard(lambda: (grade(completion, "42", "math"), grade(completion, "42", "gsm8k"))) \
+            == (expected, expected)
+    # math_verify (sympy) only ever sees bounded strings: the wrapper adds \\boxed{}
+    assert seen and all(length <= grading.MAX_VERIFY_CHARS + len("\\boxed{}") for length in seen)
 
 
-def test_power_tower_rejected_without_sympy():
-    start = time.perf_counter()
+def test_power_tower_rejected_without_sympy(monkeypatch):
+    import math_verify
+
+    calls = []  # (the grader swallows exceptions from math_verify, so record instead of raising)
+    monkeypatch.setattr(math_verify, "parse", lambda *args, **kwargs: calls.append(args) or [])
+    monkeypatch.setattr(math_verify, "verify", lambda *args, **kwargs: calls.append(args) or False)
     assert grade("\\boxed{9^{9^{9^{9}}}}", "3", "math") is False
-    assert time.perf_counter() - start < 1.0
+    assert grade("\\boxed{2**3**4**5}", "3", "math") is False
+    assert calls == []  # sympy would try to evaluate the tower
+    assert grade("\\boxed{x^2+2x+1}", "3", "math") is False and calls  # an ordinary expression does go there
 
 
 def test_math_verify_errors_and_timeouts_are_false(monkeypatch):

@@ -17,7 +17,8 @@ from podsrl.checkpoint import list_checkpoints
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
-from podsrl.trainer import TrainingStopped, train
+from podsrl.state import StopSignals, TrainingStopped
+from podsrl.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,8 +73,13 @@ def test_sigkill_then_resume_is_exact(random_model_dir, tmp_path, uninterrupted)
     out = tmp_path / "run"
     process = start(run_args(random_model_dir, out, 6))
     wait_for_step(out, 3, process)
+    process.send_signal(signal.SIGSTOP)  # freeze it, then check the kill lands mid-run
+    assert process.poll() is None, "the run finished before it could be killed"
+    killed_at = read_metrics(out / "metrics.jsonl")[-1]["step"]
     process.send_signal(signal.SIGKILL)
     process.wait()
+    assert process.returncode == -signal.SIGKILL and killed_at < 6
+    assert not (out / "summary.json").exists() and not (out / "model").exists()
     assert list_checkpoints(out / "checkpoints"), "a checkpoint existed before the kill"
     resumed = subprocess.run([sys.executable, "-c", CHILD, *run_args(random_model_dir, out, 6, "--resume", "true")],
                              cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -88,7 +94,8 @@ def test_sigkill_then_resume_is_exact(random_model_dir, tmp_path, uninterrupted)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_stops_cleanly_with_a_checkpoint(random_model_dir, tmp_path, uninterrupted, sig, code):
+def test_signal_stops_cleanly_with_a_checkpoint_then_resumes_exactly(random_model_dir, tmp_path, uninterrupted,
+                                                                     sig, code):
     out = tmp_path / "run"
     process = start(run_args(random_model_dir, out, 6, "--checkpoint_every", "0"))
     wait_for_step(out, 2, process)
@@ -96,14 +103,33 @@ def test_signal_stops_cleanly_with_a_checkpoint(random_model_dir, tmp_path, unin
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == code
     assert "--resume true" in stderr and signal.Signals(sig).name in stderr
-    last = list_checkpoints(out / "checkpoints")[-1]
-    assert int(last.name.split("_")[1]) == read_metrics(out / "metrics.jsonl")[-1]["step"]
-    if sig == signal.SIGINT:
-        resumed = subprocess.run([sys.executable, "-c", CHILD, *run_args(random_model_dir, out, 6, "--resume", "true")],
-                                 cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert resumed.returncode == 0, resumed.stderr
-        a, b = weights(out), weights(uninterrupted)
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    stopped_at = read_metrics(out / "metrics.jsonl")[-1]["step"]
+    assert stopped_at < 6 and [int(p.name.split("_")[1]) for p in list_checkpoints(out / "checkpoints")] == [stopped_at]
+    resumed = subprocess.run([sys.executable, "-c", CHILD, *run_args(random_model_dir, out, 6, "--resume", "true")],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert training_records(out) == training_records(uninterrupted)
+    a, b = weights(out), weights(uninterrupted)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_ctrl_c_interrupts_at_once():
+    """The first SIGINT asks for a clean stop after the step; the second raises
+    KeyboardInterrupt immediately; the previous handlers come back afterwards."""
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before os.kill returns (same thread)
+        assert stop.signum == signal.SIGINT  # a request, no exception
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):  # a Ctrl-C after a SIGTERM does not wait either
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous
 
 
 def quick(model_dir, out, **overrides):
@@ -144,6 +170,35 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_pa
     last_good = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
     saved = torch.load(last_good / "trainable.pt")
     assert all(torch.isfinite(v).all() for v in saved.values())
+
+
+def test_a_non_finite_gradient_with_a_finite_loss_skips_the_step(random_model_dir, tmp_path, monkeypatch):
+    real = algo.policy_loss
+
+    def nan_gradient(logp, *args, **kwargs):
+        loss, stats = real(logp, *args, **kwargs)
+        # value 0, derivative 0 * inf = nan: the loss stays finite, every gradient turns nan
+        return loss + torch.sqrt((logp * 0).sum().abs()), stats
+
+    monkeypatch.setattr(algo, "policy_loss", nan_gradient)
+    run = train(quick(random_model_dir, tmp_path / "run", steps=2, max_consecutive_skips=5)).run_dir
+    records = read_metrics(run / "metrics.jsonl")[1:]
+    assert all(r["skipped_step"] == 1 and r["loss"] is not None and r["grad_norm"] is None for r in records)
+    start = load_model(random_model_dir).model.state_dict()
+    saved = torch.load(list_checkpoints(run / "checkpoints")[-1] / "trainable.pt", weights_only=True)
+    assert all(torch.equal(saved[k], start[k]) for k in saved)  # no step was taken, not even weight decay
+
+
+def test_accuracy_comes_from_the_task_when_reward_funcs_replace_the_reward(random_model_dir, tmp_path):
+    rewards = tmp_path / "constant_rewards.py"
+    rewards.write_text("def constant(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    run = train(quick(random_model_dir, tmp_path / "run", reward_funcs=f"{rewards}:constant", steps=2)).run_dir
+    sys.modules.pop("constant_rewards", None)
+    records = read_metrics(run / "metrics.jsonl")
+    # the reward is the user's (constant), the accuracy the parity task's own correctness (~50%)
+    assert all(r["reward_mean"] == 1.0 and r["kept_reward_std"] == 0.0 for r in records[1:])
+    assert all(0.0 < r["correct_rate"] < 1.0 for r in records[1:])
+    assert 0.0 < records[-1]["eval_accuracy"] < 1.0
 
 
 @pytest.mark.parametrize("n, m, method", [(1, 1, "pods"), (4, 4, "pods"), (1, 1, "grpo-ga")])

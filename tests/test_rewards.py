@@ -64,8 +64,12 @@ def raising(prompts, completions, **kwargs):
     return [1 / 0 if c == "bad" else 1.0 for c in completions]
 
 
+FINISHED = []
+
+
 def hanging(prompts, completions, **kwargs):
     time.sleep(5)
+    FINISHED.append(len(completions))
     return [1.0] * len(completions)
 
 
@@ -82,12 +86,11 @@ def test_zero_policy_scores_failures_zero_and_counts_them():
 
 
 def test_timeouts_follow_the_policy():
-    start = time.perf_counter()
     with pytest.raises(RewardError, match="hanging timed out after 0.2s"):
         RewardStack([hanging], [1.0], timeout=0.2)(["p"], ["x"], {})
     zero = RewardStack([hanging], [1.0], timeout=0.2, error_policy="zero")
     assert zero(["p"] * 2, ["x", "y"], {}).tolist() == [0.0, 0.0] and zero.failures == 2
-    assert time.perf_counter() - start < 2
+    assert FINISHED == []  # both calls returned without waiting for the function to end
 
 
 @pytest.mark.parametrize("fn, message", [

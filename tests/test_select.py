@@ -38,8 +38,8 @@ def test_max_variance_matches_exhaustive_search(n):
     for m in range(1, n + 1):
         keep = max_variance(rewards, m)
         assert keep.shape == (len(rows), m) and keep.dtype == torch.long
+        assert torch.all(keep[:, 1:] > keep[:, :-1]), "indices must be distinct and sorted ascending"
         for row, kept in zip(rows, keep):
-            assert len(set(kept.tolist())) == m, "indices must be distinct"
             achieved = population_variance(row[kept])
             expected = best_variance_brute_force(row.tolist(), m)
             assert achieved == pytest.approx(expected, rel=1e-9, abs=1e-9), (row, m)
@@ -72,14 +72,39 @@ def test_max_variance_binary_keeps_balanced_split():
         assert (ones, zeros) == ((min(c, 2), 4 - min(c, 2)) if c <= 5 else (4 - min(10 - c, 2), min(10 - c, 2)))
 
 
-def test_max_variance_tie_breaking_is_deterministic_and_documented():
+def documented_choice(row, m):
+    """The documented tie rule, spelled out: stable ascending order; for k = 0..m the subset
+    is the m-k lowest plus the k highest; the smallest k whose variance is the best (within
+    1e-9 of the squared reward range) wins; indices returned sorted."""
+    values = row.tolist()
+    order = sorted(range(len(values)), key=lambda i: values[i])  # Python's sort is stable
+    mean = sum(values) / len(values)
+    scale = max(abs(v - mean) for v in values) ** 2
+    candidates = [order[:m - k] + order[len(values) - k:] for k in range(m + 1)]
+    variances = [population_variance([values[i] for i in subset]) for subset in candidates]
+    best = max(variances)
+    k = next(k for k, v in enumerate(variances) if v >= best - 1e-9 * max(scale, 1e-300))
+    return sorted(candidates[k])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 16])
+def test_max_variance_follows_the_documented_tie_rule_exactly(n):
+    generator = torch.Generator().manual_seed(100 + n)
+    rows = reward_rows(n, generator) + [torch.randint(0, 2, (n,), generator=generator).double() for _ in range(20)]
+    rewards = torch.stack(rows)
+    for m in range(1, n + 1):
+        keep = max_variance(rewards, m)
+        for row, kept in zip(rows, keep):
+            assert kept.tolist() == documented_choice(row, m), (row.tolist(), m)
+
+
+def test_max_variance_tie_breaking_examples():
     # constant group: every k has variance 0 -> smallest k (0 highest) -> the m lowest by
     # stable sort -> the first m indices.
     rewards = torch.zeros(3, 6)
     assert torch.equal(max_variance(rewards, 4), torch.arange(4).expand(3, 4))
     # binary 0/1: k=1 (one 1, one 0); the highest 1 is the last-indexed one, the lowest 0 the first
     rewards = torch.tensor([[1.0, 0, 1, 0, 1, 0]])
-    assert torch.equal(max_variance(rewards, 2), max_variance(rewards.clone(), 2))
     assert torch.equal(max_variance(rewards, 2), torch.tensor([[1, 4]]))
 
 
@@ -105,7 +130,7 @@ def test_max_reward_keeps_the_highest():
 def test_random_subset_is_uniform_and_seeded():
     rewards = torch.zeros(20000, 6)
     keep = random_subset(rewards, 2, generator=torch.Generator().manual_seed(0))
-    assert torch.all(keep[:, 1] > keep[:, 0])
+    assert torch.all(keep[:, 1] > keep[:, 0])  # distinct and sorted
     counts = torch.bincount(keep.flatten(), minlength=6).double()
     expected = 20000 * 2 / 6
     # chi-square with 5 dof; 20.5 is the 0.999 quantile

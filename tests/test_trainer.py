@@ -13,8 +13,9 @@ from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.rollout import completion_mask_from_eos, generate
 from podsrl.models import load_model
-from podsrl.trainer import PromptSampler, train
-from podsrl.update import flatten_for_update, update_policy
+from podsrl.state import PromptSampler
+from podsrl.trainer import train
+from podsrl.update import batch_logprobs, flatten_for_update, make_optimizer, update_policy
 
 
 def quick_config(model_dir, output_dir, **overrides):
@@ -155,6 +156,53 @@ def test_unusable_checkpoints_leave_the_model_untouched_for_a_fresh_start(random
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_grpo_ga_is_one_big_batch(random_model_dir, tmp_path):
+    """grpo-ga trains on all n rollouts in micro-batches with gradient accumulation and one
+    optimizer step: the update of grpo training the same n rollouts in one batch. SGD without
+    clipping makes the update the gradient itself, so a wrong accumulation scale shows."""
+    options = dict(steps=2, n=6, m=6, optim="sgd", lr=0.5, max_grad_norm=0, weight_decay=0)
+    accumulated = train(quick_config(random_model_dir, tmp_path / "ga", method="grpo-ga", micro_batch_size=5,
+                                     **options)).run_dir
+    one_batch = train(quick_config(random_model_dir, tmp_path / "one", method="grpo", micro_batch_size=64,
+                                   **options)).run_dir
+    a, b = training_records(accumulated), training_records(one_batch)
+    for ra, rb in zip(a[1:], b[1:]):
+        assert ra["reward_mean"] == rb["reward_mean"] and ra["kept_reward_std"] == rb["kept_reward_std"]
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5, abs=1e-7)
+        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-5)
+    start = load_model(random_model_dir).model.state_dict()
+    wa, wb = final_weights(accumulated), final_weights(one_batch)
+    assert max(float((wb[k] - start[k]).abs().max()) for k in wb) > 1e-3  # it trained
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_optimizer_is_the_papers_adamw_unless_configured(random_model_dir, tmp_path):
+    def first_group(**overrides):
+        run = train(quick_config(random_model_dir, tmp_path / str(len(overrides)), steps=1, checkpoint_every=1,
+                                 **overrides)).run_dir
+        return torch.load(run / "checkpoints" / "step_0000001" / "optimizer.pt",
+                          weights_only=True)["optimizer"]["param_groups"][0]
+
+    adamw = first_group()
+    assert adamw["betas"] == (0.9, 0.99) and adamw["weight_decay"] == 0.1 and adamw["decoupled_weight_decay"]
+    assert adamw["eps"] == 1e-8 and not adamw["amsgrad"]
+    custom = first_group(adam_beta2=0.95, weight_decay=0.01)
+    assert custom["betas"] == (0.9, 0.95) and custom["weight_decay"] == 0.01
+    sgd = first_group(optim="sgd", weight_decay=0, lr=0.1)
+    assert "betas" not in sgd and sgd["momentum"] == 0 and sgd["lr"] == 0.1
+
+
+def test_gradients_are_clipped_to_max_grad_norm(random_model_dir, tmp_path):
+    """With SGD the update is -lr x the clipped gradient: its global norm is lr x min(norm, max)."""
+    run = train(quick_config(random_model_dir, tmp_path / "run", steps=1, optim="sgd", lr=0.5, weight_decay=0,
+                             max_grad_norm=0.01)).run_dir
+    record = read_metrics(run / "metrics.jsonl")[-1]
+    assert record["grad_norm"] > 0.01  # the logged norm is the one before clipping
+    start, end = load_model(random_model_dir).model.state_dict(), final_weights(run)
+    moved = torch.sqrt(sum(((end[k] - start[k]) ** 2).sum() for k in end))
+    assert float(moved) == pytest.approx(0.5 * 0.01, rel=1e-4)
+
+
 def test_logged_learning_rate_is_the_one_each_step_used(random_model_dir, tmp_path):
     """Linear warm-up over warmup_steps optimizer steps from lr / warmup_steps, then constant;
     each record's lr is the rate its own optimizer step used (the optimizer's own state
@@ -174,30 +222,112 @@ def test_existing_run_is_not_overwritten(random_model_dir, tmp_path):
         train(quick_config(random_model_dir, tmp_path / "run", steps=1))
 
 
-def test_kl_and_multiple_iterations_run(random_model_dir, tmp_path):
-    result = train(quick_config(random_model_dir, tmp_path / "kl", steps=1, beta=0.1, num_iterations=2))
-    record = read_metrics(result.run_dir / "metrics.jsonl")[-1]
-    assert math.isfinite(record["loss"]) and record["kl"] >= 0
-    assert "time_logprobs" in record
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_kl_is_to_the_initial_policy(random_model_dir, tmp_path, lora_rank):
+    """The reference is the initial model (with LoRA: the base with the adapter disabled), so
+    the KL is exactly 0 at step 1, where the policy still equals it, and positive once the
+    policy has moved; a reference that follows the policy would keep it at 0."""
+    result = train(quick_config(random_model_dir, tmp_path / "kl", steps=3, beta=0.1, lora_rank=lora_rank,
+                                lr=1e-2))
+    kls = [r["kl"] for r in read_metrics(result.run_dir / "metrics.jsonl")[1:]]
+    assert kls[0] == 0.0 and kls[1] > 0 and kls[2] > 0
+    assert all("time_logprobs" in r for r in read_metrics(result.run_dir / "metrics.jsonl")[1:])
 
 
-def test_lora_trains_only_the_adapter(random_model_dir, tmp_path):
-    result = train(quick_config(random_model_dir, tmp_path / "lora", steps=1, lora_rank=4, beta=0.1))
-    assert (result.run_dir / "model" / "adapter_config.json").exists()
-    assert math.isfinite(read_metrics(result.run_dir / "metrics.jsonl")[-1]["kl"])
+def test_reused_batches_are_clipped_against_the_generating_policy(random_model_dir, tmp_path):
+    """num_iterations = 2: the second optimizer step on a batch sees ratios != 1 and clips
+    (the logged clip fraction is the last iteration's); with one iteration nothing clips."""
+    options = dict(steps=3, lr=5e-2, max_grad_norm=0)
+    reused = read_metrics(train(quick_config(random_model_dir, tmp_path / "two", num_iterations=2,
+                                             **options)).run_dir / "metrics.jsonl")[1:]
+    single = read_metrics(train(quick_config(random_model_dir, tmp_path / "one", **options)).run_dir
+                          / "metrics.jsonl")[1:]
+    assert all(r["clip_fraction"] > 0 for r in reused)
+    assert all(r["clip_fraction"] == 0 for r in single)
 
 
-def test_generation_shapes_and_masks(random_model_dir):
+def small_batch(bundle, prompts=("What is 1 + 2?", "7", "What is 10 - 3 + 4?", "9 + 9"), n=3, seed=0):
+    torch.manual_seed(seed)
+    rollouts = generate(bundle.model, bundle.tokenizer, list(prompts), n, max_new_tokens=6, temperature=1.0)
+    advantages = torch.randn(len(prompts), n, generator=torch.Generator().manual_seed(seed))
+    return flatten_for_update(rollouts, advantages)  # [B = P*n, ...]
+
+
+def test_clip_range_is_asymmetric_as_configured(random_model_dir):
+    """The second update on a batch clips exactly where ratio leaves [1 - eps_low, 1 + eps_high]
+    on the side that limits the objective (oracle: the PPO formula token by token)."""
     bundle = load_model(random_model_dir)
+    batch = small_batch(bundle)
+    batch["old_logp"] = batch_logprobs(bundle.model, batch, size=64)
+    cfg = make_config(overrides={"max_grad_norm": "0", "clip_eps_low": "0.05", "clip_eps_high": "0.4"})
+    optimizer = torch.optim.SGD(bundle.model.parameters(), lr=2.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    first = update_policy(bundle.model, optimizer, scheduler, batch, cfg)
+    assert first["clip_fraction"] == 0
+    with torch.no_grad():
+        logp = batch_logprobs(bundle.model, batch, size=64)
+    ratios, mask = torch.exp(logp - batch["old_logp"]), batch["completion_mask"].bool()
+    clipped = total = 0
+    for row in range(ratios.shape[0]):
+        advantage = float(batch["advantages"][row])
+        for ratio in ratios[row][mask[row]].tolist():
+            bounded = min(max(ratio, 1 - 0.05), 1 + 0.4)
+            clipped += (ratio * advantage) != (bounded * advantage) and advantage != 0
+            total += 1
+    second = update_policy(bundle.model, optimizer, scheduler, batch, cfg)
+    assert 0 < clipped < total and second["clip_fraction"] == pytest.approx(clipped / total, abs=1e-6)
+
+
+def test_lora_update_changes_only_the_adapter(random_model_dir):
+    bundle = load_model(random_model_dir, lora_rank=4)
+    batch = small_batch(bundle)
+    cfg = make_config(overrides={"max_grad_norm": "0"})
+    optimizer, scheduler = make_optimizer((p for p in bundle.model.parameters() if p.requires_grad), cfg)
+    before = {k: v.clone() for k, v in bundle.model.state_dict().items()}
+    for _ in range(2):  # the second step moves lora_A too (its gradient is 0 while lora_B is 0)
+        update_policy(bundle.model, optimizer, scheduler, batch, cfg)
+    changed = {k for k, v in bundle.model.state_dict().items() if not torch.equal(v, before[k])}
+    assert any("lora_A" in k for k in changed) and any("lora_B" in k for k in changed)
+    assert all("lora_" in k for k in changed), sorted(k for k in changed if "lora_" not in k)
+
+
+def test_the_saved_lora_model_is_the_trained_one(random_model_dir, tmp_path):
+    """Reloading run/model (base + saved adapter) gives the greedy accuracy the run logged at
+    its end: nothing the run trained (e.g. a base weight) is missing from what it saved."""
+    from podsrl.evaluate import run_eval
+
+    result = train(quick_config(random_model_dir, tmp_path / "lora", steps=3, lora_rank=4, lr=1e-2))
+    logged = read_metrics(result.run_dir / "metrics.jsonl")[-1]["eval_greedy_accuracy"]
+    trained = torch.load(result.run_dir / "checkpoints" / "step_0000003" / "trainable.pt", weights_only=True)
+    assert trained and all("lora_" in name for name in trained)  # what the optimizer updates: the adapter
+    saved = run_eval(quick_config(str(result.run_dir / "model"), tmp_path / "eval", eval_temperature=0))
+    assert saved["accuracy"] == logged
+
+
+def test_generation_shapes_and_masks():
+    """Masks against a token-by-token oracle, on the shipped tiny model (it ends its answers
+    with EOS, so rows of every length occur)."""
+    bundle = load_model("tiny")
     torch.manual_seed(0)
-    rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "What is 10 - 3 + 4?"], 5,
-                        max_new_tokens=7, temperature=1.0)
-    assert rollouts.completion_ids.shape[:2] == (2, 5) and rollouts.completion_ids.shape[2] <= 7
+    prompts = ["What is 3 + 7? Answer in format: 'Answer: {result}'\n",
+               "What is 41 - 85? Answer in format: 'Answer: {result}'\n"]
+    rollouts = generate(bundle.model, bundle.tokenizer, prompts, 5, max_new_tokens=12, temperature=1.0)
+    assert rollouts.completion_ids.shape[:2] == (2, 5) and rollouts.completion_ids.shape[2] <= 12
     assert len(rollouts.texts) == 2 and all(len(g) == 5 for g in rollouts.texts)
-    assert torch.equal(rollouts.completion_mask,
-                       completion_mask_from_eos(rollouts.completion_ids, bundle.tokenizer.eos_token_id))
+    eos, pad = bundle.tokenizer.eos_token_id, bundle.tokenizer.pad_token_id
+    ended = 0
+    for p in range(2):
+        for j in range(5):
+            ids = rollouts.completion_ids[p, j].tolist()
+            end = ids.index(eos) + 1 if eos in ids else len(ids)  # up to and including the first EOS
+            assert rollouts.completion_mask[p, j].tolist() == [1] * end + [0] * (len(ids) - end)
+            assert all(token == pad for token in ids[end:])
+            assert rollouts.texts[p][j] == bundle.tokenizer.decode(ids[:end], skip_special_tokens=True)
+            ended += eos in ids
+    assert ended == 10 and len(set(rollouts.completion_mask.sum(-1).flatten().tolist())) > 1  # lengths vary
     kept = rollouts.select(torch.tensor([[0, 4], [1, 2]]))
     assert kept.completion_ids.shape[:2] == (2, 2) and kept.texts[1] == rollouts.texts[1][1:3]
+    assert torch.equal(kept.completion_ids[0, 1], rollouts.completion_ids[0, 4])
 
 
 def test_shared_prefill_draws_the_same_samples(random_model_dir):

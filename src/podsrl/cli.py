@@ -47,7 +47,8 @@ def cmd_train(argv: list[str]) -> int:
     cfg = _parse_config(argv, "podsrl train", "Train a causal LM with GRPO, GRPO-GA or PODS.")
     if cfg is None:
         return 2
-    from podsrl.trainer import TrainingStopped, train
+    from podsrl.state import TrainingStopped
+    from podsrl.trainer import train
 
     try:
         result = train(cfg)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("grpo", "grpo-ga", "pods")
+OPTIMIZERS = ("adamw_torch", "sgd")
 
 
 def _f(default, help: str):
@@ -47,11 +48,14 @@ class Config:
     rule: str = _f("max_variance", "Down-sampling rule for pods: max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
     # --- optimisation (paper's defaults except lr, which suits the tiny model) ------------
-    lr: float = _f(2e-4, "AdamW learning rate (the paper used 5e-6 for LoRA on 3B models).")
+    optim: str = _f("adamw_torch", "Optimizer (TRL's field name): 'adamw_torch' = AdamW with adam_beta1, "
+                                    "adam_beta2 and weight_decay (the paper); 'sgd' = plain SGD, no momentum (its "
+                                    "update shows the gradient's scale; the tests use it).")
+    lr: float = _f(2e-4, "Learning rate (the paper used 5e-6 for LoRA on 3B models).")
     warmup_steps: int = _f(10, "Linear learning-rate warm-up steps, then constant (0 = constant).")
     adam_beta1: float = _f(0.9, "AdamW beta1.")
     adam_beta2: float = _f(0.99, "AdamW beta2 (paper: 0.99).")
-    weight_decay: float = _f(0.1, "AdamW weight decay (paper: 0.1).")
+    weight_decay: float = _f(0.1, "Weight decay: decoupled with AdamW, L2 with SGD (paper: 0.1).")
     max_grad_norm: float = _f(0.1, "Gradient clipping by global norm (paper: 0.1; 0 = off).")
     micro_batch_size: int = _f(32, "Sequences per forward/backward pass; gradients accumulate over "
                                     "micro-batches into one optimizer step.")
@@ -269,8 +273,9 @@ def validate(cfg: Config) -> None:
         spec = getattr(cfg, name)
         if spec and is_local(spec) and not Path(spec).expanduser().is_file():
             raise FileNotFoundError(f"{name}: file not found: {spec}")
-    require(cfg.task != "jsonl" or bool(cfg.train_data or cfg.test_data),
-            "train_data: task 'jsonl' needs train_data (training) or test_data (evaluation)")
+    require(cfg.task != "jsonl" or bool(cfg.test_data),
+            "test_data: task 'jsonl' needs test_data, the held-out prompts that training and `podsrl eval` "
+            "measure accuracy on (and train_data to train)")
     for spec in cfg.reward_specs:
         load_reward_fn(spec)  # import errors surface now, not mid-run
     weights = cfg.reward_weight_values
@@ -301,6 +306,7 @@ def validate(cfg: Config) -> None:
     require(cfg.temperature > 0, "temperature: training rollouts must be sampled (temperature > 0)")
     require(0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1, "adam_beta1/adam_beta2: must be in [0, 1)")
     require(0 <= cfg.clip_eps_low < 1 and cfg.clip_eps_high >= 0, "clip_eps_low/clip_eps_high: out of range")
+    require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
     require(cfg.loss_aggregation in ("sequence", "token"),
             f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")
     require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")

@@ -3,6 +3,7 @@ with optional LoRA adapters through ``peft``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -102,6 +103,14 @@ def check_model_name(name: str) -> None:
                      f"an existing local folder, nor a hub id like 'org/name'")
 
 
+@contextlib.contextmanager
+def _without_peft_deprecation_warning():
+    """peft 0.21 reads transformers' deprecated ``is_gradient_checkpointing``: not ours to fix."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
                lora_dropout: float = 0.0, lora_target_modules: tuple[str, ...] = (),
                dtype: str = "float32") -> ModelBundle:
@@ -112,7 +121,8 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
     hf_logging.disable_progress_bar()  # podsrl shows one progress bar: its own
     path = resolve_model_path(name)
     try:
-        tokenizer, model = _load_pretrained(path, dtype)
+        with _without_peft_deprecation_warning():  # a run's model/ folder may hold a LoRA adapter
+            tokenizer, model = _load_pretrained(path, dtype)
     except OSError as err:
         if name not in OFFLINE_FALLBACKS:
             raise OSError(f"model: could not load {name!r} ({err}). Offline, use a local folder or "
@@ -130,9 +140,7 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
         from peft import LoraConfig, get_peft_model
 
         targets = list(lora_target_modules) or "all-linear"
-        with warnings.catch_warnings():
-            # peft reads transformers' deprecated `is_gradient_checkpointing`; not ours to fix
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with _without_peft_deprecation_warning():
             model = get_peft_model(model, LoraConfig(
                 r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                 target_modules=targets, task_type="CAUSAL_LM"))

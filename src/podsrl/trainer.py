@@ -13,7 +13,6 @@ import json
 import random
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,33 +31,9 @@ from podsrl.provenance import record_environment
 from podsrl.rewards import RewardStack, load_reward_fn
 from podsrl.rollout import ENGINES, Rollouts, concat_rollouts
 from podsrl.select import select
+from podsrl.state import PromptSampler, StopSignals, TrainingStopped
 from podsrl.tasks import Example, PreparedSplit, Task, build_task, prepare_split, reward_columns
-from podsrl.update import batch_logprobs, flatten_for_update, update_policy
-
-
-# ----------------------------------------------------------------------------- data order
-class PromptSampler:
-    """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
-
-    def __init__(self, size: int, seed: int, epoch: int = 0, position: int = 0) -> None:
-        self.size, self.seed, self.epoch, self.position = size, seed, epoch, position
-
-    def _order(self) -> list[int]:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size).tolist()
-
-    def take(self, count: int) -> list[int]:
-        out, order = [], self._order()
-        while len(out) < count:
-            if self.position == self.size:
-                self.epoch, self.position = self.epoch + 1, 0
-                order = self._order()
-            take = min(count - len(out), self.size - self.position)
-            out += order[self.position:self.position + take]
-            self.position += take
-        return out
-
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+from podsrl.update import batch_logprobs, flatten_for_update, make_optimizer, update_policy
 
 
 # ----------------------------------------------------------------------------- stages
@@ -161,39 +136,6 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class TrainingStopped(RuntimeError):
-    """The run stopped before its end: a signal (``signum`` set, a checkpoint was written)
-    or too many consecutive non-finite steps (the last good checkpoint is left as it was)."""
-
-    def __init__(self, message: str, signum: int | None = None) -> None:
-        super().__init__(message)
-        self.signum = signum
-
-
-class StopSignals:
-    """SIGINT / SIGTERM request a clean stop after the current step; a second SIGINT
-    interrupts at once. Handlers are installed only in the main thread, and restored."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._request)
-        return self
-
-    def _request(self, signum, _frame) -> None:
-        self.signum = signum
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is not ignored
-        _say(f"\n{signal.Signals(signum).name}: stopping after this step and writing a checkpoint ...")
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 def _restore(checkpoints: Path, **state) -> tuple[Path, dict] | tuple[None, None]:
     """Load the newest readable checkpoint; a corrupt one is skipped with a warning."""
     for candidate in reversed(list_checkpoints(checkpoints)):
@@ -233,6 +175,8 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
 
     _seed_everything(cfg.seed)
     task = build_task(cfg)
+    if not task.test:  # before the model loads: data problems should cost no time
+        raise ValueError(f"test_data: task {cfg.task!r} has no held-out prompts to evaluate on")
     bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, dtype=cfg.dtype,
                         lora_target_modules=cfg.lora_targets)
@@ -265,10 +209,7 @@ def _train(cfg: Config, stop: StopSignals) -> RunResult:
     reference = None
     if cfg.beta > 0 and not bundle.uses_lora:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
-                                  betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
+    optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad), cfg)
     rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
     generators = {"rule": rule_generator}
     sampler = PromptSampler(len(train_split.examples), seed=cfg.seed)  # the same on every process

@@ -48,6 +48,20 @@ def micro_batches(batch: dict[str, torch.Tensor], size: int, device: torch.devic
         yield {k: v.to(device) if v is not None else None for k, v in part.items()}
 
 
+def make_optimizer(parameters, cfg: Config) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The optimizer over ``parameters`` and its schedule: linear warm-up over
+    ``warmup_steps`` optimizer steps (from lr / warmup_steps), then constant."""
+    parameters = list(parameters)
+    if cfg.optim == "sgd":
+        optimizer = torch.optim.SGD(parameters, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(parameters, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                      weight_decay=cfg.weight_decay)
+    warmup = cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
+
+
 @torch.no_grad()
 def batch_logprobs(model, batch: dict[str, torch.Tensor], size: int, share_prompt: bool = True) -> torch.Tensor:
     """Log-probs [B, Lc] of the completion tokens under ``model`` (no gradient)."""

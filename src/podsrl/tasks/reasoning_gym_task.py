@@ -22,10 +22,14 @@ def build_reasoning_gym(name: str, num_train: int, num_test: int, seed: int) -> 
 
     if name not in available():
         raise ValueError(f"task: unknown reasoning-gym dataset {name!r}; e.g. {', '.join(available()[:8])}, ...")
-    # one generator, one seed: train and test are disjoint index ranges of the same stream
+    # one generator, one seed: train and test are disjoint index ranges of the same stream;
+    # small problem spaces repeat questions, so train problems equal to a held-out one are
+    # dropped (the train split may be a little smaller than num_train)
     dataset = reasoning_gym.create_dataset(name, size=num_train + num_test, seed=seed)
     entries = [dataset[i] for i in range(num_train + num_test)]
     examples = [Example(prompt=e["question"], answer=str(e["answer"]), columns={"rg_entry": e}) for e in entries]
+    held_out = {ex.prompt for ex in examples[num_train:]}
+    train = [ex for ex in examples[:num_train] if ex.prompt not in held_out]
 
     def reasoning_gym_correct(prompts, completions, rg_entry, **_columns):
         """1.0 when reasoning-gym's own scorer gives full marks to the extracted answer.
@@ -35,6 +39,6 @@ def build_reasoning_gym(name: str, num_train: int, num_test: int, seed: int) -> 
                 for c, entry in zip(completions, rg_entry)]
 
     reasoning_gym_correct.__name__ = f"reasoning_gym_{name}_correct"
-    return Task(name=REASONING_GYM_PREFIX + name, train=examples[:num_train], test=examples[num_train:],
+    return Task(name=REASONING_GYM_PREFIX + name, train=train, test=examples[num_train:],
                 correct_fn=reasoning_gym_correct, format_fn=think_answer_format_strict,
                 extract_fn=extract_final_answer, system_prompt=THINK_ANSWER_SYSTEM_PROMPT)

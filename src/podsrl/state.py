@@ -1,0 +1,68 @@
+"""Run state that outlives one step: the order of the training prompts (checkpointed) and
+clean stops on SIGINT / SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import numpy as np
+
+
+class PromptSampler:
+    """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
+
+    def __init__(self, size: int, seed: int, epoch: int = 0, position: int = 0) -> None:
+        self.size, self.seed, self.epoch, self.position = size, seed, epoch, position
+
+    def _order(self) -> list[int]:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out, order = [], self._order()
+        while len(out) < count:
+            if self.position == self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+                order = self._order()
+            take = min(count - len(out), self.size - self.position)
+            out += order[self.position:self.position + take]
+            self.position += take
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before its end: a signal (``signum`` set, a checkpoint was written)
+    or too many consecutive non-finite steps (the last good checkpoint is left as it was)."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT / SIGTERM request a clean stop after the current step; a second SIGINT
+    interrupts at once. Handlers are installed only in the main thread, and restored."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._request)
+        return self
+
+    def _request(self, signum, _frame) -> None:
+        self.signum = signum
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is not ignored
+        print(f"\n{signal.Signals(signum).name}: stopping after this step and writing a checkpoint ...",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
