@@ -57,31 +57,19 @@ def test_loss_with_ratio_one_is_reinforce_with_baseline():
     assert float(token_loss) == pytest.approx((2 * -2.0 + 3 * 1.0) / 5)
 
 
-def test_clipping_hand_computed():
+@pytest.mark.parametrize("eps_low, eps_high", [(0.2, 0.2), (0.1, 0.3)])
+def test_clipping_hand_computed(eps_low, eps_high):
+    """Ratios 1.5 and 0.5 against the range [1 - eps_low, 1 + eps_high]: with A = +1 the
+    objective per token is min(r, clip(r)): the upper bound binds for 1.5 and nothing for
+    0.5; with A = -1 it is min(-r, -clip(r)): the lower bound binds for 0.5."""
     old = torch.zeros(1, 2)
-    logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
+    logp = torch.log(torch.tensor([[1.5, 0.5]]))
     mask = torch.ones(1, 2)
-    # positive advantage: min(1.5 A, 1.2 A) = 1.2 A ; min(0.5 A, 0.8 A) = 0.5 A
-    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps_low=0.2, clip_eps_high=0.2)
-    assert float(loss) == pytest.approx(-(1.2 + 0.5) / 2)
-    assert stats["clip_fraction"] == pytest.approx(1.0)
-    # negative advantage: min(-1.5, -1.2) = -1.5 ; min(-0.5, -0.8) = -0.8
-    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask)
-    assert float(loss) == pytest.approx((1.5 + 0.8) / 2)
-
-
-def test_asymmetric_clip_range_hand_computed():
-    old = torch.zeros(1, 2)
-    logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
-    mask = torch.ones(1, 2)
-    # eps_low 0.1, eps_high 0.3: ratios are clipped to [0.9, 1.3]
-    # A = +1: min(1.5, 1.3) = 1.3 ; min(0.5, 0.9) = 0.5
-    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps_low=0.1, clip_eps_high=0.3)
-    assert float(loss) == pytest.approx(-(1.3 + 0.5) / 2)
+    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps_low=eps_low, clip_eps_high=eps_high)
+    assert float(loss) == pytest.approx(-((1 + eps_high) + 0.5) / 2)
     assert stats["clip_fraction"] == pytest.approx(1.0)  # both tokens differ from their clipped value
-    # A = -1: min(-1.5, -1.3) = -1.5 ; min(-0.5, -0.9) = -0.9
-    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_eps_low=0.1, clip_eps_high=0.3)
-    assert float(loss) == pytest.approx((1.5 + 0.9) / 2)
+    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_eps_low=eps_low, clip_eps_high=eps_high)
+    assert float(loss) == pytest.approx((1.5 + (1 - eps_low)) / 2)
 
 
 def ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation):

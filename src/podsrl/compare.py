@@ -302,8 +302,8 @@ def format_table(result: dict) -> str:
     notes = []
     for r in result["rows"]:
         at_budget = " / ".join(f"{100 * v:.1f}%" for v in r["accuracy_at_budget"].values())
-        reach = (f"{r['time_to_target']:.1f}" if r["time_to_target"] is not None
-                 else f"> {r['mean_curve_end']:.1f} (censored)")
+        reach = (f"{r['time_to_target']:.1f} (" if r["time_to_target"] is not None
+                 else f"> {r['mean_curve_end']:.1f} (censored; ")
         pairs = len(r["seed_pairs"])
         per_seed = (f"{_fmt(r['speedup_per_seed_mean'], '{:.2f}')} +- {_fmt(r['speedup_per_seed_ci95'], '{:.2f}')} "
                     f"({pairs} pair{'s' if pairs != 1 else ''}"
@@ -311,7 +311,7 @@ def format_table(result: dict) -> str:
         lines.append(
             f"| {r['arm']} | {r['seeds']} | {r['steps_mean']:.0f} | {r['seconds_per_step']:.3f} "
             f"({r['inference_seconds_per_step']:.3f} + {r['update_seconds_per_step']:.3f}) | {at_budget} "
-            f"| {100 * r['peak_accuracy']:.1f}% | {reach} ({r['seeds_reaching_target']}/{r['seeds']} seeds) "
+            f"| {100 * r['peak_accuracy']:.1f}% | {reach}{r['seeds_reaching_target']}/{r['seeds']} seeds) "
             f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x')} | {per_seed} |")
         for p in r["seed_pairs"]:
             if p["censored"]:
