@@ -55,15 +55,14 @@ def _status_kb(field: str) -> int:
 
 
 def _prompts(source: str, tokenizer, count: int, offset: int) -> list[str]:
-    from podsrl.config import Config
-    from podsrl.tasks import build_task, render_prompt
+    from podsrl.tasks import TaskOptions, build_task, render_prompt
 
     if source == "gsm8k" and SHARED_GSM8K.is_dir():
         test_file = next(p for p in sorted(SHARED_GSM8K.rglob("*test*")) if p.is_file())
-        task = build_task(Config(task="gsm8k", train_data=str(test_file), test_data=str(test_file)))
+        task = build_task(TaskOptions(task="gsm8k", train_data=str(test_file), test_data=str(test_file)))
         system = task.system_prompt
     else:
-        task, system = build_task(Config(task_level=1 if source == "arithmetic-chat" else 3)), ""
+        task, system = build_task(TaskOptions(task_level=1 if source == "arithmetic-chat" else 3)), ""
     return [render_prompt(tokenizer, ex, system) for ex in task.train[offset:offset + count]]
 
 
@@ -71,8 +70,7 @@ def worker(workload: str, mode: str, n: int, slots: int, seed: int) -> dict:
     import torch
 
     from podsrl.models import load_model
-    from podsrl.rollout import generate, generate_in_slots
-    from podsrl.rollout.slots import LengthPredictor, generation_memory_bytes
+    from podsrl.rollout import LengthPredictor, generate, generate_in_slots, generation_memory_bytes
 
     torch.set_num_threads(2)
     model_name, source, prompts_per_batch, max_new_tokens = WORKLOADS[workload]

@@ -1,4 +1,4 @@
-"""Acceptance check for podsrl.grading on the real GSM8K test and MATH-500 data.
+"""Acceptance check for podsrl.rewards.grading on the real GSM8K test and MATH-500 data.
 
 Self-consistency: every gold *solution text* graded against its own gold answer must be
 correct (the extractor has to find the answer inside a full worked solution). Cross
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from podsrl.grading import extract_final_answer, grade, gsm8k_gold, math_gold
+from podsrl.rewards.grading import extract_final_answer, grade, gsm8k_gold, math_gold
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TARGETS = {"gsm8k": (99.5, 99.0), "math": (99.0, 99.0)}

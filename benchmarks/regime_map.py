@@ -112,7 +112,8 @@ def main() -> int:
         out = args.output_dir / name
         print(f"\n=== {name}: {REGIMES[name][0]} ===", flush=True)
         code = podsrl(["compare", "--methods", "grpo,pods", "--n", str(N_M[0]), "--m", str(N_M[1]),
-                       "--seeds", str(args.seeds), "--budget_minutes", str(args.budget_minutes), "--output_dir", str(out / "runs"),
+                       "--seeds", str(args.seeds), "--budget_minutes", str(args.budget_minutes),
+                       "--output_dir", str(out / "runs"),
                        *REGIMES[name][1], *extra])
         if code:
             return code

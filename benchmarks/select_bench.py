@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from podsrl.select import max_variance
+from podsrl.algorithms.select import max_variance
 
 
 def reference_loop(rewards: torch.Tensor, m: int) -> torch.Tensor:

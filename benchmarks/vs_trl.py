@@ -26,7 +26,7 @@ import torch
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.rewards import arithmetic_correct, arithmetic_format
-from podsrl.rollout import completion_mask_from_eos
+from podsrl.types import completion_mask_from_eos
 from podsrl.trainer import train
 
 WARMUP_STEPS = 2

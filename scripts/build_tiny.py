@@ -8,7 +8,7 @@ Takes about 10 minutes on 2 CPU cores; writes build_info.json with the accuracie
 import argparse
 from pathlib import Path
 
-from podsrl.tiny import ASSET_DIR, build
+from podsrl.build.tiny import ASSET_DIR, build
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--output", type=Path, default=ASSET_DIR)

@@ -7,7 +7,7 @@ import torch
 
 from podsrl.tasks import TASKS, Task
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.tiny import make_model, train_tokenizer
+from podsrl.build.tiny import make_model, train_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +33,8 @@ def crc_parity(prompts, completions, **_columns):
     return [float(zlib.crc32(c.encode()) % 2) for c in completions]
 
 
-def _parity_task(cfg, with_train=True):
-    task = build_arithmetic(level=3, num_train=200, num_test=cfg.eval_prompts, seed=cfg.data_seed)
+def _parity_task(options, with_train=True):
+    task = build_arithmetic(level=3, num_train=200, num_test=options.num_test, seed=options.data_seed)
     return Task(name="parity", train=task.train, test=task.test, correct_fn=crc_parity, format_fn=crc_parity,
                 extract_fn=lambda completion: completion)
 

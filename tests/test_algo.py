@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from podsrl import algo
-from podsrl.algo import group_advantages, policy_loss
+from podsrl.algorithms import group_advantages, policy_loss
+from podsrl.models import logprobs
 
 
 def test_advantages_hand_computed():
@@ -173,17 +173,17 @@ def test_shared_prompt_logprobs_equal_full_rows_with_gradients(random_model_dir,
                         max_new_tokens=6, temperature=1.0)
     rollouts.completion_mask[0, 1, 3:] = 0  # a shorter completion
     batch = flatten_for_update(rollouts, torch.zeros(3, 3))
-    part = next(micro_batches({k: v[1:8] for k, v in batch.items()}, 7))  # rows 1-7: groups of 2, 3, 2
-    lc = part["completion_mask"].shape[1]
+    part = next(micro_batches(batch.rows(1, 8), 7))  # rows 1-7: groups of 2, 3, 2
+    lc = part.completion_mask.shape[1]
     model = bundle.model
     results = []
-    for fn in (algo.token_logprobs, algo.shared_prompt_token_logprobs):
+    for fn in (logprobs.token_logprobs, logprobs.shared_prompt_token_logprobs):
         model.zero_grad()
-        logp = fn(model, part["input_ids"], part["attention_mask"], lc)  # [7, lc]
+        logp = fn(model, part.input_ids, part.attention_mask, lc)  # [7, lc]
         weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
-        (logp * weights * part["completion_mask"]).sum().backward()
+        (logp * weights * part.completion_mask).sum().backward()
         grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
-        results.append((logp.detach() * part["completion_mask"], grads))
+        results.append((logp.detach() * part.completion_mask, grads))
     (full, full_grads), (shared, shared_grads) = results
     assert torch.allclose(shared, full, atol=1e-5)
     assert all(torch.allclose(s, f, atol=1e-5, rtol=1e-4) for s, f in zip(shared_grads, full_grads))

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from podsrl import checkpoint as ckpt
-from podsrl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from podsrl.rollout import SlotsEngine
-from podsrl.config import make_config
+from podsrl.rollout import GenerationOptions, SlotsEngine
+from podsrl.trainer import checkpoints as ckpt
+from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 
 
 def make_state(seed: int):
@@ -169,22 +168,22 @@ def test_only_the_newest_keep_checkpoints_remain(tmp_path):
 
 
 def test_slots_length_predictor_round_trips_and_mismatches_are_refused(tmp_path):
-    engine = SlotsEngine(make_config(overrides={"generation_engine": "slots", "generation_schedule": "shortest_first"}))
+    engine = SlotsEngine(GenerationOptions(schedule="shortest_first"))
     features = engine.predictor.features([[1, 2, 3], [4, 5, 6, 7, 8]])
     engine.predictor.update(features, torch.tensor([[3, 4], [9, 11]]))
     path = save(tmp_path, make_state(0), engine_states=[engine.state_dict()])
-    fresh = SlotsEngine(engine.cfg)
+    fresh = SlotsEngine(engine.options)
     target = make_state(7)
     state = load_checkpoint(path, model=target[0], optimizer=target[1], scheduler=target[2], generators=target[3],
                             engine=fresh)
     assert state["engine_restored"]
     assert torch.equal(fresh.predictor.predict(features), engine.predictor.predict(features))
-    fifo = SlotsEngine(make_config(overrides={"generation_engine": "slots"}))
+    fifo = SlotsEngine(GenerationOptions())
     with pytest.raises(ValueError, match="keeps no state"):
         load_checkpoint(path, model=target[0], optimizer=target[1], scheduler=target[2], generators=target[3],
                         engine=fifo)
     # a checkpoint of fewer processes holds no state for rank 1: the engine stays fresh, and says so
-    other = SlotsEngine(engine.cfg)
+    other = SlotsEngine(engine.options)
     assert not load_checkpoint(path, model=target[0], optimizer=target[1], scheduler=target[2],
                                generators=target[3], engine=other, rank=1)["engine_restored"]
     assert other.predictor.seen == 0

@@ -4,7 +4,6 @@ user runs them."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from podsrl.compare import analyze, arm_configs, format_table, run_plan, write_report
+from podsrl.experiments.compare import analyze, arm_configs, format_table, run_plan, write_report
 from podsrl.config import make_config
 
 

@@ -8,8 +8,10 @@ import pytest
 from podsrl.config import make_config
 from podsrl.tasks import build_task, prepare_split, render_prompt
 from podsrl.tasks.base import Example
-from podsrl.tasks.custom import build_custom
-from podsrl.tasks.math import build_gsm8k, build_math
+from podsrl.tasks.gsm8k import build_gsm8k
+from podsrl.tasks.jsonl import build_jsonl
+from podsrl.tasks.math import build_math
+from podsrl.trainer.setup import task_options
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"real data folder {SHARED_DATA} is absent")
@@ -70,19 +72,19 @@ def test_real_gsm8k_and_math500_load():
 def test_custom_jsonl_columns_reach_reward_functions(tmp_path):
     rows = [{"q": "2+2?", "gold": 4, "difficulty": "easy"}, {"q": "3*3?", "gold": 9, "difficulty": "hard"}]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    task = build_custom(path, path, prompt_column="q", answer_column="gold")
+    task = build_jsonl(path, path, prompt_column="q", answer_column="gold")
     assert task.train[0] == Example(prompt="2+2?", answer="4", columns={"difficulty": "easy"})
     with pytest.raises(ValueError, match="missing column 'question'"):
-        build_custom(path, path, prompt_column="question", answer_column="gold")
+        build_jsonl(path, path, prompt_column="question", answer_column="gold")
     empty = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "  ", "answer": 1}])
     with pytest.raises(ValueError, match="line 1: column 'prompt' is empty"):
-        build_custom(empty, "")
+        build_jsonl(empty, "")
 
 
 def test_reasoning_gym_task_uses_its_scorer():
     cfg = make_config(overrides={"task": "reasoning_gym:basic_arithmetic", "reasoning_gym_size": 20,
                                  "eval_prompts": 5})
-    task = build_task(cfg)
+    task = build_task(task_options(cfg))
     assert (len(task.train), len(task.test)) == (20, 5)
     ex = task.test[0]
     right = task.correct_fn(prompts=[ex.prompt], completions=[f"<think>x</think><answer>{ex.answer}</answer>"],
@@ -91,7 +93,7 @@ def test_reasoning_gym_task_uses_its_scorer():
                             answer=[ex.answer], rg_entry=[ex.columns["rg_entry"]])
     assert (right, wrong) == ([1.0], [0.0])
     with pytest.raises(ValueError, match="unknown reasoning-gym dataset"):
-        build_task(make_config(overrides={"task": "reasoning_gym:no_such_thing"}))
+        build_task(task_options(make_config(overrides={"task": "reasoning_gym:no_such_thing"})))
 
 
 def test_reasoning_gym_held_out_problems_never_appear_in_training():
@@ -102,8 +104,8 @@ def test_reasoning_gym_held_out_problems_never_appear_in_training():
     stream = reasoning_gym.create_dataset("lcm", size=1050, seed=0)
     questions = [stream[i]["question"] for i in range(1050)]
     assert set(questions[:1000]) & set(questions[1000:]), "the case this test is for"
-    task = build_task(make_config(overrides={"task": "reasoning_gym:lcm", "reasoning_gym_size": 1000,
-                                             "eval_prompts": 50}))
+    task = build_task(task_options(make_config(overrides={"task": "reasoning_gym:lcm", "reasoning_gym_size": 1000,
+                                                          "eval_prompts": 50})))
     held_out = {ex.prompt for ex in task.test}
     assert len(task.test) == 50 and not held_out & {ex.prompt for ex in task.train}
     assert len(task.train) == sum(q not in held_out for q in questions[:1000])

@@ -2,15 +2,14 @@
 
 import importlib.util
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from podsrl import grading
-from podsrl.grading import (extract_final_answer, grade, gsm8k_correct, gsm8k_gold, last_boxed,
-                            math_correct, math_gold, normalize_number, think_answer_format_soft,
-                            think_answer_format_strict)
+from podsrl.rewards import grading
+from podsrl.rewards.functions import (gsm8k_correct, math_correct, think_answer_format_soft,
+                                      think_answer_format_strict)
+from podsrl.rewards.grading import extract_final_answer, grade, gsm8k_gold, last_boxed, math_gold, normalize_number
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -265,7 +264,8 @@ def test_correctness_rewards_accept_strings_and_conversations():
         [1.0, 0.0, 1.0, 1.0]
     assert math_correct(["p", "p"], ["\\boxed{\\frac{1}{2}}", [{"role": "assistant", "content": "\\boxed{2}"}]],
                         answer=["0.5", "0.5"]) == [1.0, 0.0]
-    assert think_answer_format_strict(["p"], [[{"role": "assistant", "content": "<think>a</think><answer>1</answer>"}]]) == [1.0]
+    conversation = [[{"role": "assistant", "content": "<think>a</think><answer>1</answer>"}]]
+    assert think_answer_format_strict(["p"], conversation) == [1.0]
 
 
 # --- acceptance check on real data (a sample; the full run is benchmarks/grade_check.py) ---
@@ -285,4 +285,4 @@ def test_acceptance_sample_on_real_data():
 
 def test_module_constants_are_sane():
     assert grading.PARSE_TIMEOUT_S > 0 and grading.VERIFY_TIMEOUT_S > 0
-    assert grading.TASKS == ("gsm8k", "math")
+    assert grading.GRADED_TASKS == ("gsm8k", "math")

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from podsrl import algo
-from podsrl.checkpoint import list_checkpoints
+from podsrl import update
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
-from podsrl.state import StopSignals, TrainingStopped
 from podsrl.trainer import train
+from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.state import StopSignals, TrainingStopped
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,7 +154,7 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_pa
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = algo.policy_loss
+    real = update.policy_loss
 
     def poisoned(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
@@ -162,7 +162,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_pa
         # one micro-batch per step here (12 sequences <= micro_batch_size): steps 1-2 stay finite
         return (loss * float("nan") if calls["n"] > 2 else loss), stats
 
-    monkeypatch.setattr(algo, "policy_loss", poisoned)
+    monkeypatch.setattr(update, "policy_loss", poisoned)
     with pytest.raises(TrainingStopped, match="3 consecutive steps had a non-finite loss"):
         train(quick(random_model_dir, tmp_path / "run", steps=10, max_consecutive_skips=3))
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -173,14 +173,14 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_pa
 
 
 def test_a_non_finite_gradient_with_a_finite_loss_skips_the_step(random_model_dir, tmp_path, monkeypatch):
-    real = algo.policy_loss
+    real = update.policy_loss
 
     def nan_gradient(logp, *args, **kwargs):
         loss, stats = real(logp, *args, **kwargs)
         # value 0, derivative 0 * inf = nan: the loss stays finite, every gradient turns nan
         return loss + torch.sqrt((logp * 0).sum().abs()), stats
 
-    monkeypatch.setattr(algo, "policy_loss", nan_gradient)
+    monkeypatch.setattr(update, "policy_loss", nan_gradient)
     run = train(quick(random_model_dir, tmp_path / "run", steps=2, max_consecutive_skips=5)).run_dir
     records = read_metrics(run / "metrics.jsonl")[1:]
     assert all(r["skipped_step"] == 1 and r["loss"] is not None and r["grad_norm"] is None for r in records)

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from podsrl.select import RULES, max_reward, max_variance, random_subset, select
+from podsrl.algorithms.select import RULES, max_reward, max_variance, random_subset, select
 
 
 def population_variance(values):

@@ -9,9 +9,10 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 
 from podsrl.config import Config, validate
 from podsrl.models import load_model
-from podsrl.rollout import ENGINES, generate, generate_in_slots, generation_memory_bytes
-from podsrl.rollout.slots import LengthPredictor, _PendingSamples, warp_logits
-from podsrl.tasks import build_task, render_prompt, reward_columns
+from podsrl.rollout import ENGINES, GenerationOptions, generate, generate_in_slots, generation_memory_bytes
+from podsrl.rollout.sampling import warp_logits
+from podsrl.rollout.schedule import LengthPredictor, PendingSamples
+from podsrl.tasks import TaskOptions, build_task, render_prompt, reward_columns
 from podsrl.trainer import train
 
 SETTINGS = [(0, "continuous", "fifo"), (1, "continuous", "fifo"), (3, "continuous", "fifo"),
@@ -26,7 +27,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def tiny_prompts(tiny):
-    task = build_task(Config())
+    task = build_task(TaskOptions())
     return task, [render_prompt(tiny.tokenizer, ex) for ex in task.train[:64]]
 
 
@@ -170,14 +171,14 @@ def test_pending_samples_order():
     predictor = LengthPredictor()
     order = {}
     for schedule in ("fifo", "shortest_first", "longest_first"):
-        pending = _PendingSamples(3, 2, schedule, [5.0, 1.0, 9.0], predictor)
+        pending = PendingSamples(3, 2, schedule, [5.0, 1.0, 9.0], predictor)
         order[schedule] = [pending.pop() for _ in range(6)]
         assert len(pending) == 0
     assert order["fifo"] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     assert [p for p, _ in order["shortest_first"]] == [1, 1, 0, 0, 2, 2]
     assert [p for p, _ in order["longest_first"]] == [2, 2, 0, 0, 1, 1]
     # finished siblings update the guess: prompt 0's samples turn out long
-    pending = _PendingSamples(2, 3, "shortest_first", [2.0, 4.0], predictor)
+    pending = PendingSamples(2, 3, "shortest_first", [2.0, 4.0], predictor)
     assert pending.pop() == (0, 0)
     pending.record(0, 20)
     assert pending.pop()[0] == 1
@@ -188,15 +189,14 @@ def test_memory_cap_hf_refuses_a_group_that_does_not_fit_and_slots_fits_it(tiny,
     prompts = prompts[:2]
     longest = max(len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     full_mb = generation_memory_bytes(tiny.model.config, 2 * 256, longest + 8) / 2**20
-    cfg = dataclasses.replace(Config(), n=256, generation_memory_mb=full_mb / 4)
+    options = GenerationOptions(memory_mb=full_mb / 4)
     with pytest.raises(MemoryError, match="generation_memory_mb"):
-        ENGINES["hf"](cfg)(tiny.model, tiny.tokenizer, prompts, 256)
-    cfg = dataclasses.replace(cfg, generation_engine="slots")
+        ENGINES["hf"](options)(tiny.model, tiny.tokenizer, prompts, 256)
     torch.manual_seed(0)
-    out = ENGINES["slots"](cfg)(tiny.model, tiny.tokenizer, prompts, 256)
+    out = ENGINES["slots"](options)(tiny.model, tiny.tokenizer, prompts, 256)
     assert out.completion_ids.shape[:2] == (2, 256)
     assert 0 < out.stats["slots"] <= 2 * 256 // 4
-    too_many = dataclasses.replace(cfg, generation_micro_group=2 * 256)
+    too_many = dataclasses.replace(options, micro_group=2 * 256)
     with pytest.raises(MemoryError, match="generation_micro_group"):
         ENGINES["slots"](too_many)(tiny.model, tiny.tokenizer, prompts, 256)
 
@@ -221,3 +221,71 @@ def test_config_names_bad_slots_fields():
         validate(dataclasses.replace(Config(), generation_schedule="random"))
     with pytest.raises(ValueError, match="generation_memory_mb"):
         validate(dataclasses.replace(Config(), generation_memory_mb=-1))
+
+
+# --- the SlotDecoder's parts, each alone ---------------------------------------------------------
+def make_decoder(bundle, prompts, num_samples, **options):
+    from podsrl.rollout.slots import SlotDecoder, prefill
+
+    enc = bundle.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_kv, logits = prefill(bundle.model.eval(), enc["input_ids"], enc["attention_mask"], chunk=8)
+    pending = PendingSamples(len(prompts), num_samples, "fifo", [0.0] * len(prompts), None)
+    settings = dict(eos=bundle.tokenizer.eos_token_id, pad=bundle.tokenizer.pad_token_id, max_new_tokens=8,
+                    temperature=1.0, top_p=1.0) | options
+    return SlotDecoder(bundle.model, prompt_kv, logits, pending, num_samples, **settings), enc
+
+
+def test_admission_places_each_prompt_cache_right_aligned(tiny):
+    prompts = ["What is 1 + 2? Answer in format: 'Answer: {result}'\n", "What is 10 - 3?\n"]  # unequal lengths
+    decoder, enc = make_decoder(tiny, prompts, 1)
+    rows = decoder.open_rows(2)
+    assert rows == [0, 1] and decoder.row_sample == [None, None]
+    torch.manual_seed(0)
+    started = decoder.start_samples(2)
+    decoder.place(rows, started)
+    width = decoder.column_mask.shape[1]
+    lengths = enc["attention_mask"].sum(1).tolist()
+    assert width == max(lengths)
+    for row, (prompt, sample, token) in zip(rows, started):
+        length = lengths[prompt]
+        assert decoder.row_sample[row] == (prompt, sample) and int(decoder.last_token[row]) == token
+        assert decoder.column_mask[row].tolist() == [0] * (width - length) + [1] * length
+        assert int(decoder.position[row]) == length  # the next token's position id
+        for layer, (keys, values) in zip(decoder.layers, decoder.prompt_kv[prompt]):
+            assert torch.equal(layer.keys[row, :, width - length:], keys)
+            assert not layer.values[row, :, :width - length].any()  # the masked-out columns hold zeros
+
+
+def test_refill_gives_a_freed_row_the_next_pending_sample(tiny):
+    prompts = ["What is 1 + 2?\n", "What is 3 + 4?\n"]
+    decoder, _ = make_decoder(tiny, prompts, 2, max_new_tokens=50, eos=-1)  # no sample ends by itself
+    torch.manual_seed(0)
+    decoder.start_group(2)  # fifo: prompt 0's two samples
+    assert decoder.row_sample == [(0, 0), (0, 1)] and len(decoder.pending) == 2
+    decoder.step()
+    decoder.row_sample[1] = None  # its sample ended
+    decoder.fill([1])
+    assert decoder.row_sample == [(0, 0), (1, 0)] and len(decoder.pending) == 1
+    assert int(decoder.position[1]) == len(tiny.tokenizer(prompts[1], add_special_tokens=False)["input_ids"])
+
+
+def test_compaction_drops_rows_and_unused_columns_without_changing_what_live_rows_see(tiny):
+    prompts = ["What is 12 + 34? Answer in format: 'Answer: {result}'\n", "What is 1 + 2?\n"]
+    decoder, _ = make_decoder(tiny, prompts, 1, max_new_tokens=50, eos=-1)
+    torch.manual_seed(0)
+    decoder.start_group(2)
+    for _ in range(3):
+        decoder.step()
+
+    def attended(row):  # keys and values at the columns the row attends to, layer by layer
+        mask = decoder.column_mask[row].bool()
+        return [(layer.keys[row][:, mask], layer.values[row][:, mask]) for layer in decoder.layers]
+
+    short_row_view = attended(1)
+    decoder.row_sample[0] = None  # the long prompt's sample ended
+    decoder.drop_idle_rows()
+    assert decoder.row_sample == [(1, 0)] and decoder.layers[0].keys.shape[0] == 1
+    width_before = decoder.column_mask.shape[1]
+    decoder.trim_columns()
+    assert decoder.column_mask.shape[1] < width_before and bool(decoder.column_mask[:, 0].any())
+    assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(attended(0), short_row_view))

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from podsrl.stats import mean_ci, regularized_incomplete_beta, t_cdf, t_quantile
+from podsrl.experiments.stats import mean_ci, regularized_incomplete_beta, t_cdf, t_quantile
 
 # two-sided 95% (p = 0.975) and 99% (p = 0.995) quantiles to 6 significant digits: the
 # standard t table (NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.2, lists them

@@ -11,11 +11,13 @@ import torch
 
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
-from podsrl.rollout import completion_mask_from_eos, generate
+from podsrl.rollout import generate
 from podsrl.models import load_model
-from podsrl.state import PromptSampler
+from podsrl.trainer.state import PromptSampler
+from podsrl.types import completion_mask_from_eos
 from podsrl.trainer import train
-from podsrl.update import batch_logprobs, flatten_for_update, make_optimizer, update_policy
+from podsrl.update import (OptimizerOptions, UpdateOptions, batch_logprobs, flatten_for_update, make_optimizer,
+                           update_policy)
 
 
 def quick_config(model_dir, output_dir, **overrides):
@@ -93,14 +95,14 @@ def test_micro_batching_equals_one_big_batch(random_model_dir, aggregation):
     rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "7", "What is 10 - 3 + 4?", "9 + 9"], 3,
                         max_new_tokens=6, temperature=1.0)
     batch = flatten_for_update(rollouts, torch.randn(4, 3))  # [B = 12, ...]
-    cfg = make_config(overrides={"max_grad_norm": "0", "loss_aggregation": aggregation})
+    options = UpdateOptions(max_grad_norm=0, loss_aggregation=aggregation)
     changes = {}
     for size in (12, 5, 1):
         model = copy.deepcopy(bundle.model)
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         before = {k: v.detach().clone() for k, v in model.named_parameters()}
-        update_policy(model, optimizer, scheduler, batch, dataclasses.replace(cfg, micro_batch_size=size))
+        update_policy(model, optimizer, scheduler, batch, dataclasses.replace(options, micro_batch_size=size))
         changes[size] = {k: before[k] - v.detach() for k, v in model.named_parameters()}
     assert any(float(g.abs().max()) > 1e-4 for g in changes[12].values())  # a real gradient
     for size in (5, 1):
@@ -258,34 +260,35 @@ def test_clip_range_is_asymmetric_as_configured(random_model_dir):
     on the side that limits the objective (oracle: the PPO formula token by token)."""
     bundle = load_model(random_model_dir)
     batch = small_batch(bundle)
-    batch["old_logp"] = batch_logprobs(bundle.model, batch, size=64)
-    cfg = make_config(overrides={"max_grad_norm": "0", "clip_eps_low": "0.05", "clip_eps_high": "0.4"})
+    batch.old_logp = batch_logprobs(bundle.model, batch, size=64)
+    options = UpdateOptions(max_grad_norm=0, clip_eps_low=0.05, clip_eps_high=0.4)
     optimizer = torch.optim.SGD(bundle.model.parameters(), lr=2.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    first = update_policy(bundle.model, optimizer, scheduler, batch, cfg)
+    first = update_policy(bundle.model, optimizer, scheduler, batch, options)
     assert first["clip_fraction"] == 0
     with torch.no_grad():
         logp = batch_logprobs(bundle.model, batch, size=64)
-    ratios, mask = torch.exp(logp - batch["old_logp"]), batch["completion_mask"].bool()
+    ratios, mask = torch.exp(logp - batch.old_logp), batch.completion_mask.bool()
     clipped = total = 0
     for row in range(ratios.shape[0]):
-        advantage = float(batch["advantages"][row])
+        advantage = float(batch.advantages[row])
         for ratio in ratios[row][mask[row]].tolist():
             bounded = min(max(ratio, 1 - 0.05), 1 + 0.4)
             clipped += (ratio * advantage) != (bounded * advantage) and advantage != 0
             total += 1
-    second = update_policy(bundle.model, optimizer, scheduler, batch, cfg)
+    second = update_policy(bundle.model, optimizer, scheduler, batch, options)
     assert 0 < clipped < total and second["clip_fraction"] == pytest.approx(clipped / total, abs=1e-6)
 
 
 def test_lora_update_changes_only_the_adapter(random_model_dir):
     bundle = load_model(random_model_dir, lora_rank=4)
     batch = small_batch(bundle)
-    cfg = make_config(overrides={"max_grad_norm": "0"})
-    optimizer, scheduler = make_optimizer((p for p in bundle.model.parameters() if p.requires_grad), cfg)
+    options = UpdateOptions(max_grad_norm=0)
+    optimizer, scheduler = make_optimizer((p for p in bundle.model.parameters() if p.requires_grad),
+                                          OptimizerOptions())
     before = {k: v.clone() for k, v in bundle.model.state_dict().items()}
     for _ in range(2):  # the second step moves lora_A too (its gradient is 0 while lora_B is 0)
-        update_policy(bundle.model, optimizer, scheduler, batch, cfg)
+        update_policy(bundle.model, optimizer, scheduler, batch, options)
     changed = {k for k, v in bundle.model.state_dict().items() if not torch.equal(v, before[k])}
     assert any("lora_A" in k for k in changed) and any("lora_B" in k for k in changed)
     assert all("lora_" in k for k in changed), sorted(k for k in changed if "lora_" not in k)
@@ -294,13 +297,15 @@ def test_lora_update_changes_only_the_adapter(random_model_dir):
 def test_the_saved_lora_model_is_the_trained_one(random_model_dir, tmp_path):
     """Reloading run/model (base + saved adapter) gives the greedy accuracy the run logged at
     its end: nothing the run trained (e.g. a base weight) is missing from what it saved."""
-    from podsrl.evaluate import run_eval
+    from podsrl.trainer.evaluate import run_eval
+    from podsrl.trainer.setup import eval_options, task_options
 
     result = train(quick_config(random_model_dir, tmp_path / "lora", steps=3, lora_rank=4, lr=1e-2))
     logged = read_metrics(result.run_dir / "metrics.jsonl")[-1]["eval_greedy_accuracy"]
     trained = torch.load(result.run_dir / "checkpoints" / "step_0000003" / "trainable.pt", weights_only=True)
     assert trained and all("lora_" in name for name in trained)  # what the optimizer updates: the adapter
-    saved = run_eval(quick_config(str(result.run_dir / "model"), tmp_path / "eval", eval_temperature=0))
+    cfg = quick_config(str(result.run_dir / "model"), tmp_path / "eval", eval_temperature=0)
+    saved = run_eval(cfg, task_options(cfg), eval_options(cfg, greedy=False))
     assert saved["accuracy"] == logged
 
 

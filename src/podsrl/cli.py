@@ -12,6 +12,10 @@ from dataclasses import fields
 from pathlib import Path
 
 from podsrl.config import Config, make_config, parse_value, split_list
+from podsrl.experiments.compare import analyze, arm_configs, run_comparison, write_report
+from podsrl.trainer import TrainingStopped, train
+from podsrl.trainer.evaluate import run_eval
+from podsrl.trainer.setup import eval_options, task_options
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -47,9 +51,6 @@ def cmd_train(argv: list[str]) -> int:
     cfg = _parse_config(argv, "podsrl train", "Train a causal LM with GRPO, GRPO-GA or PODS.")
     if cfg is None:
         return 2
-    from podsrl.state import TrainingStopped
-    from podsrl.trainer import train
-
     try:
         result = train(cfg)
     except TrainingStopped as stopped:
@@ -79,10 +80,8 @@ def cmd_eval(argv: list[str]) -> int:
                         "split; uses the eval_* fields (eval_temperature 0 = greedy).")
     if cfg is None:
         return 2
-    from podsrl.evaluate import run_eval
-
     try:
-        summary = run_eval(cfg)
+        summary = run_eval(cfg, task_options(cfg), eval_options(cfg, greedy=False))
     except (ValueError, OSError) as err:
         print(f"podsrl eval: error: {err}", file=sys.stderr)
         return 2
@@ -121,8 +120,6 @@ def cmd_compare(argv: list[str]) -> int:
     cfg = _parse_config(rest, "podsrl compare", "")
     if cfg is None:
         return 2
-    from podsrl.compare import analyze, arm_configs, run_comparison
-
     try:
         if args.seeds < 1 or args.budget_minutes <= 0:
             raise ValueError("seeds and budget_minutes: must be positive")
@@ -153,8 +150,6 @@ def cmd_plot(argv: list[str]) -> int:
             print(f"podsrl plot: error: no run (metrics.jsonl) found in {path}", file=sys.stderr)
             return 2
         found += runs
-    from podsrl.compare import analyze
-
     try:
         result = analyze(found, baseline=args.baseline or None)
     except (ValueError, OSError) as err:
@@ -164,8 +159,6 @@ def cmd_plot(argv: list[str]) -> int:
 
 
 def _report(result: dict, output_dir: Path) -> int:
-    from podsrl.compare import write_report
-
     paths = write_report(result, output_dir)
     print(paths["table"].read_text())
     print(f"plots: {paths['accuracy']} {paths['step_time']}")

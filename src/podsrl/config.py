@@ -9,13 +9,24 @@ field.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-METHODS = ("grpo", "grpo-ga", "pods")
+import yaml
+
+from podsrl.algorithms.select import RULES
+from podsrl.methods import METHODS
+from podsrl.models import check_model_name
+from podsrl.rewards import load_reward_fn
+from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
+from podsrl.tasks import is_known_task
+from podsrl.tasks.arithmetic import LEVELS, space_size
+from podsrl.tasks.data import is_local
+
 OPTIMIZERS = ("adamw_torch", "sgd")
 
 
@@ -68,7 +79,8 @@ class Config:
     loss_aggregation: str = _f("sequence", "'sequence': token mean per sequence then mean (paper); "
                                            "'token': mean over all tokens (DAPO).")
     # --- reward --------------------------------------------------------------------------
-    correct_weight: float = _f(0.8, "Weight of the correctness reward (slides' 80/20 example).")
+    correct_weight: float = _f(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
+                                    "format 80 / 20).")
     format_weight: float = _f(0.2, "Weight of the format reward.")
     reward_funcs: str = _f("", "Comma-separated reward functions replacing the task's default: built-in "
                                "names (podsrl.rewards.REWARDS) or 'module:function' / 'file.py:function' "
@@ -134,13 +146,13 @@ class Config:
     # ---------------------------------------------------------------------------------
     @property
     def rollouts_per_prompt(self) -> int:
-        """Rollouts generated per prompt: m for grpo, n otherwise."""
-        return self.m if self.method == "grpo" else self.n
+        """Rollouts generated per prompt (podsrl.methods: m for grpo, n otherwise)."""
+        return METHODS[self.method].generated(self.n, self.m)
 
     @property
     def trained_per_prompt(self) -> int:
-        """Rollouts trained on per prompt: n for grpo-ga, m otherwise."""
-        return self.n if self.method == "grpo-ga" else self.m
+        """Rollouts trained on per prompt (podsrl.methods: n for grpo-ga, m otherwise)."""
+        return METHODS[self.method].trained(self.n, self.m)
 
     @property
     def reward_specs(self) -> list[str]:
@@ -180,8 +192,6 @@ FIELDS = {f.name: f for f in fields(Config)}
 def parse_value(name: str, raw: Any, source: str = "") -> Any:
     """Convert a YAML or command-line value to the field's type, naming the field on error."""
     if name not in FIELDS:
-        import difflib
-
         close = difflib.get_close_matches(name, FIELDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"{source}unknown config field {name!r}{hint}")
@@ -206,8 +216,6 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config: file not found: {path}")
@@ -242,74 +250,83 @@ def make_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
     return cfg
 
 
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
 def validate(cfg: Config) -> None:
     """Reject invalid values and combinations before any work, naming the field."""
-    from podsrl.models import check_model_name
-    from podsrl.rewards import load_reward_fn
-    from podsrl.rollout import ENGINES
-    from podsrl.rollout.slots import REFILLS, SCHEDULES
-    from podsrl.select import RULES
-    from podsrl.tasks import is_known_task
-    from podsrl.tasks.arithmetic import LEVELS, space_size
-    from podsrl.tasks.data import is_local
+    _check_names(cfg)
+    _check_data(cfg)
+    _check_ranges(cfg)
+    _check_combinations(cfg)
 
-    def require(ok: bool, message: str) -> None:
-        if not ok:
-            raise ValueError(message)
 
-    require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
-            f"device: expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
-    require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
-    require(cfg.generation_engine in ENGINES,
-            f"generation_engine: unknown engine {cfg.generation_engine!r}; known: {', '.join(sorted(ENGINES))}")
-    require(cfg.generation_refill in REFILLS,
-            f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
-    require(cfg.generation_schedule in SCHEDULES,
-            f"generation_schedule: unknown {cfg.generation_schedule!r}; known: {', '.join(SCHEDULES)}")
-    require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: arithmetic, gsm8k, math, "
-                                     f"jsonl, reasoning_gym:NAME")
+def _check_names(cfg: Config) -> None:
+    """Fields that name something registered: each against its registry."""
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
+             f"device: expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    _require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
+    _require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
+    _require(cfg.generation_engine in ENGINES,
+             f"generation_engine: unknown engine {cfg.generation_engine!r}; known: {', '.join(sorted(ENGINES))}")
+    _require(cfg.generation_refill in REFILLS,
+             f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
+    _require(cfg.generation_schedule in SCHEDULES,
+             f"generation_schedule: unknown {cfg.generation_schedule!r}; known: {', '.join(SCHEDULES)}")
+    _require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
+    _require(cfg.loss_aggregation in ("sequence", "token"),
+             f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")
+    _require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")
+    _require(cfg.reward_error_policy in ("raise", "zero"),
+             f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
+    check_model_name(cfg.model)
+    for spec in cfg.reward_specs:
+        load_reward_fn(spec)  # import errors surface now, not mid-run
+    weights = cfg.reward_weight_values
+    _require(len(weights) == len(cfg.reward_specs),
+             f"reward_weights: {len(weights)} weights for {len(cfg.reward_specs)} reward_funcs")
+
+
+def _check_data(cfg: Config) -> None:
+    _require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: arithmetic, gsm8k, math, "
+                                      f"jsonl, reasoning_gym:NAME")
     for name in ("train_data", "test_data"):
         spec = getattr(cfg, name)
         if spec and is_local(spec) and not Path(spec).expanduser().is_file():
             raise FileNotFoundError(f"{name}: file not found: {spec}")
-    require(cfg.task != "jsonl" or bool(cfg.test_data),
-            "test_data: task 'jsonl' needs test_data, the held-out prompts that training and `podsrl eval` "
-            "measure accuracy on (and train_data to train)")
-    for spec in cfg.reward_specs:
-        load_reward_fn(spec)  # import errors surface now, not mid-run
-    weights = cfg.reward_weight_values
-    require(len(weights) == len(cfg.reward_specs),
-            f"reward_weights: {len(weights)} weights for {len(cfg.reward_specs)} reward_funcs")
-    require(cfg.reward_error_policy in ("raise", "zero"),
-            f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
+    _require(cfg.task != "jsonl" or bool(cfg.test_data),
+             "test_data: task 'jsonl' needs test_data, the held-out prompts that training and `podsrl eval` "
+             "measure accuracy on (and train_data to train)")
     if cfg.task == "arithmetic":
-        require(cfg.task_level in LEVELS, f"task_level: unknown level {cfg.task_level}; known: {sorted(LEVELS)}")
+        _require(cfg.task_level in LEVELS, f"task_level: unknown level {cfg.task_level}; known: {sorted(LEVELS)}")
         size = space_size(LEVELS[cfg.task_level])
-        require(cfg.eval_prompts < size, f"eval_prompts: level {cfg.task_level} has only {size} distinct "
-                                         f"problems; hold out fewer than that")
-    check_model_name(cfg.model)
-    for name in ("n", "m", "prompts_per_step", "steps", "micro_batch_size", "num_iterations",
-                 "max_new_tokens", "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens",
-                 "max_consecutive_skips",
-                 "eval_batch_size", "reasoning_gym_size"):
-        require(getattr(cfg, name) > 0, f"{name}: must be positive, got {getattr(cfg, name)}")
-    for name in ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
-                 "generation_micro_group", "generation_memory_mb",
-                 "max_minutes", "checkpoint_minutes", "beta", "weight_decay", "max_grad_norm",
-                 "temperature", "eval_temperature", "lora_dropout", "reward_timeout"):
-        require(getattr(cfg, name) >= 0, f"{name}: must be >= 0, got {getattr(cfg, name)}")
-    require(cfg.m <= cfg.n or cfg.method == "grpo",
-            f"m: must be <= n (got m={cfg.m}, n={cfg.n}); PODS keeps m of the n rollouts")
-    require(cfg.lr > 0, f"lr: must be positive, got {cfg.lr}")
-    require(0 < cfg.top_p <= 1, f"top_p: must be in (0, 1], got {cfg.top_p}")
-    require(cfg.temperature > 0, "temperature: training rollouts must be sampled (temperature > 0)")
-    require(0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1, "adam_beta1/adam_beta2: must be in [0, 1)")
-    require(0 <= cfg.clip_eps_low < 1 and cfg.clip_eps_high >= 0, "clip_eps_low/clip_eps_high: out of range")
-    require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
-    require(cfg.loss_aggregation in ("sequence", "token"),
-            f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")
-    require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")
-    require(cfg.correct_weight >= 0 and cfg.format_weight >= 0 and cfg.correct_weight + cfg.format_weight > 0,
-            "correct_weight/format_weight: must be >= 0 and not both 0")
-    require(cfg.lora_alpha > 0, f"lora_alpha: must be positive, got {cfg.lora_alpha}")
+        _require(cfg.eval_prompts < size, f"eval_prompts: level {cfg.task_level} has only {size} distinct "
+                                          f"problems; hold out fewer than that")
+
+
+POSITIVE = ("n", "m", "prompts_per_step", "steps", "micro_batch_size", "num_iterations", "max_new_tokens",
+            "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens", "max_consecutive_skips",
+            "eval_batch_size", "reasoning_gym_size", "lr", "lora_alpha")
+NON_NEGATIVE = ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
+                "generation_micro_group", "generation_memory_mb", "max_minutes", "checkpoint_minutes", "beta",
+                "weight_decay", "max_grad_norm", "temperature", "eval_temperature", "lora_dropout", "reward_timeout")
+
+
+def _check_ranges(cfg: Config) -> None:
+    for name in POSITIVE:
+        _require(getattr(cfg, name) > 0, f"{name}: must be positive, got {getattr(cfg, name)}")
+    for name in NON_NEGATIVE:
+        _require(getattr(cfg, name) >= 0, f"{name}: must be >= 0, got {getattr(cfg, name)}")
+    _require(0 < cfg.top_p <= 1, f"top_p: must be in (0, 1], got {cfg.top_p}")
+    _require(cfg.temperature > 0, "temperature: training rollouts must be sampled (temperature > 0)")
+    _require(0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1, "adam_beta1/adam_beta2: must be in [0, 1)")
+    _require(0 <= cfg.clip_eps_low < 1 and cfg.clip_eps_high >= 0, "clip_eps_low/clip_eps_high: out of range")
+    _require(cfg.correct_weight >= 0 and cfg.format_weight >= 0 and cfg.correct_weight + cfg.format_weight > 0,
+             "correct_weight/format_weight: must be >= 0 and not both 0")
+
+
+def _check_combinations(cfg: Config) -> None:
+    _require(cfg.m <= cfg.n or not METHODS[cfg.method].generates_n,
+             f"m: must be <= n (got m={cfg.m}, n={cfg.n}); PODS keeps m of the n rollouts")

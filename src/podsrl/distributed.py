@@ -167,13 +167,11 @@ class Processes:
         """Whole copies of the trainable parameters and the optimizer state, as one process
         holds them, on the CPU so a checkpoint loads anywhere (every process must call this:
         sharded, it gathers)."""
-        from podsrl.checkpoint import trainable_state
-
         def whole(value):
             value = value.full_tensor() if hasattr(value, "full_tensor") else value
             return value.cpu() if torch.is_tensor(value) else value
 
-        weights = {name: whole(value) for name, value in trainable_state(model).items()}
+        weights = {name: whole(p.detach()) for name, p in model.named_parameters() if p.requires_grad}
         state = optimizer.state_dict()
         state["state"] = {i: {k: whole(v) for k, v in values.items()} for i, values in state["state"].items()}
         return weights, state

@@ -1,31 +1,12 @@
-"""Per-stage timers and the metrics.jsonl writer."""
+"""A run's metrics.jsonl: one JSON record per step, appended and flushed as written; NaN
+and inf are written as null. Read by the trainer (on resume), ``podsrl plot`` /
+``compare`` and the benchmarks."""
 
 from __future__ import annotations
 
 import json
 import math
-import time
-from contextlib import contextmanager
 from pathlib import Path
-
-
-class StageTimer:
-    """Wall-clock seconds per named stage of one step: ``with timer("generate"): ...``."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
 
 
 def _clean(value):

@@ -15,6 +15,7 @@ import platform
 import subprocess
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -53,8 +54,6 @@ def machine_description() -> str:
 
 
 def environment() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     def installed(name: str) -> str:
         try:
             return version(name)

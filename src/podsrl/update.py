@@ -1,82 +1,94 @@
-"""The update stage: kept groups [P, m, ...] -> sequences [B = P*m, ...] -> micro-batches
+"""The update stage: kept groups [P, m, ...] -> an UpdateBatch [B = P*m, ...] -> micro-batches
 trimmed of padding -> one optimizer step with gradients accumulated over them.
 
-``train`` (trainer.py) calls ``flatten_for_update``, then ``batch_logprobs`` for the old and
-reference log-probs when it needs them, then ``update_policy``.
+The training loop calls ``flatten_for_update``, then ``batch_logprobs`` for the old and
+reference log-probs when it needs them (on the kept rollouts only), then
+``update_policy``. Options are explicit dataclasses; nothing here reads the run config.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
-from podsrl import algo
-from podsrl.config import Config
+from podsrl.algorithms.loss import Aggregation, policy_loss
 from podsrl.distributed import Processes
-from podsrl.rollout import Rollouts
+from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
+from podsrl.types import Rollouts, UpdateBatch
 
 
-def flatten_for_update(kept: Rollouts, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Group axis [P, m, ...] -> sequence axis [B = P*m, ...] for the update."""
+@dataclass(frozen=True)
+class UpdateOptions:
+    micro_batch_size: int = 32  # sequences per forward/backward pass
+    clip_eps_low: float = 0.2  # ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high]
+    clip_eps_high: float = 0.2
+    beta: float = 0.0  # weight of the k3 KL to the reference policy
+    loss_aggregation: Aggregation = "sequence"  # or "token" (DAPO)
+    max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
+    share_prompt: bool = True  # run each prompt once per group in the forward/backward
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    optim: str = "adamw_torch"  # or "sgd"
+    lr: float = 2e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    weight_decay: float = 0.1
+    warmup_steps: int = 10  # linear warm-up over this many optimizer steps, then constant
+
+
+def make_optimizer(parameters, options: OptimizerOptions) \
+        -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The optimizer over ``parameters`` and its schedule: linear warm-up over
+    ``warmup_steps`` optimizer steps (from lr / warmup_steps), then constant."""
+    parameters = list(parameters)
+    if options.optim == "sgd":
+        optimizer = torch.optim.SGD(parameters, lr=options.lr, weight_decay=options.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(parameters, lr=options.lr, betas=(options.adam_beta1, options.adam_beta2),
+                                      weight_decay=options.weight_decay)
+    warmup = options.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
+
+
+def flatten_for_update(kept: Rollouts, advantages: torch.Tensor) -> UpdateBatch:
+    """Group axis [P, m, ...] -> sequence axis [B = P*m, ...], a group's rows adjacent."""
     num_prompts, m, _ = kept.completion_ids.shape
     prompt_ids = kept.prompt_ids.repeat_interleave(m, dim=0)  # [B, Lp]
     prompt_mask = kept.prompt_mask.repeat_interleave(m, dim=0)
     completion_ids = kept.completion_ids.reshape(num_prompts * m, -1)  # [B, Lc]
     completion_mask = kept.completion_mask.reshape(num_prompts * m, -1)
-    return {"input_ids": torch.cat([prompt_ids, completion_ids], 1),  # [B, Lp + Lc]
-            "attention_mask": torch.cat([prompt_mask, completion_mask], 1),
-            "completion_mask": completion_mask, "advantages": advantages.reshape(-1)}
+    return UpdateBatch(input_ids=torch.cat([prompt_ids, completion_ids], 1),  # [B, Lp + Lc]
+                       attention_mask=torch.cat([prompt_mask, completion_mask], 1),
+                       completion_mask=completion_mask, advantages=advantages.reshape(-1))
 
 
-def micro_batches(batch: dict[str, torch.Tensor], size: int, device: torch.device | str = "cpu"):
+def micro_batches(batch: UpdateBatch, size: int, device: torch.device | str = "cpu") -> Iterator[UpdateBatch]:
     """Slices of ``size`` sequences, trimmed of all-padding columns on both sides, on
     ``device`` (the model's: the batch itself stays on the CPU)."""
-    total = batch["advantages"].shape[0]
-    width = batch["completion_mask"].shape[1]
-    for start in range(0, total, size):
-        part = {k: v[start:start + size] if v is not None else None for k, v in batch.items()}
-        completion_len = int(part["completion_mask"].sum(1).max())
-        prompt_cols = batch["input_ids"].shape[1] - width
-        first_real = int((part["attention_mask"][:, :prompt_cols].sum(0) > 0).nonzero().min())
-        end = prompt_cols + completion_len
-        part["input_ids"] = part["input_ids"][:, first_real:end]
-        part["attention_mask"] = part["attention_mask"][:, first_real:end]
-        for key in ("completion_mask", "old_logp", "ref_logp"):
-            if part.get(key) is not None:
-                part[key] = part[key][:, :completion_len]
-        yield {k: v.to(device) if v is not None else None for k, v in part.items()}
-
-
-def make_optimizer(parameters, cfg: Config) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """The optimizer over ``parameters`` and its schedule: linear warm-up over
-    ``warmup_steps`` optimizer steps (from lr / warmup_steps), then constant."""
-    parameters = list(parameters)
-    if cfg.optim == "sgd":
-        optimizer = torch.optim.SGD(parameters, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(parameters, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                      weight_decay=cfg.weight_decay)
-    warmup = cfg.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    return optimizer, scheduler
+    for start in range(0, len(batch), size):
+        yield batch.rows(start, start + size).trimmed().to(device)
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: dict[str, torch.Tensor], size: int, share_prompt: bool = True) -> torch.Tensor:
+def batch_logprobs(model, batch: UpdateBatch, size: int, share_prompt: bool = True) -> torch.Tensor:
     """Log-probs [B, Lc] of the completion tokens under ``model`` (no gradient)."""
-    logprobs = algo.shared_prompt_token_logprobs if share_prompt else algo.token_logprobs
-    out = torch.zeros(batch["completion_mask"].shape)  # [B, Lc] on the CPU, like the batch
+    logprobs = shared_prompt_token_logprobs if share_prompt else token_logprobs
+    out = torch.zeros(batch.completion_mask.shape)  # [B, Lc] on the CPU, like the batch
     row = 0
     for part in micro_batches(batch, size, device=model.device):
-        lc = part["completion_mask"].shape[1]
-        rows = part["input_ids"].shape[0]
-        out[row:row + rows, :lc] = logprobs(model, part["input_ids"], part["attention_mask"], lc).cpu()
-        row += rows
+        lc = part.completion_mask.shape[1]
+        out[row:row + len(part), :lc] = logprobs(model, part.input_ids, part.attention_mask, lc).cpu()
+        row += len(part)
     return out
 
 
-def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], cfg: Config,
+def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: UpdateOptions,
                   procs: Processes | None = None, num_tokens: float | None = None) -> dict[str, float]:
     """One optimizer step over the whole batch, accumulating gradients over micro-batches.
 
@@ -85,32 +97,33 @@ def update_policy(model, optimizer, scheduler, batch: dict[str, torch.Tensor], c
     gradient is the average over processes, so ``num_tokens`` is the global token count
     divided by the number of processes (every process holds the same number of
     sequences). A non-finite loss or gradient skips the step (logged) instead of
-    corrupting the weights.
+    corrupting the weights. Returns loss, grad_norm (before clipping), clip_fraction, kl,
+    skipped_step and the lr this step used.
     """
     procs = procs or Processes()
-    logprobs = algo.shared_prompt_token_logprobs if cfg.share_prompt_in_update else algo.token_logprobs
-    num_sequences = batch["advantages"].shape[0]
-    num_tokens = num_tokens or float(batch["completion_mask"].sum())
+    logprobs = shared_prompt_token_logprobs if options.share_prompt else token_logprobs
+    num_sequences = len(batch)
+    num_tokens = num_tokens or float(batch.completion_mask.sum())
     optimizer.zero_grad(set_to_none=True)
     total_loss, clip_fraction, kl = 0.0, 0.0, 0.0
-    parts = list(micro_batches(batch, cfg.micro_batch_size, device=procs.unwrap(model).device))
+    parts = list(micro_batches(batch, options.micro_batch_size, device=procs.unwrap(model).device))
     for i, part in enumerate(parts):
-        lc = part["completion_mask"].shape[1]
+        lc = part.completion_mask.shape[1]
         # gradients are averaged across processes once per step, after the last micro-batch
         with procs.no_sync(model, last=i == len(parts) - 1):
-            logp = logprobs(model, part["input_ids"], part["attention_mask"], lc)  # [b, lc]
-            old_logp = part["old_logp"] if part.get("old_logp") is not None else logp.detach()
-            loss, stats = algo.policy_loss(
-                logp, old_logp, part["advantages"], part["completion_mask"],
-                clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-                ref_logp=part.get("ref_logp"), beta=cfg.beta, aggregation=cfg.loss_aggregation,
+            logp = logprobs(model, part.input_ids, part.attention_mask, lc)  # [b, lc]
+            old_logp = part.old_logp if part.old_logp is not None else logp.detach()
+            loss, stats = policy_loss(
+                logp, old_logp, part.advantages, part.completion_mask,
+                clip_eps_low=options.clip_eps_low, clip_eps_high=options.clip_eps_high,
+                ref_logp=part.ref_logp, beta=options.beta, aggregation=options.loss_aggregation,
                 num_sequences=num_sequences, num_tokens=num_tokens)
             procs.backward(loss)
-        share = part["advantages"].shape[0] / num_sequences
+        share = len(part) / num_sequences
         total_loss += loss.item()
         clip_fraction += stats["clip_fraction"] * share
         kl += stats.get("kl", 0.0) * share
-    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+    max_norm = options.max_grad_norm if options.max_grad_norm > 0 else float("inf")
     grad_norm = procs.clip_grad_norm(model, max_norm)
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it after)
     skipped = not (math.isfinite(total_loss) and math.isfinite(grad_norm))

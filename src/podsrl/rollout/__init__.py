@@ -1,11 +1,11 @@
-"""Generation engines, registered by name (config field ``generation_engine``).
+"""The generate stage: prompts [P] -> Rollouts [P, n, Lc], by an engine registered by name.
 
-``ENGINES[name](cfg)`` builds an engine once per run; an engine is
-``engine(model, tokenizer, prompts, num_samples) -> Rollouts`` with the group axis kept
-([P, n, ...]), and ``state_dict()`` / ``load_state_dict()`` / ``check_state()`` for what
-it learns across steps (checkpointed, so a resumed run generates exactly what an
-uninterrupted one would). Both engines honour ``generation_memory_mb``, a cap on the estimated memory
-of what is decoded at once (:func:`podsrl.rollout.slots.generation_memory_bytes`).
+``ENGINES[name](options)`` builds an engine once per run from :class:`GenerationOptions`;
+an engine is ``engine(model, tokenizer, prompts, num_samples) -> Rollouts`` with the group
+axis kept, plus ``state_dict()`` / ``load_state_dict()`` / ``check_state()`` for what it
+learns across steps (checkpointed, so a resumed run generates exactly what an
+uninterrupted one would). Both engines honour ``memory_mb``, a cap on the estimated memory
+of what is decoded at once (:func:`podsrl.rollout.memory.generation_memory_bytes`).
 
 - ``hf``: transformers ``generate`` on whole prompt groups (with the prompt prefill shared);
   the cap bounds how many groups are decoded together, and a single group that does not fit
@@ -16,46 +16,65 @@ of what is decoded at once (:func:`podsrl.rollout.slots.generation_memory_bytes`
 
 from __future__ import annotations
 
-from podsrl.rollout.hf import Rollouts, completion_mask_from_eos, concat_rollouts, generate
-from podsrl.rollout.slots import LengthPredictor, generate_in_slots, generation_memory_bytes
+from dataclasses import dataclass
+
+from podsrl.rollout.hf import generate, to_rollouts
+from podsrl.rollout.memory import generation_memory_bytes
+from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor
+from podsrl.rollout.slots import generate_in_slots
+from podsrl.types import Rollouts
 
 MB = 2**20
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_new_tokens: int = 8  # completion length cap in tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    memory_mb: float = 0.0  # cap on the estimated memory of what is decoded at once (0 = none)
+    batch_size: int = 0  # hf: sequences decoded at once, in whole prompt groups (0 = all)
+    share_prefill: bool = True  # hf: each prompt's KV cache computed once for its n samples
+    micro_group: int = 0  # slots: sequences decoded at once (0 = what memory_mb allows, or all)
+    refill: str = "continuous"  # slots: "continuous" or "group"
+    schedule: str = "fifo"  # slots: "fifo", "shortest_first" or "longest_first"
 
 
 def _longest_prompt(tokenizer, prompts: list[str]) -> int:
     return max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
 
 
-def _rows_within(cfg, model, prompt_len: int, prompts: int = 0, stored_prompt_len: int = 0) -> int:
-    """Most sequences decoded at once whose estimated memory fits generation_memory_mb."""
-    seq_len = prompt_len + cfg.max_new_tokens
+def _rows_within(options: GenerationOptions, model, prompt_len: int, prompts: int = 0,
+                 stored_prompt_len: int = 0) -> int:
+    """Most sequences decoded at once whose estimated memory fits ``memory_mb``."""
+    seq_len = prompt_len + options.max_new_tokens
     fixed = generation_memory_bytes(model.config, 0, seq_len, prompts, stored_prompt_len)
     per_row = generation_memory_bytes(model.config, 1, seq_len)
-    return max(0, int((cfg.generation_memory_mb * MB - fixed) // per_row))
+    return max(0, int((options.memory_mb * MB - fixed) // per_row))
 
 
 class HFEngine:
     """transformers ``generate`` on whole prompt groups; learns nothing across steps."""
 
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
+    def __init__(self, options: GenerationOptions) -> None:
+        self.options = options
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
-        cfg = self.cfg
-        batch_size = cfg.generation_batch_size or None
-        if cfg.generation_memory_mb:
+        options = self.options
+        batch_size = options.batch_size or None
+        if options.memory_mb:
             longest = _longest_prompt(tokenizer, prompts)
-            rows = _rows_within(cfg, model, longest)
+            rows = _rows_within(options, model, longest)
             if rows < num_samples:
-                need = generation_memory_bytes(model.config, num_samples, longest + cfg.max_new_tokens) / MB
+                need = generation_memory_bytes(model.config, num_samples, longest + options.max_new_tokens) / MB
                 raise MemoryError(
                     f"generation_memory_mb: one prompt group of n={num_samples} needs ~{need:.0f} MB to decode at "
-                    f"once, over the cap of {cfg.generation_memory_mb:g} MB; use generation_engine: slots "
+                    f"once, over the cap of {options.memory_mb:g} MB; use generation_engine: slots "
                     f"(decodes in micro-groups) or raise the cap")
             batch_size = min(batch_size or rows, rows)
-        return generate(model, tokenizer, prompts, num_samples, max_new_tokens=cfg.max_new_tokens,
-                        temperature=cfg.temperature, top_p=cfg.top_p, batch_size=batch_size,
-                        share_prefill=cfg.share_prefill)
+        return generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
+                        temperature=options.temperature, top_p=options.top_p, batch_size=batch_size,
+                        share_prefill=options.share_prefill)
 
     def state_dict(self) -> dict:
         return {}
@@ -72,32 +91,31 @@ class SlotsEngine:
     """Decoding slots refilled sample by sample (:func:`generate_in_slots`); with a
     length-aware schedule it carries a completion-length predictor learned across steps."""
 
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        self.predictor = LengthPredictor() if cfg.generation_schedule != "fifo" else None
+    def __init__(self, options: GenerationOptions) -> None:
+        self.options = options
+        self.predictor = LengthPredictor() if options.schedule != "fifo" else None
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
-        cfg = self.cfg
-        slots = cfg.generation_micro_group
-        if cfg.generation_memory_mb:
+        options = self.options
+        slots = options.micro_group
+        if options.memory_mb:
             longest = _longest_prompt(tokenizer, prompts)
-            rows = _rows_within(cfg, model, longest, prompts=len(prompts), stored_prompt_len=longest)
+            rows = _rows_within(options, model, longest, prompts=len(prompts), stored_prompt_len=longest)
             if rows < 1 or (slots and slots > rows):
                 raise MemoryError(
                     f"generation_memory_mb: {slots or 1} decoding slot(s) need more than the cap of "
-                    f"{cfg.generation_memory_mb:g} MB (fits {rows}); lower generation_micro_group or raise the cap")
+                    f"{options.memory_mb:g} MB (fits {rows}); lower generation_micro_group or raise the cap")
             slots = slots or rows
-        return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=cfg.max_new_tokens,
-                                 temperature=cfg.temperature, top_p=cfg.top_p, slots=slots,
-                                 refill=cfg.generation_refill, schedule=cfg.generation_schedule,
-                                 predictor=self.predictor)
+        return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
+                                 temperature=options.temperature, top_p=options.top_p, slots=slots,
+                                 refill=options.refill, schedule=options.schedule, predictor=self.predictor)
 
     def state_dict(self) -> dict:
         return {"length_predictor": self.predictor.state_dict()} if self.predictor is not None else {}
 
     def check_state(self, state: dict) -> None:
         if set(state) != set(self.state_dict()):
-            raise ValueError(f"generation engine 'slots' with schedule {self.cfg.generation_schedule!r} keeps "
+            raise ValueError(f"generation engine 'slots' with schedule {self.options.schedule!r} keeps "
                              f"{sorted(self.state_dict()) or 'no state'}, the checkpoint has {sorted(state) or 'none'}")
         if self.predictor is not None:
             self.predictor.check_state(state["length_predictor"])
@@ -110,5 +128,5 @@ class SlotsEngine:
 
 ENGINES = {"hf": HFEngine, "slots": SlotsEngine}
 
-__all__ = ["ENGINES", "HFEngine", "LengthPredictor", "SlotsEngine", "Rollouts", "completion_mask_from_eos", "concat_rollouts", "generate",
-           "generate_in_slots", "generation_memory_bytes"]
+__all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationOptions", "HFEngine", "LengthPredictor", "SlotsEngine",
+           "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]

@@ -2,80 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
+from transformers import DynamicCache
 
-
-@dataclass
-class Rollouts:
-    """n completions for each of P prompts.
-
-    prompt_ids       [P, Lp]     left-padded prompt tokens
-    prompt_mask      [P, Lp]     1 on real prompt tokens
-    completion_ids   [P, n, Lc]  generated tokens; positions after the first EOS are padding
-    completion_mask  [P, n, Lc]  1 on generated tokens up to and including the first EOS
-    texts            P lists of n decoded completions (special tokens removed)
-    stats            engine counters: generated_tokens, decode_steps (model calls after the
-                     prefill), and the engine's own (e.g. slots)
-    """
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    texts: list[list[str]]
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def group_size(self) -> int:
-        return self.completion_ids.shape[1]
-
-    def select(self, keep: torch.Tensor) -> "Rollouts":
-        """The rollouts at ``keep`` [P, m] (indices into the group axis), group axis kept."""
-        rows = torch.arange(keep.shape[0]).unsqueeze(1)  # [P, 1]
-        return Rollouts(
-            prompt_ids=self.prompt_ids,
-            prompt_mask=self.prompt_mask,
-            completion_ids=self.completion_ids[rows, keep],  # [P, m, Lc]
-            completion_mask=self.completion_mask[rows, keep],
-            texts=[[self.texts[p][j] for j in row] for p, row in enumerate(keep.tolist())],
-            stats=self.stats,
-        )
-
-
-def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
-    """Rollouts of consecutive prompt chunks as one batch: prompts re-padded on the left,
-    completions on the right (masks padded with 0), group axis kept."""
-    if len(parts) == 1:
-        return parts[0]
-    prompt_width = max(r.prompt_ids.shape[1] for r in parts)
-    completion_width = max(r.completion_ids.shape[2] for r in parts)
-    pad = torch.nn.functional.pad
-
-    def left(t, value):
-        return pad(t, (prompt_width - t.shape[1], 0), value=value)
-
-    def right(t, value):
-        return pad(t, (0, completion_width - t.shape[2]), value=value)
-
-    stats = {k: sum(r.stats[k] for r in parts) for k in ("generated_tokens", "decode_steps")}
-    return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in parts]),  # [P, Lp]
-                    prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in parts]),
-                    completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in parts]),  # [P, n, Lc]
-                    completion_mask=torch.cat([right(r.completion_mask, 0) for r in parts]),
-                    texts=[group for r in parts for group in r.texts], stats=stats)
-
-
-def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 up to and including the first EOS of each row, 0 after it; all 1 when no EOS.
-
-    completion_ids [..., Lc] -> mask [..., Lc] (long)
-    """
-    is_eos = completion_ids == eos_token_id
-    # number of EOS strictly before each position; a position is kept while that count is 0
-    eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()
-    return (eos_before == 0).long()
+from podsrl.types import Rollouts, completion_mask_from_eos
 
 
 def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: int, share_prefill: bool,
@@ -91,8 +21,6 @@ def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: i
     if not share_prefill or num_samples == 1 or ids.shape[1] < 2:
         return model.generate(input_ids=ids, attention_mask=mask, num_return_sequences=num_samples,
                               **generate_kwargs)
-    from transformers import DynamicCache
-
     cache = DynamicCache(config=model.config)
     position_ids = (mask.cumsum(dim=1) - 1).clamp_min(0)  # [p, Lp], as generate computes them
     model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],

@@ -1,59 +1,64 @@
-"""Tasks, registered by name. A task builder takes the run config and returns a Task.
+"""Tasks, registered by name: where prompts and their verifiable answers come from.
 
 Built in: ``arithmetic`` (offline, procedural), ``gsm8k``, ``math`` (MATH / MATH-500),
 ``jsonl`` (your own data), and ``reasoning_gym:NAME`` for any reasoning-gym dataset.
-Register your own with ``TASKS["name"] = builder``, ``builder(cfg, with_train) -> Task``.
+Register your own with ``TASKS["name"] = builder``, ``builder(options: TaskOptions,
+with_train: bool) -> Task``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+from podsrl.tasks.arithmetic import build_arithmetic
 from podsrl.tasks.base import (REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, PreparedSplit, Task,
                                prepare_split, render_prompt, reward_columns)
+from podsrl.tasks.gsm8k import build_gsm8k
+from podsrl.tasks.jsonl import build_jsonl
+from podsrl.tasks.math import build_math
 
 
-def _arithmetic(cfg, with_train: bool) -> Task:
-    from podsrl.tasks.arithmetic import build_arithmetic
-
-    return build_arithmetic(level=cfg.task_level, num_test=cfg.eval_prompts, seed=cfg.data_seed)
-
-
-def _gsm8k(cfg, with_train: bool) -> Task:
-    from podsrl.tasks.math import build_gsm8k
-
-    return build_gsm8k(cfg.train_data, cfg.test_data, with_train=with_train)
-
-
-def _math(cfg, with_train: bool) -> Task:
-    from podsrl.tasks.math import build_math
-
-    return build_math(cfg.train_data, cfg.test_data, with_train=with_train)
+@dataclass(frozen=True)
+class TaskOptions:
+    task: str = "arithmetic"  # a name in TASKS, or reasoning_gym:NAME
+    task_level: int = 3  # arithmetic difficulty (1-5)
+    data_seed: int = 0  # seed of the train / held-out split
+    train_data: str = ""  # gsm8k / math / jsonl: a local file or a hub dataset
+    test_data: str = ""
+    prompt_column: str = "prompt"  # jsonl
+    answer_column: str = "answer"  # jsonl
+    reasoning_gym_size: int = 10000  # train problems of a reasoning_gym:NAME task
+    num_test: int = 300  # held-out problems generated (arithmetic, reasoning-gym)
 
 
-def _jsonl(cfg, with_train: bool) -> Task:
-    from podsrl.tasks.custom import build_custom
+TaskBuilder = Callable[[TaskOptions, bool], Task]
 
-    return build_custom(cfg.train_data, cfg.test_data, cfg.prompt_column, cfg.answer_column, with_train=with_train)
-
-
-TASKS = {"arithmetic": _arithmetic, "gsm8k": _gsm8k, "math": _math, "jsonl": _jsonl}
+TASKS: dict[str, TaskBuilder] = {
+    "arithmetic": lambda o, with_train: build_arithmetic(level=o.task_level, num_test=o.num_test, seed=o.data_seed),
+    "gsm8k": lambda o, with_train: build_gsm8k(o.train_data, o.test_data, with_train=with_train),
+    "math": lambda o, with_train: build_math(o.train_data, o.test_data, with_train=with_train),
+    "jsonl": lambda o, with_train: build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column,
+                                               with_train=with_train),
+}
 
 
 def is_known_task(name: str) -> bool:
     return name in TASKS or name.startswith(REASONING_GYM_PREFIX)
 
 
-def build_task(cfg, with_train: bool = True) -> Task:
+def build_task(options: TaskOptions, with_train: bool = True) -> Task:
     """The configured task. ``with_train=False`` skips reading the train split (evaluation)."""
-    if cfg.task.startswith(REASONING_GYM_PREFIX):
-        from podsrl.tasks.reasoning_gym_task import build_reasoning_gym
+    if options.task.startswith(REASONING_GYM_PREFIX):
+        from podsrl.tasks.reasoning_gym import build_reasoning_gym  # optional dependency, imported on use
 
-        return build_reasoning_gym(cfg.task[len(REASONING_GYM_PREFIX):], num_train=cfg.reasoning_gym_size,
-                                   num_test=cfg.eval_prompts, seed=cfg.data_seed)
-    if cfg.task not in TASKS:
-        raise ValueError(f"task: unknown task {cfg.task!r}; known: {', '.join(sorted(TASKS))}, "
+        return build_reasoning_gym(options.task[len(REASONING_GYM_PREFIX):], num_train=options.reasoning_gym_size,
+                                   num_test=options.num_test, seed=options.data_seed)
+    if options.task not in TASKS:
+        raise ValueError(f"task: unknown task {options.task!r}; known: {', '.join(sorted(TASKS))}, "
                          f"{REASONING_GYM_PREFIX}NAME")
-    return TASKS[cfg.task](cfg, with_train)
+    return TASKS[options.task](options, with_train)
 
 
-__all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "PreparedSplit", "Task", "build_task",
-           "is_known_task", "prepare_split", "render_prompt", "reward_columns"]
+__all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "PreparedSplit", "Task", "TaskOptions",
+           "build_task", "is_known_task", "prepare_split", "render_prompt", "reward_columns"]

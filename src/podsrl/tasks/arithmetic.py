@@ -1,6 +1,6 @@
 """The built-in offline arithmetic task.
 
-Prompts follow the slides' style: ``What is 3 + 7? Answer in format: 'Answer: {result}'``.
+Prompts follow the style of the PODS authors' slides: ``What is 3 + 7? Answer in format: 'Answer: {result}'``.
 Problems come from a seeded procedural generator with difficulty levels; the held-out
 split is drawn first and the train split never contains one of its expressions, so
 held-out accuracy measures generalisation, not recall.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from podsrl.rewards import arithmetic_correct, arithmetic_format, extract_answer
+from podsrl.rewards.functions import arithmetic_correct, arithmetic_format, extract_answer
 from podsrl.tasks.base import Example, Task
 
 PROMPT_TEMPLATE = "What is {expression}? Answer in format: 'Answer: {{result}}'\n"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from podsrl.rewards.functions import extract_final_answer, think_answer_format_strict
+
 REASONING_GYM_PREFIX = "reasoning_gym:"
 
 # R1-style instruction for the <think>...</think><answer>...</answer> format that the
@@ -50,6 +52,19 @@ class Task:
     format_fn: Callable[..., list]
     extract_fn: Callable[[str], str | None]
     system_prompt: str = ""
+
+
+def think_answer_task(name: str, read_examples: Callable[[str, str, str], list[Example]], train_data: str,
+                      test_data: str, defaults: tuple[str, str], with_train: bool,
+                      correct_fn: Callable[..., list]) -> Task:
+    """A math-word-problem task in the paper's style (GSM8K, MATH): the splits read by
+    ``read_examples(spec, split, field_name)`` from the given data or the hub ``defaults``
+    (train, test), answers graded by ``correct_fn``, prompts asking for
+    ``<think>...</think><answer>...</answer>``."""
+    train = read_examples(train_data or defaults[0], "train", "train_data") if with_train else []
+    return Task(name=name, train=train, test=read_examples(test_data or defaults[1], "test", "test_data"),
+                correct_fn=correct_fn, format_fn=think_answer_format_strict, extract_fn=extract_final_answer,
+                system_prompt=THINK_ANSWER_SYSTEM_PROMPT)
 
 
 def render_prompt(tokenizer, example: Example, system_prompt: str = "", use_chat_template: bool = True) -> str:

@@ -2,12 +2,13 @@
 generators and scorers, seeded.
 
 The model answers inside ``<answer>...</answer>``; reasoning-gym's ``score_answer`` grades
-the extracted answer against the generating entry (which travels as a column).
+the extracted answer against the generating entry, which travels as the ``rg_entry``
+column (:func:`podsrl.rewards.functions.reasoning_gym_correct`).
 """
 
 from __future__ import annotations
 
-from podsrl.grading import completion_text, extract_final_answer, think_answer_format_strict
+from podsrl.rewards.functions import extract_final_answer, reasoning_gym_correct, think_answer_format_strict
 from podsrl.tasks.base import REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, Task
 
 
@@ -30,15 +31,6 @@ def build_reasoning_gym(name: str, num_train: int, num_test: int, seed: int) -> 
     examples = [Example(prompt=e["question"], answer=str(e["answer"]), columns={"rg_entry": e}) for e in entries]
     held_out = {ex.prompt for ex in examples[num_train:]}
     train = [ex for ex in examples[:num_train] if ex.prompt not in held_out]
-
-    def reasoning_gym_correct(prompts, completions, rg_entry, **_columns):
-        """1.0 when reasoning-gym's own scorer gives full marks to the extracted answer.
-        Partial credit (some datasets give 0.01 for a wrong answer) counts as wrong, so the
-        metric stays an accuracy."""
-        return [float(dataset.score_answer(answer=extract_final_answer(completion_text(c)), entry=entry) >= 1.0)
-                for c, entry in zip(completions, rg_entry)]
-
-    reasoning_gym_correct.__name__ = f"reasoning_gym_{name}_correct"
     return Task(name=REASONING_GYM_PREFIX + name, train=train, test=examples[num_train:],
-                correct_fn=reasoning_gym_correct, format_fn=think_answer_format_strict,
+                correct_fn=reasoning_gym_correct(dataset, name), format_fn=think_answer_format_strict,
                 extract_fn=extract_final_answer, system_prompt=THINK_ANSWER_SYSTEM_PROMPT)

@@ -7,7 +7,7 @@ update, accuracy at fixed fractions of the budget, peak accuracy, and the speedu
 of the authors' plotting code: the time the baseline needs to reach 99% of its own best
 mean accuracy, divided by the time each arm needs to reach that same accuracy.
 
-Honest reading (see DESIGN.md "Reading the speedup honestly"): the speedup is given on the
+Honest reading (docs/reproducing.md, "Reading the speedup honestly"): the speedup is given on the
 mean curves and per seed (runs paired by seed, mean with an exact t interval). A run that
 never reaches the target is **censored** at the end of its budget, not dropped: its time
 counts as its whole budget, so the pair's ratio is a bound (an upper bound when the arm
@@ -18,16 +18,20 @@ censored. Reports state the commit, dates and machine the runs recorded themselv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podsrl.metrics import read_metrics
-from podsrl.plot import save_accuracy_figure
+from podsrl.config import validate
+from podsrl.experiments.plots import save_accuracy_figure
+from podsrl.experiments.stats import mean_ci
+from podsrl.methods import METHODS
 from podsrl.provenance import read_environment
-from podsrl.stats import mean_ci
+from podsrl.trainer import train
+from podsrl.metrics import read_metrics
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
@@ -48,11 +52,7 @@ class Run:
     @property
     def arm(self) -> str:
         c = self.config
-        if c["method"] == "grpo":
-            return f"grpo {c['m']}/{c['m']}"
-        if c["method"] == "grpo-ga":
-            return f"grpo-ga {c['n']}"
-        return f"pods {c['n']}->{c['m']} {c['rule']}"
+        return METHODS[c["method"]].arm_name(c["n"], c["m"], c["rule"])
 
     @property
     def seed(self) -> int | None:
@@ -318,35 +318,33 @@ def format_table(result: dict) -> str:
                 bound = {"arm": "an upper bound: the arm missed the target within its budget",
                          "baseline": "a lower bound: the baseline missed the target within its budget",
                          "both": "no bound: neither run reached the target"}[p["censored"]]
-                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {p['ratio']:.2f} is {bound} "
-                             f"(times {p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
+                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {p['ratio']:.2f} is {bound} (times "
+                             f"{p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
     if notes:
         lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
     return "\n".join(lines)
 
 
 def arm_configs(base, methods: list[str], rules: list[str], n_values: list[int], m_values: list[int]) -> list[dict]:
-    """Config overrides of every arm: grpo over m, grpo-ga over n, pods over n x m x rules."""
+    """Config overrides of every arm: a method that generates m sweeps m; one that trains on
+    all n sweeps n; one that selects sweeps n x m x rules (m < n)."""
     arms = []
-    for method in methods:
-        if method == "grpo":
-            arms += [{"method": "grpo", "m": m, "n": max(base.n, m)} for m in m_values]
-        elif method == "grpo-ga":
-            arms += [{"method": "grpo-ga", "n": n, "m": min(base.m, n)} for n in n_values]
-        elif method == "pods":
-            arms += [{"method": "pods", "n": n, "m": m, "rule": rule}
-                     for n in n_values for m in m_values if m < n for rule in rules]
+    for name in methods:
+        if name not in METHODS:
+            raise ValueError(f"methods: unknown method {name!r}; use {', '.join(METHODS)}")
+        method = METHODS[name]
+        if not method.generates_n:
+            arms += [{"method": name, "m": m, "n": max(base.n, m)} for m in m_values]
+        elif not method.selects:
+            arms += [{"method": name, "n": n, "m": min(base.m, n)} for n in n_values]
         else:
-            raise ValueError(f"methods: unknown method {method!r}; use grpo, grpo-ga, pods")
+            arms += [{"method": name, "n": n, "m": m, "rule": rule}
+                     for n in n_values for m in m_values if m < n for rule in rules]
     return arms
 
 
 def arm_dir_name(overrides: dict) -> str:
-    if overrides["method"] == "grpo":
-        return f"grpo-m{overrides['m']}"
-    if overrides["method"] == "grpo-ga":
-        return f"grpo-ga-n{overrides['n']}"
-    return f"pods-n{overrides['n']}-m{overrides['m']}-{overrides['rule']}"
+    return METHODS[overrides["method"]].dir_name(overrides["n"], overrides["m"], overrides.get("rule", ""))
 
 
 def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:
@@ -363,11 +361,6 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
     """Train every arm x seed on this machine with the same training-time budget, in the
     interleaved order of :func:`run_plan`. Finished runs are reused and interrupted ones
     resumed, so a long comparison can be restarted."""
-    import dataclasses
-
-    from podsrl.config import validate
-    from podsrl.trainer import train
-
     run_dirs = []
     plan = run_plan(arms, [base.seed + k for k in range(seeds)])
     for i, (arm, seed) in enumerate(plan, start=1):

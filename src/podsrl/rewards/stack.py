@@ -1,98 +1,17 @@
-"""Verifiable reward functions.
-
-Every reward function has TRL's signature ``fn(prompts, completions, **columns) ->
-list[float | None]`` (``None`` = not verifiable for that sample), so a function written
-for TRL's ``GRPOTrainer`` plugs in unchanged. Built-ins are registered by name in
-``REWARDS``; user functions load from ``module:function`` (``load_reward_fn``). A run's
-reward is a weighted sum of functions (``RewardStack``), with a policy for functions that
-raise or hang.
-"""
+"""A weighted sum of reward functions with a policy for functions that raise, hang or
+return malformed values."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
-import importlib.util
 import math
-import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from podsrl.grading import (grade, gsm8k_correct, math_correct, think_answer_format_soft,
-                            think_answer_format_strict)
 
 RewardFn = Callable[..., list]
-
-# "Answer: 42" anywhere; the LAST occurrence is the model's final answer. ASCII digits
-# only: the requested format is ASCII.
-_ANSWER = re.compile(r"Answer:\s*(-?\d+)", re.ASCII)
-# The whole completion is exactly the requested format (surrounding whitespace allowed).
-_STRICT_FORMAT = re.compile(r"\s*Answer: -?\d+\s*", re.ASCII)
-
-
-def extract_answer(completion: str) -> str | None:
-    """The integer after the last ``Answer:`` in the completion, or None."""
-    found = _ANSWER.findall(completion)
-    return found[-1] if found else None
-
-
-def arithmetic_correct(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str],
-                       **_columns) -> list[float]:
-    """1.0 when the extracted integer equals the gold answer exactly, else 0.0."""
-    rewards = []
-    for completion, gold in zip(completions, answer):
-        predicted = extract_answer(completion)
-        rewards.append(float(predicted is not None and int(predicted) == int(gold)))
-    return rewards
-
-
-def arithmetic_format(prompts: Sequence[str], completions: Sequence[str], **_columns) -> list[float]:
-    """1.0 when the completion is exactly ``Answer: <integer>``, else 0.0."""
-    return [float(_STRICT_FORMAT.fullmatch(c) is not None) for c in completions]
-
-
-REWARDS: dict[str, RewardFn] = {
-    "arithmetic_correct": arithmetic_correct,
-    "arithmetic_format": arithmetic_format,
-    "gsm8k_correct": gsm8k_correct,
-    "math_correct": math_correct,
-    "think_answer_format_strict": think_answer_format_strict,
-    "think_answer_format_soft": think_answer_format_soft,
-}
-
-
-def load_reward_fn(spec: str) -> RewardFn:
-    """A registered name, or ``module:function`` (``module`` importable, or a path to a
-    ``.py`` file), e.g. ``my_rewards:length_penalty`` or ``./rewards.py:format_reward``."""
-    if spec in REWARDS:
-        return REWARDS[spec]
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"reward_funcs: {spec!r} is neither a built-in reward ({', '.join(sorted(REWARDS))}) "
-                         f"nor 'module:function'")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).expanduser().resolve()
-            if not path.is_file():
-                raise FileNotFoundError(f"reward_funcs: file not found: {path}")
-            module = sys.modules.get(path.stem)
-            if getattr(module, "__file__", None) != str(path):  # load each file once, like an import
-                spec_obj = importlib.util.spec_from_file_location(path.stem, path)
-                module = importlib.util.module_from_spec(spec_obj)
-                spec_obj.loader.exec_module(module)
-                sys.modules[path.stem] = module
-        else:
-            module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"reward_funcs: cannot import module {module_name!r} for {spec!r}: {err}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward_funcs: {module_name!r} has no function {attr!r}")
-    return fn
 
 
 class RewardError(RuntimeError):
@@ -184,7 +103,3 @@ def _checked(fn, values, expected: int) -> list[float | None]:
             raise ValueError(f"reward function {_name(fn)} returned {v!r}")
         out.append(v)
     return out
-
-
-__all__ = ["REWARDS", "RewardError", "RewardStack", "arithmetic_correct", "arithmetic_format", "extract_answer",
-           "grade", "load_reward_fn"]

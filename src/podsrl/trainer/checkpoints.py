@@ -153,7 +153,7 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict
     weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
     rest = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu")  # state follows its parameter
     trainer_state = json.loads((path / STATE_FILE).read_text())
-    if not isinstance(weights, dict) or not isinstance(rest, dict) or not {"optimizer", "scheduler", "rng"} <= set(rest):
+    if not (isinstance(weights, dict) and isinstance(rest, dict) and {"optimizer", "scheduler", "rng"} <= set(rest)):
         raise ValueError(f"checkpoint {path}: not a podsrl checkpoint")
     _check_weights(path, weights, model)
     _check_optimizer(path, rest["optimizer"], optimizer)

@@ -1,4 +1,4 @@
-"""Answer extraction and grading for GSM8K and MATH(-500), plus TRL-style reward functions.
+"""Answer extraction and grading for GSM8K and MATH(-500).
 
 ``grade`` is layered from cheap-and-certain to expensive-and-general so that the common
 cases never touch sympy: (1) both sides are plain numbers -> compare as exact fractions;
@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 import threading
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
-TASKS = ("gsm8k", "math")
+GRADED_TASKS = ("gsm8k", "math")  # the answer styles grade() knows
 # math_verify's timeouts are whole seconds of SIGALRM. A few seconds is far above what any
 # real MATH answer needs (~1-100 ms) and bounds the damage of a pathological completion.
 PARSE_TIMEOUT_S = 3
@@ -224,8 +224,8 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
 
 def answers_equal(pred: str, gold: str, task: str) -> bool:
     """Whether an already-extracted answer equals the gold (see module docstring for the order)."""
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}: expected one of {TASKS}")
+    if task not in GRADED_TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {GRADED_TASKS}")
     p_num, g_num = normalize_number(pred, task), normalize_number(gold, task)
     if p_num is not None and g_num is not None:
         p_val, g_val = _to_fraction(p_num), _to_fraction(g_num)
@@ -245,8 +245,8 @@ def grade(completion: str, gold: str, task: str) -> bool:
     Deterministic for a given input (no sampling; only a math_verify timeout, i.e. a
     pathological answer on an overloaded machine, can flip a verdict, and only to False).
     """
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}: expected one of {TASKS}")
+    if task not in GRADED_TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {GRADED_TASKS}")
     pred = extract_final_answer(completion or "")
     if pred is None or not gold or not gold.strip():
         return False
@@ -267,61 +267,3 @@ def math_gold(example: dict[str, Any]) -> str:
     if boxed is None:
         raise ValueError("example has no `answer` and no \\boxed{} in `solution`")
     return boxed
-
-
-# --- TRL-signature reward functions: fn(prompts, completions, **columns) -> list[float] ---
-
-def completion_text(completion: Any) -> str:
-    """Plain text of a completion: TRL passes a string, or (conversational) a message list."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        completion = [completion]
-    if isinstance(completion, (list, tuple)) and completion:
-        content = completion[-1].get("content", "") if isinstance(completion[-1], dict) else completion[-1]
-        if isinstance(content, list):  # multimodal-style parts: [{"type": "text", "text": ...}]
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return content if isinstance(content, str) else ""
-    return ""
-
-
-def think_answer_format_strict(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
-    """1.0 for exactly ``<think>...</think> <answer>...</answer>`` and nothing else.
-
-    Counting the tags first makes "exactly one of each" explicit instead of relying on a
-    tempered regex, and keeps the check linear on long completions.
-    """
-    rewards = []
-    for c in completions:
-        text = completion_text(c).strip()
-        once = all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
-        ok = once and re.fullmatch(r"<think>.*?</think>\s*<answer>.*?</answer>", text, re.DOTALL)
-        rewards.append(1.0 if ok else 0.0)
-    return rewards
-
-
-def think_answer_format_soft(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
-    """1.0 when a complete ``<answer>...</answer>`` block exists anywhere; no partial credit,
-    since a half tag is not something the extractor can use."""
-    rewards = []
-    for c in completions:
-        text = completion_text(c)
-        close = text.rfind("</answer>")
-        rewards.append(1.0 if close >= 0 and text.rfind("<answer>", 0, close) >= 0 else 0.0)
-    return rewards
-
-
-def _correct(task: str, completions: Sequence[Any], answer: Sequence[str]) -> list[float]:
-    return [float(grade(completion_text(c), str(g), task)) for c, g in zip(completions, answer, strict=True)]
-
-
-def gsm8k_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
-                  **_columns) -> list[float]:
-    """1.0 when the final answer equals the GSM8K gold number (``answer`` column: gsm8k_gold)."""
-    return _correct("gsm8k", completions, answer)
-
-
-def math_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
-                 **_columns) -> list[float]:
-    """1.0 when the final answer equals the MATH gold LaTeX (``answer`` column: math_gold)."""
-    return _correct("math", completions, answer)

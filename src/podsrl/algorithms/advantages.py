@@ -1,0 +1,25 @@
+"""Group-normalised advantages over each prompt's kept rollouts.
+
+rewards [P, m] -> advantages [P, m]; pure tensor code (no config, no model).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """``A_i = (r_i - mean_S r) / (std_S r + eps)`` over each group's kept set S.
+
+    rewards [P, m] -> advantages [P, m]. The paper normalises over the m *kept* rollouts,
+    not the n generated. ``std`` is the sample standard deviation (correction 1, as TRL and
+    the authors' code); ``scale_by_std=False`` only centres (Dr. GRPO). A group whose kept
+    rewards are all equal gets exactly 0, never NaN (it carries no learning signal).
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [P, m], got shape {tuple(rewards.shape)}")
+    centred = rewards - rewards.mean(dim=1, keepdim=True)  # [P, m]
+    constant = (rewards.amax(dim=1) == rewards.amin(dim=1)).unsqueeze(1)  # [P, 1]
+    if scale_by_std and rewards.shape[1] > 1:
+        centred = centred / (rewards.std(dim=1, keepdim=True) + eps)
+    return centred.masked_fill(constant, 0.0)

@@ -1,0 +1,67 @@
+"""What each method generates, selects and trains on: the one place that says it.
+
+| method | rollouts generated per prompt | rollouts trained on per prompt |
+| --- | --- | --- |
+| grpo | m | m (no selection) |
+| grpo-ga | n | all n, micro-batched with gradient accumulation, one optimizer step |
+| pods | n | m, picked by a down-sampling rule (Xu et al., arXiv 2504.13818) |
+
+The config, the training loop and the comparison tools ask a :class:`Method` instead of
+testing the method's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from podsrl.algorithms.select import select
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    generates_n: bool  # generates n rollouts per prompt (else m)
+    selects: bool  # keeps m of them by a rule (else trains on every generated rollout)
+    description: str
+
+    def generated(self, n: int, m: int) -> int:
+        """Rollouts generated per prompt."""
+        return n if self.generates_n else m
+
+    def trained(self, n: int, m: int) -> int:
+        """Rollouts trained on per prompt."""
+        return m if self.selects or not self.generates_n else n
+
+    def keep(self, rewards: torch.Tensor, m: int, rule: str, generator: torch.Generator | None) -> torch.Tensor:
+        """Indices [P, trained] of the rollouts to train on, from rewards [P, generated]."""
+        if self.selects:
+            return select(rule, rewards, m, generator=generator)
+        return torch.arange(rewards.shape[1]).expand(rewards.shape[0], -1)
+
+    def arm_name(self, n: int, m: int, rule: str) -> str:
+        """How comparisons label a run of this method: 'grpo 4/4', 'grpo-ga 16', 'pods 16->4 max_variance'."""
+        if not self.generates_n:
+            return f"{self.name} {m}/{m}"
+        if not self.selects:
+            return f"{self.name} {n}"
+        return f"{self.name} {n}->{m} {rule}"
+
+    def dir_name(self, n: int, m: int, rule: str) -> str:
+        """A folder name for a comparison arm: 'grpo-m4', 'grpo-ga-n16', 'pods-n16-m4-max_variance'."""
+        if not self.generates_n:
+            return f"{self.name}-m{m}"
+        if not self.selects:
+            return f"{self.name}-n{n}"
+        return f"{self.name}-n{n}-m{m}-{rule}"
+
+
+METHODS: dict[str, Method] = {
+    "grpo": Method("grpo", generates_n=False, selects=False,
+                   description="generate and train m per prompt (no selection)"),
+    "grpo-ga": Method("grpo-ga", generates_n=True, selects=False,
+                      description="generate n, train on all n with gradient accumulation"),
+    "pods": Method("pods", generates_n=True, selects=True,
+                   description="generate n, train on m picked by `rule`"),
+}

@@ -1,0 +1,111 @@
+"""Built-in reward functions, with TRL's signature ``fn(prompts, completions, **columns)
+-> list[float | None]`` (``None`` = not verifiable for that sample), so they plug into
+TRL's ``GRPOTrainer`` unchanged and TRL users' functions plug into podsrl.
+
+Completions may be strings or, as TRL passes them for conversational data, message lists
+(:func:`completion_text`). Dataset columns arrive as keyword arguments under their own
+names (``answer``: the gold answer).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from podsrl.rewards.grading import extract_final_answer, grade
+
+# "Answer: 42" anywhere; the LAST occurrence is the model's final answer. ASCII digits
+# only: the requested format is ASCII.
+_ANSWER = re.compile(r"Answer:\s*(-?\d+)", re.ASCII)
+# The whole completion is exactly the requested format (surrounding whitespace allowed).
+_STRICT_FORMAT = re.compile(r"\s*Answer: -?\d+\s*", re.ASCII)
+
+
+def extract_answer(completion: str) -> str | None:
+    """The integer after the last ``Answer:`` in the completion, or None."""
+    found = _ANSWER.findall(completion)
+    return found[-1] if found else None
+
+
+def arithmetic_correct(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str],
+                       **_columns) -> list[float]:
+    """1.0 when the extracted integer equals the gold answer exactly, else 0.0."""
+    rewards = []
+    for completion, gold in zip(completions, answer):
+        predicted = extract_answer(completion)
+        rewards.append(float(predicted is not None and int(predicted) == int(gold)))
+    return rewards
+
+
+def arithmetic_format(prompts: Sequence[str], completions: Sequence[str], **_columns) -> list[float]:
+    """1.0 when the completion is exactly ``Answer: <integer>``, else 0.0."""
+    return [float(_STRICT_FORMAT.fullmatch(c) is not None) for c in completions]
+
+
+def completion_text(completion: Any) -> str:
+    """Plain text of a completion: TRL passes a string, or (conversational) a message list."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, (list, tuple)) and completion:
+        content = completion[-1].get("content", "") if isinstance(completion[-1], dict) else completion[-1]
+        if isinstance(content, list):  # multimodal-style parts: [{"type": "text", "text": ...}]
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return content if isinstance(content, str) else ""
+    return ""
+
+
+def think_answer_format_strict(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
+    """1.0 for exactly ``<think>...</think> <answer>...</answer>`` and nothing else.
+
+    Counting the tags first makes "exactly one of each" explicit instead of relying on a
+    tempered regex, and keeps the check linear on long completions.
+    """
+    rewards = []
+    for c in completions:
+        text = completion_text(c).strip()
+        once = all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+        ok = once and re.fullmatch(r"<think>.*?</think>\s*<answer>.*?</answer>", text, re.DOTALL)
+        rewards.append(1.0 if ok else 0.0)
+    return rewards
+
+
+def think_answer_format_soft(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
+    """1.0 when a complete ``<answer>...</answer>`` block exists anywhere; no partial credit,
+    since a half tag is not something the extractor can use."""
+    rewards = []
+    for c in completions:
+        text = completion_text(c)
+        close = text.rfind("</answer>")
+        rewards.append(1.0 if close >= 0 and text.rfind("<answer>", 0, close) >= 0 else 0.0)
+    return rewards
+
+
+def _correct(task: str, completions: Sequence[Any], answer: Sequence[str]) -> list[float]:
+    return [float(grade(completion_text(c), str(g), task)) for c, g in zip(completions, answer, strict=True)]
+
+
+def gsm8k_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
+                  **_columns) -> list[float]:
+    """1.0 when the final answer equals the GSM8K gold number (``answer`` column: gsm8k_gold)."""
+    return _correct("gsm8k", completions, answer)
+
+
+def math_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
+                 **_columns) -> list[float]:
+    """1.0 when the final answer equals the MATH gold LaTeX (``answer`` column: math_gold)."""
+    return _correct("math", completions, answer)
+
+
+def reasoning_gym_correct(dataset, name: str):
+    """The correctness reward of a reasoning-gym dataset: 1.0 when reasoning-gym's own
+    scorer gives full marks to the extracted answer. Partial credit (some datasets give
+    0.01 for a wrong answer) counts as wrong, so the metric stays an accuracy. The entry
+    that generated each problem travels as the ``rg_entry`` column."""
+    def correct(prompts, completions, rg_entry, **_columns):
+        return [float(dataset.score_answer(answer=extract_final_answer(completion_text(c)), entry=entry) >= 1.0)
+                for c, entry in zip(completions, rg_entry)]
+
+    correct.__name__ = f"reasoning_gym_{name}_correct"
+    return correct

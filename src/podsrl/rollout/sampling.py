@@ -1,0 +1,35 @@
+"""Token sampling with transformers' semantics, for podsrl's own decoder (the slots engine).
+
+logits in float32, temperature then top-p (nucleus) filtering, one multinomial draw per
+token; greedy (argmax) at temperature 0. Tested against transformers' logits warpers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def warp_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Temperature, then nucleus (top-p) filtering, as transformers' warpers do.
+
+    logits [B, V] (float32) -> [B, V] with filtered tokens at -inf. Of the tokens sorted by
+    probability, those whose ascending cumulative probability is <= 1 - top_p are removed;
+    the most likely token is always kept.
+    """
+    logits = logits / temperature
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, sorted_indices = torch.sort(logits, descending=False)  # [B, V]
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[..., -1:] = False
+    remove = remove_sorted.scatter(1, sorted_indices, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def next_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """logits [B, V] -> tokens [B]: argmax when temperature == 0, else one multinomial draw each."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = warp_logits(logits.float(), temperature, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1).squeeze(1)

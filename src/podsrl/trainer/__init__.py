@@ -1,0 +1,16 @@
+"""Training runs: ``train(cfg)`` and its parts.
+
+- :mod:`~podsrl.trainer.loop`: the loop and one step of the pipeline
+- :mod:`~podsrl.trainer.setup`: Config -> the stages' options and the run's components
+- :mod:`~podsrl.trainer.run`: the run's bookkeeping (evaluate, resume, checkpoint, finish)
+- :mod:`~podsrl.trainer.state`: prompt order, rollout seeds, clean stops on signals
+- :mod:`~podsrl.trainer.checkpoints`: checkpoint files (crash-safe, all-or-nothing)
+- :mod:`~podsrl.trainer.logging`: step records, metrics.jsonl, timers, progress
+- :mod:`~podsrl.trainer.evaluate`: held-out evaluation (training and ``podsrl eval``)
+"""
+
+from podsrl.trainer.loop import train
+from podsrl.trainer.run import RunResult
+from podsrl.trainer.state import TrainingStopped
+
+__all__ = ["RunResult", "TrainingStopped", "train"]

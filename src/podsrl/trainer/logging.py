@@ -1,0 +1,85 @@
+"""What each step logs: per-stage timers, the step record (what shows whether
+down-sampling works: reward mean and spread before and after selection, zero-variance
+groups, completion lengths, seconds per stage) and the progress bar. The metrics.jsonl
+file itself is :mod:`podsrl.metrics`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from podsrl.distributed import Processes
+from podsrl.metrics import read_metrics
+from podsrl.types import Rollouts, Scores
+
+
+class StageTimer:
+    """Wall-clock seconds per named stage of one step: ``with timer("generate"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def say(message: str) -> None:
+    """A message for the user, on stderr (stdout carries the results)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def progress_bar(total: int, step: int, desc: str, enabled: bool):
+    return tqdm(total=total, initial=step, disable=not enabled, desc=desc, unit="step", dynamic_ncols=True)
+
+
+def group_stats(prefix: str, rewards: torch.Tensor) -> dict[str, float]:
+    """Mean, mean within-group std and zero-variance fraction of rewards [P, k]."""
+    return {f"{prefix}_mean": float(rewards.mean()),
+            f"{prefix}_std": float(rewards.std(dim=1, correction=0).mean()),
+            f"{prefix}_zero_var_frac": float((rewards.amax(1) == rewards.amin(1)).float().mean())}
+
+
+def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rollouts, scores: Scores,
+                kept: Rollouts, kept_rewards: torch.Tensor, update: dict, seconds: dict[str, float],
+                reward_failures: int) -> dict:
+    """One metrics.jsonl record, from tensors gathered over every process's prompt groups."""
+    everywhere = {name: procs.gather(t) for name, t in (  # [P_all, ...]: the whole batch
+        ("rewards", scores.reward), ("kept_rewards", kept_rewards), ("correct", scores.correct),
+        ("format", scores.format), ("unverifiable", scores.unverifiable.float()),
+        ("length", rollouts.completion_mask.sum(-1).float()),
+        ("kept_length", kept.completion_mask.sum(-1).float()))}
+    decode_steps, failures = procs.sum([rollouts.stats["decode_steps"], reward_failures])
+    record = {"step": step, "train_seconds": train_seconds, "lr": update["lr"],
+              **group_stats("reward", everywhere["rewards"]),
+              **group_stats("kept_reward", everywhere["kept_rewards"]),
+              "correct_rate": float(everywhere["correct"].nanmean()),
+              "format_rate": float(everywhere["format"].nanmean()),  # NaN (null) when not scored
+              "unverifiable": int(everywhere["unverifiable"].sum()), "reward_failures": int(failures),
+              "completion_len": float(everywhere["length"].mean()),
+              "kept_completion_len": float(everywhere["kept_length"].mean()),
+              "decode_steps": int(decode_steps),
+              **procs.mean({**update, **{f"time_{k}": v for k, v in seconds.items()}})}
+    if procs.world_size > 1:
+        record["skipped_step"] = int(record["skipped_step"])
+    return record
+
+
+def logged_evals(path: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """The first and the latest evaluation written to a metrics.jsonl (on resume)."""
+    evals = [{k: v for k, v in r.items() if k.startswith("eval_")}
+             for r in read_metrics(path) if r.get("eval_accuracy") is not None]
+    return evals[0], evals[-1]

@@ -1,0 +1,145 @@
+"""The training loop: generate -> reward -> select -> advantages -> update, read top to bottom.
+
+``training_step`` is one step of the pipeline on this process's prompt groups, each stage
+timed; ``train`` sets the run up, then steps, logs, evaluates and checkpoints until the
+step count or the time budget is reached. The stages live in their own packages
+(``rollout``, ``rewards``, ``methods`` / ``algorithms``, ``update``); set-up, run state and
+logging in the modules beside this one.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+
+from podsrl.algorithms.advantages import group_advantages
+from podsrl.config import Config
+from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.logging import StageTimer, progress_bar, step_record
+from podsrl.trainer.run import Run, RunResult
+from podsrl.trainer.setup import set_up
+from podsrl.trainer.state import StopSignals, TrainingStopped, sampling_seed
+from podsrl.types import Rollouts, Scores, UpdateBatch
+from podsrl.update import batch_logprobs, flatten_for_update, update_policy
+
+
+@dataclass
+class StepOutcome:
+    rollouts: Rollouts  # [P, n, Lc] this process's
+    scores: Scores  # [P, n]
+    kept: Rollouts  # [P, m, Lc]
+    kept_rewards: torch.Tensor  # [P, m]
+    update: dict  # loss, grad_norm, clip_fraction, kl, skipped_step, lr
+
+
+def training_step(run: Run, timer: StageTimer) -> StepOutcome:
+    """One step of the pipeline on this process's share of the step's prompts."""
+    cfg, method = run.cfg, run.method
+    indices = run.procs.block(run.sampler.take(cfg.prompts_per_step))  # this process's prompts
+    examples = [run.train_split.examples[i] for i in indices]
+    with timer("generate"):
+        rollouts = generate_rollouts(run, [run.train_split.prompts[i] for i in indices])  # [P, n, Lc]
+    with timer("reward"):
+        scores = run.scorer(examples, rollouts)  # [P, n]
+    with timer("select"):
+        keep = method.keep(scores.reward, cfg.m, cfg.rule, run.generators["rule"])  # [P, m]
+        kept, kept_rewards = rollouts.select(keep), scores.reward.gather(1, keep)  # [P, m, Lc], [P, m]
+    with timer("advantages"):
+        advantages = group_advantages(kept_rewards, scale_by_std=cfg.scale_rewards)  # [P, m]
+        batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
+    if cfg.num_iterations > 1 or cfg.beta > 0:
+        with timer("logprobs"):  # on the kept rollouts only
+            add_old_and_reference_logprobs(run, batch)
+    with timer("update"):
+        tokens_per_process = run.procs.sum([float(batch.completion_mask.sum())])[0] / run.procs.world_size
+        for _ in range(cfg.num_iterations):
+            update = update_policy(run.model, run.optimizer, run.scheduler, batch, run.update_options, run.procs,
+                                   tokens_per_process)
+    return StepOutcome(rollouts, scores, kept, kept_rewards, update)
+
+
+def generate_rollouts(run: Run, prompts: list[str]) -> Rollouts:
+    """n rollouts for each prompt, in chunks of ``generation_batch_size / n`` prompts, each
+    chunk seeded by its position in the step's batch (so the split over processes does not
+    change the samples)."""
+    cfg, procs, tokenizer = run.cfg, run.procs, run.bundle.tokenizer
+    per_prompt = run.method.generated(cfg.n, cfg.m)
+    chunk = max(1, cfg.generation_batch_size // per_prompt) if cfg.generation_batch_size else len(prompts)
+    parts = []
+    with procs.whole_weights(run.policy):
+        for start in range(0, len(prompts), chunk):
+            torch.manual_seed(sampling_seed(cfg.seed, run.step, procs.rank * len(prompts) + start))
+            parts.append(run.engine(run.policy, tokenizer, prompts[start:start + chunk], per_prompt))
+    return Rollouts.concat(parts, tokenizer.pad_token_id)
+
+
+def add_old_and_reference_logprobs(run: Run, batch: UpdateBatch) -> None:
+    """The generating policy's log-probs (reused batches) and the reference policy's (KL)."""
+    options = dict(size=run.cfg.micro_batch_size, share_prompt=run.cfg.share_prompt_in_update)
+    if run.cfg.num_iterations > 1:
+        batch.old_logp = batch_logprobs(run.policy, batch, **options)
+    if run.cfg.beta > 0:
+        if run.reference is None:  # LoRA: the base model is the policy with its adapter off
+            with run.policy.disable_adapter():
+                batch.ref_logp = batch_logprobs(run.policy, batch, **options)
+        else:
+            batch.ref_logp = batch_logprobs(run.reference, batch, **options)
+
+
+def train(cfg: Config) -> RunResult:
+    """Train with ``cfg``; stops cleanly (with a checkpoint) on SIGINT / SIGTERM."""
+    with StopSignals() as stop:
+        run = set_up(cfg)
+        initial, latest_eval = run.resume_or_start()
+        progress = progress_bar(cfg.steps, run.step, cfg.method, enabled=cfg.progress and run.procs.is_main)
+        run.last_checkpoint_time, consecutive_skips = time.time(), 0
+        while run.step < cfg.steps and not run.out_of_time():
+            run.step += 1
+            timer = StageTimer()
+            outcome = training_step(run, timer)
+            run.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
+            record = step_record(run.procs, run.step, run.train_seconds, outcome.rollouts, outcome.scores,
+                                 outcome.kept, outcome.kept_rewards, outcome.update, timer.seconds,
+                                 run.scorer.failures)
+            if run.procs.world_size > 1 and not run.procs.sharded:
+                record["rank_param_spread"] = run.procs.parameter_spread(run.model)
+            if (cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == cfg.steps or run.out_of_time():
+                eval_start = time.perf_counter()
+                latest_eval = run.evaluate()
+                record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
+            if run.metrics:
+                run.metrics.write(record)
+            progress.update(1)
+            progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
+                                 refresh=False)
+            consecutive_skips = consecutive_skips + 1 if outcome.update["skipped_step"] else 0
+            try:
+                checkpoint_or_stop(run, stop, consecutive_skips)
+            except TrainingStopped:
+                progress.close()
+                raise
+        progress.close()
+        return run.finish(initial, latest_eval)
+
+
+def checkpoint_or_stop(run: Run, stop: StopSignals, consecutive_skips: int) -> None:
+    """Checkpoint when due (every checkpoint_every steps, every checkpoint_minutes, or on a
+    signal) and raise TrainingStopped on a signal or too many non-finite steps in a row."""
+    cfg, procs = run.cfg, run.procs
+    if consecutive_skips >= cfg.max_consecutive_skips:
+        good = list_checkpoints(run.checkpoints)
+        raise TrainingStopped(f"stopped at step {run.step}: {consecutive_skips} consecutive steps had a non-finite "
+                              f"loss or gradient (max_consecutive_skips); last good checkpoint: "
+                              f"{good[-1] if good else 'none'}")
+    signum = int(procs.max([float(stop.signum or 0)])[0])  # a signal may reach one process only
+    due_by_time = cfg.checkpoint_minutes and time.time() - run.last_checkpoint_time >= cfg.checkpoint_minutes * 60
+    due_by_time = bool(procs.max([float(bool(due_by_time))])[0])  # every process must agree
+    if (cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0) or due_by_time or signum:
+        run.checkpoint()
+    if signum:
+        raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.step}; checkpoint "
+                              f"written to {run.checkpoints}; continue with the same command plus --resume true",
+                              signum=signum)

@@ -1,0 +1,151 @@
+"""One training run's components and the bookkeeping around the loop: evaluation,
+resume-or-start, checkpoints, the time budget, and the files written at the end."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from podsrl.config import Config
+from podsrl.distributed import Processes
+from podsrl.experiments.plots import plot_accuracy
+from podsrl.methods import Method
+from podsrl.models import ModelBundle
+from podsrl.rewards.scorer import Scorer
+from podsrl.tasks import PreparedSplit, Task
+from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
+from podsrl.trainer.evaluate import EvalOptions, evaluate
+from podsrl.metrics import MetricsLog
+from podsrl.trainer.logging import logged_evals, say
+from podsrl.trainer.state import PromptSampler
+from podsrl.update import UpdateOptions
+
+EVAL_SEED_OFFSET = 10_007  # evaluation's own seed stream: seed + offset + rank
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    initial: dict[str, float]
+    final: dict[str, float]
+    steps: int
+    train_seconds: float
+    plot: Path
+    is_main: bool = True  # False in the other processes of a multi-process run (they write nothing)
+
+
+@dataclass
+class Run:
+    """Everything a training run works with (built by :func:`podsrl.trainer.setup.set_up`)
+    and the counters it checkpoints."""
+
+    cfg: Config
+    procs: Processes
+    run_dir: Path
+    task: Task
+    bundle: ModelBundle
+    train_split: PreparedSplit
+    test_split: PreparedSplit
+    scorer: Scorer
+    engine: object  # podsrl.rollout.ENGINES[...]
+    method: Method
+    policy: torch.nn.Module  # the bare model: generation, no-grad log-probs, saving
+    reference: torch.nn.Module | None  # a frozen copy for the KL (None: none, or LoRA's adapter-free base)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    generators: dict[str, torch.Generator]  # seeded streams of the rules that draw (checkpointed)
+    sampler: PromptSampler
+    metrics: MetricsLog | None  # only the main process writes
+    update_options: UpdateOptions
+    eval_options: EvalOptions
+    model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
+    step: int = 0
+    train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded
+    last_checkpoint_time: float = field(default_factory=time.time)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def evaluate(self) -> dict[str, float]:
+        seed = self.cfg.seed + EVAL_SEED_OFFSET + self.procs.rank
+        return evaluate(self.bundle, self.task, self.test_split, self.eval_options, seed, self.procs).accuracies
+
+    def out_of_time(self) -> bool:
+        return bool(self.cfg.max_minutes) and self.train_seconds >= self.cfg.max_minutes * 60
+
+    def resume_or_start(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Restore the newest usable checkpoint (with --resume) or evaluate the initial
+        model; wrap the policy for the update. Returns the first and the latest evaluation."""
+        resumed = self._restore() if self.cfg.resume else None
+        if self.cfg.resume and resumed is None and self.procs.is_main:
+            say(f"resume: no usable checkpoint in {self.checkpoints}; starting from scratch")
+        self.model, self.optimizer = self.procs.prepare(self.policy, self.optimizer)  # DDP / FSDP
+        if resumed is not None:
+            if self.metrics:
+                self.metrics.truncate_after(self.step)
+            if self.procs.is_main:
+                say(f"resumed from {resumed} at step {self.step}")
+            return logged_evals(self.run_dir / "metrics.jsonl")
+        if self.metrics:
+            self.metrics.truncate_after(-1)  # a resume that found no checkpoint starts the log afresh
+        initial = self.evaluate()
+        if self.metrics:
+            self.metrics.write({"step": 0, "train_seconds": 0.0, **initial})
+        return initial, initial
+
+    def _restore(self) -> Path | None:
+        """Load the newest readable checkpoint into the bare policy; a corrupt one is skipped
+        with a warning (loading is all-or-nothing, so a failed attempt changes nothing)."""
+        for candidate in reversed(list_checkpoints(self.checkpoints)):
+            try:
+                state = load_checkpoint(candidate, model=self.policy, optimizer=self.optimizer,
+                                        scheduler=self.scheduler, generators=self.generators, engine=self.engine,
+                                        rank=self.procs.rank)
+            except Exception as err:  # truncated file, bad pickle, wrong shapes ...
+                say(f"warning: checkpoint {candidate} is unreadable ({type(err).__name__}: {err}); "
+                    f"trying the previous one")
+                continue
+            self.step, self.train_seconds = state["step"], state["train_seconds"]
+            self.sampler.epoch, self.sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
+            if not state["engine_restored"] and self.engine.state_dict():
+                say(f"resume: {candidate} holds no generation-engine state for process {self.procs.rank} "
+                    f"(written by fewer processes): the length predictor starts afresh, so rollouts differ "
+                    f"from an uninterrupted run")
+            return candidate
+        return None
+
+    def checkpoint(self) -> None:
+        """Write a checkpoint of the current step (every process must call this)."""
+        weights, optimizer_state = self.procs.full_state(self.policy, self.optimizer)  # gathered when sharded
+        engine_states = self.procs.gather_objects(self.engine.state_dict())  # each process's own
+        if self.procs.is_main:  # whole parameters and optimizer state are the same on every process
+            save_checkpoint(self.checkpoints, step=self.step, weights=weights, optimizer_state=optimizer_state,
+                            scheduler=self.scheduler, generators=self.generators, keep=self.cfg.keep_checkpoints,
+                            engine_states=engine_states,
+                            trainer_state={"train_seconds": self.train_seconds, "sampler": self.sampler.state()})
+        self.procs.barrier()
+        self.last_checkpoint_time = time.time()
+
+    def finish(self, initial: dict[str, float], final: dict[str, float]) -> RunResult:
+        """The last checkpoint, the final model (whole weights or the LoRA adapter), the
+        accuracy plot and summary.json."""
+        cfg, procs = self.cfg, self.procs
+        if not (self.checkpoints / f"step_{self.step:07d}").is_dir():
+            self.checkpoint()
+        result = RunResult(run_dir=self.run_dir, initial=initial, final=final, steps=self.step,
+                           train_seconds=self.train_seconds, plot=self.run_dir / "accuracy.png", is_main=procs.is_main)
+        weights = procs.full_state(self.policy, self.optimizer)[0] if procs.sharded else None  # every process
+        if procs.is_main:
+            self.policy.save_pretrained(self.run_dir / "model", state_dict=weights)
+            self.bundle.tokenizer.save_pretrained(self.run_dir / "model")
+            plot_accuracy([self.run_dir], result.plot, title=f"{cfg.method} on {cfg.task} ({cfg.model})")
+            (self.run_dir / "summary.json").write_text(json.dumps({
+                "steps": self.step, "train_seconds": round(self.train_seconds, 2), "initial": initial,
+                "final": final}, indent=2) + "\n")
+        procs.barrier()
+        return result

@@ -1,0 +1,137 @@
+"""From the run's Config to its components: the one place that maps config fields onto the
+stages' option objects (the stages themselves never see the Config)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from podsrl.config import Config
+from podsrl.distributed import Processes
+from podsrl.methods import METHODS
+from podsrl.models import load_model
+from podsrl.provenance import record_environment
+from podsrl.rewards import load_reward_fn
+from podsrl.rewards.scorer import Scorer, ScoringOptions
+from podsrl.rollout import ENGINES, GenerationOptions
+from podsrl.tasks import TaskOptions, build_task, prepare_split
+from podsrl.trainer.evaluate import EvalOptions
+from podsrl.metrics import MetricsLog
+from podsrl.trainer.logging import say
+from podsrl.trainer.run import Run
+from podsrl.trainer.state import PromptSampler
+from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
+
+
+# --- config fields -> the stages' options -------------------------------------------------------
+def task_options(cfg: Config) -> TaskOptions:
+    return TaskOptions(task=cfg.task, task_level=cfg.task_level, data_seed=cfg.data_seed, train_data=cfg.train_data,
+                       test_data=cfg.test_data, prompt_column=cfg.prompt_column, answer_column=cfg.answer_column,
+                       reasoning_gym_size=cfg.reasoning_gym_size, num_test=cfg.eval_prompts)
+
+
+def generation_options(cfg: Config) -> GenerationOptions:
+    return GenerationOptions(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                             memory_mb=cfg.generation_memory_mb, batch_size=cfg.generation_batch_size,
+                             share_prefill=cfg.share_prefill, micro_group=cfg.generation_micro_group,
+                             refill=cfg.generation_refill, schedule=cfg.generation_schedule)
+
+
+def scoring_options(cfg: Config) -> ScoringOptions:
+    return ScoringOptions(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight,
+                          reward_funcs=tuple(load_reward_fn(spec) for spec in cfg.reward_specs),
+                          reward_weights=tuple(cfg.reward_weight_values), error_policy=cfg.reward_error_policy,
+                          timeout=cfg.reward_timeout)
+
+
+def update_options(cfg: Config) -> UpdateOptions:
+    return UpdateOptions(micro_batch_size=cfg.micro_batch_size, clip_eps_low=cfg.clip_eps_low,
+                         clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, loss_aggregation=cfg.loss_aggregation,
+                         max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update)
+
+
+def optimizer_options(cfg: Config) -> OptimizerOptions:
+    return OptimizerOptions(optim=cfg.optim, lr=cfg.lr, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
+                            weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps)
+
+
+def eval_options(cfg: Config, greedy: bool | None = None) -> EvalOptions:
+    return EvalOptions(prompts=cfg.eval_prompts, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
+                       greedy=cfg.eval_greedy if greedy is None else greedy, max_new_tokens=cfg.max_new_tokens,
+                       batch_size=cfg.eval_batch_size)
+
+
+# --- building a run --------------------------------------------------------------------------------
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _check_run_dir(cfg: Config, procs: Processes) -> Path:
+    run_dir = Path(cfg.output_dir)
+    if not cfg.resume and (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"output_dir: {run_dir} already holds a run; pass --resume true to "
+                              f"continue it or choose another --output_dir")
+    if cfg.prompts_per_step % procs.world_size:
+        raise ValueError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
+                         f"{procs.world_size} processes")
+    procs.barrier()  # every process has checked output_dir before the main one writes to it
+    return run_dir
+
+
+def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: str, procs: Processes) -> None:
+    train_split, test_split = splits
+    run_dir.mkdir(parents=True, exist_ok=True)  # only once model and data loaded: no empty run folders
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    record_environment(run_dir)  # commit, date, machine: reports built from the run state them
+    (run_dir / "data.json").write_text(json.dumps({
+        "task": task.name, "train_prompts": len(train_split.examples), "test_prompts": len(test_split.examples),
+        "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,
+        "system_prompt": system_prompt, "example_prompt": test_split.prompts[0],
+        "processes": procs.world_size}, indent=2) + "\n")
+
+
+def set_up(cfg: Config) -> Run:
+    """Data, model, reward, engine, optimizer and run folder of a run, in an order that keeps
+    runs reproducible (the seed comes first: LoRA initialisation draws from it)."""
+    procs = Processes.from_env()
+    run_dir = _check_run_dir(cfg, procs)
+    seed_everything(cfg.seed)
+    task = build_task(task_options(cfg))
+    if not task.test:  # before the model loads: data problems should cost no time
+        raise ValueError(f"test_data: task {cfg.task!r} has no held-out prompts to evaluate on")
+    bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                        dtype=cfg.dtype, lora_target_modules=cfg.lora_targets)
+    system_prompt = cfg.system_prompt_for(task)
+    splits = [prepare_split(examples, bundle.tokenizer, system_prompt=system_prompt,
+                            use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
+              for examples in (task.train, task.test)]
+    if (splits[0].dropped or splits[1].dropped) and procs.is_main:
+        say(f"max_prompt_tokens={cfg.max_prompt_tokens}: dropped {splits[0].dropped} train and "
+            f"{splits[1].dropped} held-out prompts that are longer")
+    if not splits[0].examples:
+        raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
+    if not splits[1].examples:
+        raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
+    scorer = Scorer.build(task, scoring_options(cfg))
+    engine = ENGINES[cfg.generation_engine](generation_options(cfg))
+    if procs.is_main:
+        _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
+    policy = bundle.model.to(procs.device(cfg.device))
+    policy.train()
+    # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
+    optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad), optimizer_options(cfg))
+    return Run(cfg=cfg, procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0],
+               test_split=splits[1], scorer=scorer, engine=engine, method=METHODS[cfg.method], policy=policy,
+               reference=reference, optimizer=optimizer, scheduler=scheduler,
+               generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)},  # the `random` rule's stream
+               sampler=PromptSampler(len(splits[0].examples), seed=cfg.seed),  # the same on every process
+               metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
+               update_options=update_options(cfg), eval_options=eval_options(cfg))

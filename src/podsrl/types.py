@@ -1,0 +1,155 @@
+"""The data that flows between the stages of one training step, with its shapes.
+
+P prompts per step, n rollouts generated per prompt, m kept (trained on) per prompt,
+Lp prompt tokens, Lc completion tokens, B = P*m sequences in the update::
+
+    prompts [P] -generate-> Rollouts [P, n, Lc] -reward-> Scores [P, n]
+        -select-> kept indices [P, m] -advantages-> [P, m] -flatten-> UpdateBatch [B, ...]
+
+The group axis stays explicit from generation to selection: rewards are never flattened
+across prompts before selecting (variance is a within-group quantity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 up to and including the first EOS of each row, 0 after it; all 1 when no EOS.
+
+    completion_ids [..., Lc] -> mask [..., Lc] (long)
+    """
+    is_eos = completion_ids == eos_token_id
+    # number of EOS strictly before each position; a position is kept while that count is 0
+    eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()
+    return (eos_before == 0).long()
+
+
+@dataclass
+class Rollouts:
+    """n completions for each of P prompts.
+
+    prompt_ids       [P, Lp]     left-padded prompt tokens
+    prompt_mask      [P, Lp]     1 on real prompt tokens
+    completion_ids   [P, n, Lc]  generated tokens; positions after the first EOS are padding
+    completion_mask  [P, n, Lc]  1 on generated tokens up to and including the first EOS
+    texts            P lists of n decoded completions (special tokens removed)
+    stats            engine counters: generated_tokens, decode_steps (model calls after the
+                     prefill), and the engine's own (e.g. slots)
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    texts: list[list[str]]
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def group_size(self) -> int:
+        return self.completion_ids.shape[1]
+
+    def select(self, keep: torch.Tensor) -> "Rollouts":
+        """The rollouts at ``keep`` [P, m] (indices into the group axis), group axis kept."""
+        rows = torch.arange(keep.shape[0]).unsqueeze(1)  # [P, 1]
+        return Rollouts(
+            prompt_ids=self.prompt_ids,
+            prompt_mask=self.prompt_mask,
+            completion_ids=self.completion_ids[rows, keep],  # [P, m, Lc]
+            completion_mask=self.completion_mask[rows, keep],
+            texts=[[self.texts[p][j] for j in row] for p, row in enumerate(keep.tolist())],
+            stats=self.stats,
+        )
+
+    @staticmethod
+    def concat(parts: list["Rollouts"], pad_token_id: int) -> "Rollouts":
+        """Rollouts of consecutive prompt chunks as one batch: prompts re-padded on the left,
+        completions on the right (masks padded with 0), group axis kept."""
+        if len(parts) == 1:
+            return parts[0]
+        prompt_width = max(r.prompt_ids.shape[1] for r in parts)
+        completion_width = max(r.completion_ids.shape[2] for r in parts)
+        pad = torch.nn.functional.pad
+
+        def left(t, value):
+            return pad(t, (prompt_width - t.shape[1], 0), value=value)
+
+        def right(t, value):
+            return pad(t, (0, completion_width - t.shape[2]), value=value)
+
+        stats = {k: sum(r.stats[k] for r in parts) for k in ("generated_tokens", "decode_steps")}
+        return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in parts]),  # [P, Lp]
+                        prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in parts]),
+                        completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in parts]),
+                        completion_mask=torch.cat([right(r.completion_mask, 0) for r in parts]),  # [P, n, Lc]
+                        texts=[group for r in parts for group in r.texts], stats=stats)
+
+
+@dataclass
+class Scores:
+    """What the reward stage says about every rollout, [P, n] each.
+
+    reward        the training reward (a weighted sum; unverifiable samples score 0)
+    correct       the task's own correctness, the accuracy metric (NaN where not verifiable)
+    format        the task's format reward (NaN when user reward functions replace it)
+    unverifiable  True where no reward function could judge the sample
+    """
+
+    reward: torch.Tensor
+    correct: torch.Tensor
+    format: torch.Tensor
+    unverifiable: torch.Tensor
+
+
+@dataclass
+class UpdateBatch:
+    """The kept rollouts as sequences for the update, B = P*m rows (a group's rows adjacent).
+
+    input_ids        [B, Lp + Lc]  prompt (left-padded) then completion (right-padded)
+    attention_mask   [B, Lp + Lc]
+    completion_mask  [B, Lc]       the tokens the loss is taken over
+    advantages       [B]           one per sequence
+    old_logp         [B, Lc]       the generating policy's log-probs (num_iterations > 1), or None
+    ref_logp         [B, Lc]       the reference policy's log-probs (beta > 0), or None
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    completion_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.advantages.shape[0]
+
+    @property
+    def prompt_columns(self) -> int:
+        return self.input_ids.shape[1] - self.completion_mask.shape[1]
+
+    def rows(self, start: int, stop: int) -> "UpdateBatch":
+        """Sequences start..stop-1, with every column."""
+        return UpdateBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[start:stop]
+                              for f in dataclasses.fields(self)})
+
+    def trimmed(self) -> "UpdateBatch":
+        """The same rows without the columns that are padding in every row (on both sides)."""
+        prompt_cols = self.prompt_columns
+        completion_len = int(self.completion_mask.sum(1).max())
+        first_real = int((self.attention_mask[:, :prompt_cols].sum(0) > 0).nonzero().min())
+        end = prompt_cols + completion_len
+
+        def completion(t):
+            return None if t is None else t[:, :completion_len]
+
+        return UpdateBatch(self.input_ids[:, first_real:end], self.attention_mask[:, first_real:end],
+                           completion(self.completion_mask), self.advantages, completion(self.old_logp),
+                           completion(self.ref_logp))
+
+    def to(self, device) -> "UpdateBatch":
+        return UpdateBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                              for f in dataclasses.fields(self)})

@@ -1,0 +1,134 @@
+"""The package's shape: no import cycles, the layers import downwards only, the run config
+stays at the top, and functions and modules stay small enough to read."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MODULES = {".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"): p
+           for p in sorted((SRC / "podsrl").rglob("*.py"))}
+
+
+def imports_of(name: str) -> set[str]:
+    """podsrl modules ``name`` imports, anywhere in the file (lazy imports count: they are
+    real dependencies), plus the packages whose ``__init__`` those imports execute (except
+    the module's own ancestors, which are initialised before it runs)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            found |= {".".join(parts[:i]) for i in range(2, len(parts) + 1)} & MODULES.keys()
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, len(name.split(".")))}
+    return found - {name} - ancestors
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state:
+                cycle = visit(nxt, path + [nxt])
+                if cycle:
+                    return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [start])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# what each layer may import (podsrl modules); the pipeline's stages sit below the trainer
+LOWER = {"podsrl.types", "podsrl.algorithms", "podsrl.distributed"}
+ALLOWED = {
+    "podsrl.types": set(),
+    "podsrl.algorithms": set(),
+    "podsrl.models": {"podsrl.build"},  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
+    "podsrl.rollout": {"podsrl.types"},
+    "podsrl.tasks": {"podsrl.rewards", "podsrl.types"},
+    "podsrl.rewards": {"podsrl.tasks", "podsrl.types"},  # the scorer reads a task's examples
+    "podsrl.methods": {"podsrl.algorithms"},
+    "podsrl.update": LOWER | {"podsrl.models"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_stages_import_no_config_and_nothing_above_them(layer):
+    for name, deps in GRAPH.items():
+        if name == layer or name.startswith(layer + "."):
+            outside = {d for d in deps if not d.startswith(layer)}
+            allowed = ALLOWED[layer]
+            bad = {d for d in outside if not any(d == a or d.startswith(a + ".") for a in allowed)}
+            assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_only_the_cli_trainer_and_experiments_see_the_config():
+    readers = sorted(name for name, deps in GRAPH.items() if "podsrl.config" in deps)
+    assert readers and all(r == "podsrl.cli" or r.startswith(("podsrl.trainer", "podsrl.experiments"))
+                           for r in readers), readers
+
+
+def test_training_never_imports_the_asset_builders():
+    reachable, todo = set(), ["podsrl.trainer.loop"]
+    while todo:
+        name = todo.pop()
+        for dep in GRAPH[name] - reachable:
+            reachable.add(dep)
+            todo.append(dep)
+    builders = {r for r in reachable if r.startswith("podsrl.build")}
+    # the only path: SmolLM2's on-demand conversion (a lazy import on a cache miss)
+    assert builders <= {"podsrl.build", "podsrl.build.smollm2"}, builders
+
+
+def long_functions(path: Path, limit: int = 60) -> list[str]:
+    """Functions over ``limit`` lines whose docstring does not say why ('Long because')."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > limit and "Long because" not in (ast.get_docstring(node) or ""):
+                out.append(f"{node.name} ({length} lines)")
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_and_functions_stay_readable(name):
+    path = MODULES[name]
+    assert len(path.read_text().splitlines()) <= 400, f"{name} has over 400 lines"
+    assert not long_functions(path), f"{name}: {long_functions(path)}"
