@@ -111,7 +111,7 @@ def main() -> int:
     for name in names:
         out = args.output_dir / name
         print(f"\n=== {name}: {REGIMES[name][0]} ===", flush=True)
-        code = podsrl(["compare", "--methods", "grpo,pods", "--n", str(N_M[0]), "--m", str(N_M[1]),
+        code = podsrl(["compare", "--methods", "grpo,pods", "--num_generations", str(N_M[0]), "--num_kept", str(N_M[1]),
                        "--seeds", str(args.seeds), "--budget_minutes", str(args.budget_minutes),
                        "--output_dir", str(out / "runs"),
                        *REGIMES[name][1], *extra])

@@ -7,7 +7,7 @@ several rounds so that machine drift hits both sides alike; the first steps of e
 are dropped as warm-up. Reports seconds per optimizer step and generated tokens per
 second of generation, and their ratios.
 
-    pip install -e ".[bench]"      # TRL is a benchmark-only dependency
+    pip install -e ".[trl]"        # TRL (scripts/setup.sh installs it)
     python benchmarks/vs_trl.py [--rounds 3] [--steps 12] [--prompts 16] [--n 16] [--m 4]
 """
 
@@ -34,7 +34,7 @@ WARMUP_STEPS = 2
 
 def podsrl_run(method: str, args, out: Path) -> dict:
     cfg = make_config(overrides={
-        "method": method, "n": args.n, "m": args.m, "prompts_per_step": args.prompts, "steps": args.steps,
+        "method": method, "num_generations": args.n, "num_kept": args.m, "prompts_per_step": args.prompts, "steps": args.steps,
         "lr": args.lr, "warmup_steps": 0, "max_new_tokens": args.max_new_tokens, "micro_batch_size": args.micro_batch,
         "eval_prompts": 8, "eval_samples": 1, "eval_every": 0, "eval_greedy": False, "checkpoint_every": 0,
         "progress": False, "output_dir": str(out)})

@@ -15,12 +15,14 @@ def podsrl(*args, cwd=None):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--m", "32", "--n", "16"], "m: must be <= n"),
+    (["--num_kept", "32", "--num_generations", "16"], "num_kept: must be <= num_generations"),
+    (["--n", "16"], "n: renamed to num_generations"),
     (["--eval-every", "3"], "did you mean 'eval_every'"),
-    (["--rule", "best"], "rule: unknown rule 'best'"),
+    (["--downsampling_rule", "best"], "downsampling_rule: unknown rule 'best'"),
+    (["--rule", "random"], "rule: renamed to downsampling_rule"),
     (["--model", "nope"], "model: unknown model 'nope'"),
     (["--config", "missing.yaml"], "config: file not found"),
-    (["--n", "0"], "n: must be positive"),
+    (["--num_generations", "0"], "num_generations: must be positive"),
     (["stray"], "unexpected argument 'stray'"),
     (["--task", "jsonl", "--train_data", "train.jsonl"], "test_data: task 'jsonl' needs test_data"),
 ])
@@ -40,7 +42,7 @@ def test_compare_rejects_bad_sweep_values(tmp_path, capsys):
 def test_train_smoke_and_plot(random_model_dir, tmp_path):
     run = tmp_path / "run"
     result = podsrl("train", "--model", random_model_dir, "--steps", "2", "--prompts_per_step", "2",
-                    "--n", "4", "--m", "2", "--eval_prompts", "8", "--eval_samples", "1",
+                    "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "8", "--eval_samples", "1",
                     "--output_dir", str(run), "--progress", "false")
     assert result.returncode == 0, result.stderr
     assert "held-out accuracy" in result.stdout and str(run) in result.stdout
@@ -90,8 +92,8 @@ def test_eval_smollm2_offline_through_its_hub_name(tmp_path):
 
 def test_eval_loads_a_lora_run_folder(random_model_dir, tmp_path):
     run = tmp_path / "run"
-    trained = podsrl("train", "--model", random_model_dir, "--steps", "1", "--prompts_per_step", "2", "--n", "4",
-                     "--m", "2", "--eval_prompts", "4", "--eval_samples", "1", "--lora_rank", "4",
+    trained = podsrl("train", "--model", random_model_dir, "--steps", "1", "--prompts_per_step", "2",
+                     "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "4", "--eval_samples", "1", "--lora_rank", "4",
                      "--output_dir", str(run), "--progress", "false")
     assert trained.returncode == 0, trained.stderr
     assert (run / "model" / "adapter_config.json").exists()

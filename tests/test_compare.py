@@ -15,7 +15,8 @@ def fake_run(root, name, method, seed, evals, n=16, m=4, rule="max_variance", st
     """A run directory with the given (seconds, accuracy) evaluations."""
     run = root / name / f"seed{seed}"
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"method": method, "n": n, "m": m, "rule": rule, "seed": seed}))
+    (run / "config.json").write_text(json.dumps({"method": method, "num_generations": n, "num_kept": m,
+                                                 "downsampling_rule": rule, "seed": seed}))
     if environment is not None:
         (run / "environment.json").write_text(json.dumps(environment))
     generate, reward, update = step_times
@@ -146,7 +147,7 @@ def test_runs_are_interleaved_seed_by_seed_alternating_the_arm_order():
 def test_arms_cover_methods_rules_and_sweeps():
     base = make_config()
     arms = arm_configs(base, ["grpo", "grpo-ga", "pods"], ["max_variance", "random"], [8, 16], [4])
-    names = [(a["method"], a.get("n"), a.get("m"), a.get("rule")) for a in arms]
+    names = [(a["method"], a.get("num_generations"), a.get("num_kept"), a.get("downsampling_rule")) for a in arms]
     assert ("grpo", 16, 4, None) in names and ("grpo-ga", 8, 4, None) in names
     assert ("pods", 16, 4, "random") in names and len(arms) == 1 + 2 + 4
     with pytest.raises(ValueError, match="methods: unknown method"):
@@ -160,7 +161,8 @@ def test_compare_end_to_end(random_model_dir, tmp_path):
 
     out = tmp_path / "cmp"
     args = ["compare", "--model", random_model_dir, "--task", "parity", "--methods", "grpo,pods", "--seeds", "2",
-            "--budget_minutes", "0.01", "--prompts_per_step", "2", "--n", "4", "--m", "2", "--eval_every", "2",
+            "--budget_minutes", "0.01", "--prompts_per_step", "2", "--num_generations", "4", "--num_kept", "2",
+            "--eval_every", "2",
             "--eval_prompts", "4", "--eval_samples", "1", "--output_dir", str(out)]
     # the parity task is registered by conftest: import it in the child process too
     code = "import sys, tests.conftest; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))"

@@ -16,8 +16,8 @@ def test_every_field_is_documented():
 
 def test_defaults_are_valid_and_the_demo():
     cfg = make_config()
-    assert (cfg.model, cfg.task, cfg.method, cfg.rule) == ("tiny", "arithmetic", "pods", "max_variance")
-    assert cfg.rollouts_per_prompt == cfg.n and cfg.trained_per_prompt == cfg.m
+    assert (cfg.model, cfg.task, cfg.method, cfg.downsampling_rule) == ("tiny", "arithmetic", "pods", "max_variance")
+    assert cfg.rollouts_per_prompt == cfg.num_generations and cfg.trained_per_prompt == cfg.num_kept
 
 
 def test_optimisation_defaults_are_the_papers():
@@ -30,19 +30,21 @@ def test_optimisation_defaults_are_the_papers():
 
 
 def test_method_decides_generated_and_trained_counts():
-    assert make_config(overrides={"method": "grpo", "m": "4", "n": "16"}).rollouts_per_prompt == 4
-    ga = make_config(overrides={"method": "grpo-ga", "n": "16"})
+    assert make_config(overrides={"method": "grpo", "num_kept": "4", "num_generations": "16"}).rollouts_per_prompt == 4
+    ga = make_config(overrides={"method": "grpo-ga", "num_generations": "16"})
     assert (ga.rollouts_per_prompt, ga.trained_per_prompt) == (16, 16)
 
 
 @pytest.mark.parametrize("overrides, field", [
-    ({"m": "20", "n": "4"}, "m:"),
-    ({"rule": "best"}, "rule:"),
+    ({"num_kept": "20", "num_generations": "4"}, "num_kept:"),
+    ({"downsampling_rule": "best"}, "downsampling_rule:"),
+    ({"rule": "random"}, "rule: renamed to downsampling_rule"),
+    ({"m": "2"}, "m: renamed to num_kept"),
     ({"task": "chess"}, "task:"),
     ({"method": "ppo"}, "method:"),
     ({"model": "no_such_model"}, "model:"),
     ({"model": "./missing/folder"}, "model:"),
-    ({"n": "0"}, "n:"),
+    ({"num_generations": "0"}, "num_generations:"),
     ({"prompts_per_step": "-1"}, "prompts_per_step:"),
     ({"micro_batch_size": "0"}, "micro_batch_size:"),
     ({"lr": "0"}, "lr:"),
@@ -77,9 +79,9 @@ def test_unknown_field_suggests_the_close_one():
 
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("method: grpo-ga\nn: 8\nlr: 1.0e-5\nscale_rewards: false\n")
-    cfg = make_config(path, {"n": "6"})
-    assert (cfg.method, cfg.n, cfg.lr, cfg.scale_rewards) == ("grpo-ga", 6, 1e-5, False)
+    path.write_text("method: grpo-ga\nnum_generations: 8\nlr: 1.0e-5\nscale_rewards: false\n")
+    cfg = make_config(path, {"num_generations": "6"})
+    assert (cfg.method, cfg.num_generations, cfg.lr, cfg.scale_rewards) == ("grpo-ga", 6, 1e-5, False)
 
 
 def test_yaml_errors_name_file_and_line(tmp_path):

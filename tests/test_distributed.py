@@ -25,7 +25,8 @@ DDP = ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
 # the global token count) changes the parameters, not only the logged norm. 5 new tokens cut
 # the longer answers short, so greedy accuracy lies strictly between 0 and 1, and 15 held-out
 # prompts split 8 / 7: one process's share can never have the accuracy of all 15.
-OPTIONS = dict(model="tiny", method="pods", steps=3, prompts_per_step=4, n=8, m=2, generation_batch_size=16,
+OPTIONS = dict(model="tiny", method="pods", steps=3, prompts_per_step=4, num_generations=8, num_kept=2,
+               generation_batch_size=16,
                optim="sgd", lr=0.2, max_grad_norm=0, weight_decay=0, warmup_steps=0, loss_aggregation="token",
                max_new_tokens=5, eval_prompts=15, eval_samples=2, eval_every=0, checkpoint_every=0, progress=False)
 

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_args(model_dir, out, steps, *extra):
     return ["train", "--model", model_dir, "--task", "parity", "--steps", str(steps), "--prompts_per_step", "4",
-            "--n", "6", "--m", "3", "--max_new_tokens", "6", "--eval_prompts", "8", "--eval_samples", "1",
+            "--num_generations", "6", "--num_kept", "3", "--max_new_tokens", "6", "--eval_prompts", "8", "--eval_samples", "1",
             "--eval_every", "0", "--checkpoint_every", "1", "--lr", "1e-3", "--warmup_steps", "0",
             "--progress", "false", "--output_dir", str(out), *extra]
 
@@ -133,7 +133,8 @@ def test_a_second_ctrl_c_interrupts_at_once():
 
 
 def quick(model_dir, out, **overrides):
-    values = dict(model=model_dir, task="parity", steps=3, prompts_per_step=4, n=6, m=3, max_new_tokens=6,
+    values = dict(model=model_dir, task="parity", steps=3, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_new_tokens=6,
                   eval_prompts=8, eval_samples=1, eval_every=0, checkpoint_every=1, progress=False,
                   output_dir=str(out), lr=1e-3, warmup_steps=0, keep_checkpoints=3)
     values.update(overrides)
@@ -203,7 +204,7 @@ def test_accuracy_comes_from_the_task_when_reward_funcs_replace_the_reward(rando
 
 @pytest.mark.parametrize("n, m, method", [(1, 1, "pods"), (4, 4, "pods"), (1, 1, "grpo-ga")])
 def test_degenerate_groups_give_finite_losses(random_model_dir, tmp_path, n, m, method):
-    result = train(quick(random_model_dir, tmp_path / "run", n=n, m=m, method=method, steps=2))
+    result = train(quick(random_model_dir, tmp_path / "run", num_generations=n, num_kept=m, method=method, steps=2))
     for record in read_metrics(result.run_dir / "metrics.jsonl")[1:]:
         assert record["loss"] is not None and record["skipped_step"] == 0
 

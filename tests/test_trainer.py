@@ -21,7 +21,8 @@ from podsrl.update import (OptimizerOptions, UpdateOptions, batch_logprobs, flat
 
 
 def quick_config(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, steps=2, prompts_per_step=4, n=6, m=3, max_new_tokens=6,
+    values = dict(model=model_dir, steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_new_tokens=6,
                   eval_prompts=16, eval_samples=2, eval_every=0, checkpoint_every=0, progress=False,
                   output_dir=str(output_dir), lr=1e-3, warmup_steps=0, task="parity")
     values.update(overrides)
@@ -58,7 +59,7 @@ def test_one_step_trains(random_model_dir, tmp_path):
                 "kept_reward_std", "reward_zero_var_frac", "completion_len", "lr", "eval_accuracy"):
         assert key in record, key
     assert (result.run_dir / "accuracy.png").stat().st_size > 0
-    assert json.loads((result.run_dir / "config.json").read_text())["n"] == 6
+    assert json.loads((result.run_dir / "config.json").read_text())["num_generations"] == 6
 
 
 def test_same_seed_same_run(random_model_dir, tmp_path):
@@ -70,8 +71,8 @@ def test_same_seed_same_run(random_model_dir, tmp_path):
 
 
 def test_pods_with_m_equal_n_is_grpo(random_model_dir, tmp_path):
-    pods = train(quick_config(random_model_dir, tmp_path / "pods", method="pods", n=4, m=4))
-    grpo = train(quick_config(random_model_dir, tmp_path / "grpo", method="grpo", n=4, m=4))
+    pods = train(quick_config(random_model_dir, tmp_path / "pods", method="pods", num_generations=4, num_kept=4))
+    grpo = train(quick_config(random_model_dir, tmp_path / "grpo", method="grpo", num_generations=4, num_kept=4))
     assert training_records(pods.run_dir) == training_records(grpo.run_dir)
     wp, wg = final_weights(pods.run_dir), final_weights(grpo.run_dir)
     assert all(torch.equal(wp[k], wg[k]) for k in wp)
@@ -112,7 +113,7 @@ def test_micro_batching_equals_one_big_batch(random_model_dir, aggregation):
 
 RESUME_CASES = {
     "defaults": {},
-    "random_rule": {"rule": "random"},  # the rule's own generator
+    "random_rule": {"downsampling_rule": "random"},  # the rule's own generator
     "lora_dropout": {"lora_rank": 4, "lora_dropout": 0.1},  # dropout draws from the global RNG
     "kl": {"beta": 0.1},  # the reference policy must stay the initial one
     "two_iterations": {"num_iterations": 2},
@@ -162,7 +163,7 @@ def test_grpo_ga_is_one_big_batch(random_model_dir, tmp_path):
     """grpo-ga trains on all n rollouts in micro-batches with gradient accumulation and one
     optimizer step: the update of grpo training the same n rollouts in one batch. SGD without
     clipping makes the update the gradient itself, so a wrong accumulation scale shows."""
-    options = dict(steps=2, n=6, m=6, optim="sgd", lr=0.5, max_grad_norm=0, weight_decay=0)
+    options = dict(steps=2, num_generations=6, num_kept=6, optim="sgd", lr=0.5, max_grad_norm=0, weight_decay=0)
     accumulated = train(quick_config(random_model_dir, tmp_path / "ga", method="grpo-ga", micro_batch_size=5,
                                      **options)).run_dir
     one_batch = train(quick_config(random_model_dir, tmp_path / "one", method="grpo", micro_batch_size=64,

@@ -108,9 +108,10 @@ def cmd_compare(argv: list[str]) -> int:
                     "and a speedup table. Any `podsrl train` option (--config, --FIELD VALUE) sets the shared "
                     "config; --output_dir is the comparison folder. Re-running reuses finished runs.")
     parser.add_argument("--methods", default="grpo,grpo-ga,pods")
-    parser.add_argument("--rules", default="max_variance", help="pods rules, comma-separated")
-    parser.add_argument("--n_values", default="", help="n values, comma-separated (default: the config's n)")
-    parser.add_argument("--m_values", default="", help="m values, comma-separated (default: the config's m)")
+    parser.add_argument("--rules", default="max_variance", help="downsampling rules of pods, comma-separated")
+    parser.add_argument("--n_values", default="", help="num_generations (n) values, comma-separated "
+                                                        "(default: the config's)")
+    parser.add_argument("--m_values", default="", help="num_kept (m) values, comma-separated (default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, required=True, help="training time per run")
     parser.add_argument("--baseline", default="", help="arm name or method of the speedup baseline")
@@ -123,8 +124,8 @@ def cmd_compare(argv: list[str]) -> int:
     try:
         if args.seeds < 1 or args.budget_minutes <= 0:
             raise ValueError("seeds and budget_minutes: must be positive")
-        n_values = _ints("n_values", args.n_values) or [cfg.n]
-        m_values = _ints("m_values", args.m_values) or [cfg.m]
+        n_values = _ints("n_values", args.n_values) or [cfg.num_generations]
+        m_values = _ints("m_values", args.m_values) or [cfg.num_kept]
         arms = arm_configs(cfg, split_list(args.methods), split_list(args.rules), n_values, m_values)
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))
         result = analyze(run_dirs, baseline=args.baseline or None)

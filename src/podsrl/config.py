@@ -54,9 +54,10 @@ class Config:
     # --- method --------------------------------------------------------------------------
     method: str = _f("pods", "'pods': generate n, train on m picked by `rule`; 'grpo': generate and "
                              "train m; 'grpo-ga': generate n, train on all n with gradient accumulation.")
-    n: int = _f(16, "Rollouts generated per prompt (pods, grpo-ga). Ignored by grpo.")
-    m: int = _f(4, "Rollouts trained on per prompt (pods, grpo). Ignored by grpo-ga.")
-    rule: str = _f("max_variance", "Down-sampling rule for pods: max_variance | max_reward | random.")
+    num_generations: int = _f(16, "n: rollouts generated per prompt (pods, grpo-ga; TRL's name). Ignored by grpo.")
+    num_kept: int = _f(4, "m: rollouts kept per prompt and trained on (pods, grpo). Ignored by grpo-ga.")
+    downsampling_rule: str = _f("max_variance", "Which m of the n rollouts pods keeps "
+                                                "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
     # --- optimisation (paper's defaults except lr, which suits the tiny model) ------------
     optim: str = _f("adamw_torch", "Optimizer (TRL's field name): 'adamw_torch' = AdamW with adam_beta1, "
@@ -147,12 +148,12 @@ class Config:
     @property
     def rollouts_per_prompt(self) -> int:
         """Rollouts generated per prompt (podsrl.methods: m for grpo, n otherwise)."""
-        return METHODS[self.method].generated(self.n, self.m)
+        return METHODS[self.method].generated(self.num_generations, self.num_kept)
 
     @property
     def trained_per_prompt(self) -> int:
         """Rollouts trained on per prompt (podsrl.methods: n for grpo-ga, m otherwise)."""
-        return METHODS[self.method].trained(self.n, self.m)
+        return METHODS[self.method].trained(self.num_generations, self.num_kept)
 
     @property
     def reward_specs(self) -> list[str]:
@@ -187,10 +188,14 @@ def split_list(text: str) -> list[str]:
 
 
 FIELDS = {f.name: f for f in fields(Config)}
+# fields renamed so that podsrl and podsrl.trl (TRL's GRPOConfig) use one name per concept
+RENAMED = {"n": "num_generations", "m": "num_kept", "rule": "downsampling_rule"}
 
 
 def parse_value(name: str, raw: Any, source: str = "") -> Any:
     """Convert a YAML or command-line value to the field's type, naming the field on error."""
+    if name in RENAMED:
+        raise ValueError(f"{source}{name}: renamed to {RENAMED[name]} (one name per concept in podsrl and TRL)")
     if name not in FIELDS:
         close = difflib.get_close_matches(name, FIELDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -268,7 +273,8 @@ def _check_names(cfg: Config) -> None:
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
              f"device: expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     _require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
-    _require(cfg.rule in RULES, f"rule: unknown rule {cfg.rule!r}; known: {', '.join(sorted(RULES))}")
+    _require(cfg.downsampling_rule in RULES, f"downsampling_rule: unknown rule {cfg.downsampling_rule!r}; "
+                                             f"known: {', '.join(sorted(RULES))}")
     _require(cfg.generation_engine in ENGINES,
              f"generation_engine: unknown engine {cfg.generation_engine!r}; known: {', '.join(sorted(ENGINES))}")
     _require(cfg.generation_refill in REFILLS,
@@ -306,7 +312,7 @@ def _check_data(cfg: Config) -> None:
                                           f"problems; hold out fewer than that")
 
 
-POSITIVE = ("n", "m", "prompts_per_step", "steps", "micro_batch_size", "num_iterations", "max_new_tokens",
+POSITIVE = ("num_generations", "num_kept", "prompts_per_step", "steps", "micro_batch_size", "num_iterations", "max_new_tokens",
             "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens", "max_consecutive_skips",
             "eval_batch_size", "reasoning_gym_size", "lr", "lora_alpha")
 NON_NEGATIVE = ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
@@ -328,5 +334,6 @@ def _check_ranges(cfg: Config) -> None:
 
 
 def _check_combinations(cfg: Config) -> None:
-    _require(cfg.m <= cfg.n or not METHODS[cfg.method].generates_n,
-             f"m: must be <= n (got m={cfg.m}, n={cfg.n}); PODS keeps m of the n rollouts")
+    _require(cfg.num_kept <= cfg.num_generations or not METHODS[cfg.method].generates_n,
+             f"num_kept: must be <= num_generations (got {cfg.num_kept} > {cfg.num_generations}); PODS keeps m of "
+             f"the n rollouts it generates")

@@ -52,7 +52,9 @@ class Run:
     @property
     def arm(self) -> str:
         c = self.config
-        return METHODS[c["method"]].arm_name(c["n"], c["m"], c["rule"])
+        # (runs written before the rename of n / m / rule still read)
+        return METHODS[c["method"]].arm_name(c.get("num_generations", c.get("n")), c.get("num_kept", c.get("m")),
+                                             c.get("downsampling_rule", c.get("rule")))
 
     @property
     def seed(self) -> int | None:
@@ -334,17 +336,19 @@ def arm_configs(base, methods: list[str], rules: list[str], n_values: list[int],
             raise ValueError(f"methods: unknown method {name!r}; use {', '.join(METHODS)}")
         method = METHODS[name]
         if not method.generates_n:
-            arms += [{"method": name, "m": m, "n": max(base.n, m)} for m in m_values]
+            arms += [{"method": name, "num_kept": m, "num_generations": max(base.num_generations, m)}
+                     for m in m_values]
         elif not method.selects:
-            arms += [{"method": name, "n": n, "m": min(base.m, n)} for n in n_values]
+            arms += [{"method": name, "num_generations": n, "num_kept": min(base.num_kept, n)} for n in n_values]
         else:
-            arms += [{"method": name, "n": n, "m": m, "rule": rule}
+            arms += [{"method": name, "num_generations": n, "num_kept": m, "downsampling_rule": rule}
                      for n in n_values for m in m_values if m < n for rule in rules]
     return arms
 
 
 def arm_dir_name(overrides: dict) -> str:
-    return METHODS[overrides["method"]].dir_name(overrides["n"], overrides["m"], overrides.get("rule", ""))
+    return METHODS[overrides["method"]].dir_name(overrides["num_generations"], overrides["num_kept"],
+                                                 overrides.get("downsampling_rule", ""))
 
 
 def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:

@@ -45,7 +45,7 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     with timer("reward"):
         scores = run.scorer(examples, rollouts)  # [P, n]
     with timer("select"):
-        keep = method.keep(scores.reward, cfg.m, cfg.rule, run.generators["rule"])  # [P, m]
+        keep = method.keep(scores.reward, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
         kept, kept_rewards = rollouts.select(keep), scores.reward.gather(1, keep)  # [P, m, Lc], [P, m]
     with timer("advantages"):
         advantages = group_advantages(kept_rewards, scale_by_std=cfg.scale_rewards)  # [P, m]
@@ -66,7 +66,7 @@ def generate_rollouts(run: Run, prompts: list[str]) -> Rollouts:
     chunk seeded by its position in the step's batch (so the split over processes does not
     change the samples)."""
     cfg, procs, tokenizer = run.cfg, run.procs, run.bundle.tokenizer
-    per_prompt = run.method.generated(cfg.n, cfg.m)
+    per_prompt = run.method.generated(cfg.num_generations, cfg.num_kept)
     chunk = max(1, cfg.generation_batch_size // per_prompt) if cfg.generation_batch_size else len(prompts)
     parts = []
     with procs.whole_weights(run.policy):

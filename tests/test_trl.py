@@ -1,0 +1,251 @@
+"""PODS inside TRL's GRPOTrainer (podsrl.trl), on CPU with the tiny model: equal to
+GRPOTrainer when m = n, the kept rows and advantages of an independent oracle, the no-grad
+passes on the kept rows only, TRL's reward functions unchanged, two processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from podsrl.algorithms import group_advantages, select
+from podsrl.models import load_model
+from podsrl.rewards import arithmetic_correct, arithmetic_format
+from podsrl.tasks.arithmetic import build_arithmetic
+from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = build_arithmetic(level=3, num_train=300, num_test=10, seed=0).train
+REWARDS, WEIGHTS = [arithmetic_correct, arithmetic_format], [0.8, 0.2]
+
+
+def dataset(rows: int = 64) -> Dataset:
+    return Dataset.from_list([{"prompt": ex.prompt, "answer": ex.answer} for ex in EXAMPLES[:rows]])
+
+
+def options(tmp_path, **overrides) -> dict:
+    values = dict(output_dir=str(tmp_path / "out"), max_steps=2, learning_rate=1e-3, lr_scheduler_type="constant",
+                  use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+                  max_completion_length=6, temperature=1.0, top_k=0, beta=0.0, reward_weights=WEIGHTS,
+                  num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=2)
+    values.update(overrides)
+    return values
+
+
+def trainer(cls, config, **kwargs):
+    bundle = load_model("tiny")
+    torch.manual_seed(0)
+    return cls(model=bundle.model, processing_class=bundle.tokenizer, reward_funcs=kwargs.pop("reward_funcs", REWARDS),
+               args=config, train_dataset=kwargs.pop("train_dataset", dataset()), **kwargs)
+
+
+def test_batch_arguments_and_the_errors_that_name_the_arithmetic(monkeypatch):
+    assert pods_batch_arguments(16, 16, 4, 8, 2) == {"per_device_train_batch_size": 32,
+                                                     "gradient_accumulation_steps": 4, "steps_per_generation": 4,
+                                                     "num_generations": 16, "num_kept": 4}
+    with pytest.raises(ValueError, match="prompts_per_step: 3 prompts do not split evenly over 2 processes"):
+        pods_batch_arguments(3, 16, 4, 8, 2)
+    with pytest.raises(ValueError, match="micro_batch_size: 8 prompts per process x num_kept 4 = 32 kept rows"):
+        pods_batch_arguments(16, 16, 4, 12, 2)
+    with pytest.raises(ValueError, match="num_kept: must be between 2"):
+        PODSConfig(**options(Path("/tmp"), num_kept=5))
+    with pytest.raises(ValueError, match="downsampling_rule: unknown rule 'best'"):
+        PODSConfig(**options(Path("/tmp"), num_kept=2, downsampling_rule="best"))
+    with monkeypatch.context() as patch:  # two processes: 12 rows in all are whole groups, 6 per process are not
+        patch.setattr(PODSConfig, "world_size", property(lambda self: 2))
+        with pytest.raises(ValueError, match=r"per_device_train_batch_size x steps_per_generation = 6 x 1 = 6 "
+                                             r"generated rows per process is not a multiple of num_generations \(4\)"):
+            PODSConfig(**options(Path("/tmp"), per_device_train_batch_size=6, gradient_accumulation_steps=1),
+                       num_kept=2)
+    with pytest.raises(ValueError, match=r"steps_per_generation: 3 kept rows per process \(4 generated x num_kept 3 / "
+                                         r"num_generations 4\) do not split into 2 equal micro-batches"):
+        PODSConfig(**options(Path("/tmp"), per_device_train_batch_size=2, gradient_accumulation_steps=2), num_kept=3)
+    # every combination the helper returns passes the config's own checks
+    for args in [(8, 4, 2, 4, 1), (16, 16, 4, 8, 1), (16, 8, 4, 4, 2)]:
+        batch = pods_batch_arguments(*args)
+        PODSConfig(**{**options(Path("/tmp")), **batch})
+
+
+def comparable(history: list[dict]) -> list[dict]:
+    """TRL's own metrics (not podsrl's pods/*, nor timings)."""
+    timing = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+    return [{k: v for k, v in h.items() if not k.startswith("pods/") and k not in timing} for h in history]
+
+
+def test_with_m_equal_n_it_is_grpo_trainer(tmp_path):
+    grpo = trainer(GRPOTrainer, GRPOConfig(**options(tmp_path / "grpo")))
+    grpo.train()
+    pods = trainer(PODSTrainer, PODSConfig(**options(tmp_path / "pods"), num_kept=4))
+    pods.train()
+    assert comparable(pods.state.log_history) == comparable(grpo.state.log_history)
+    assert any(k.startswith("pods/") for k in pods.state.log_history[0])
+    a, b = grpo.model.state_dict(), pods.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], v) for k, v in load_model("tiny").model.state_dict().items())  # it trained
+
+
+class Recorder:
+    """Spies on TRL: the rollouts before selection, the rows given to the no-grad passes,
+    the trainer's output after selection."""
+
+    def __init__(self, monkeypatch):
+        self.generated, self.no_grad_rows, self.outputs, self.rows = [], [], [], []
+        real_generate, real_logps = GRPOTrainer._generate, GRPOTrainer._get_per_token_logps_and_entropies
+        real_score = GRPOTrainer._generate_and_score_completions
+
+        def generate(trainer, prompts):
+            out = real_generate(trainer, prompts)
+            self.generated.append({"completions": list(out[3]), "ids": [list(ids) for ids in out[1]]})
+            return out
+
+        def logps(trainer, model, input_ids, *args, **kwargs):
+            if not torch.is_grad_enabled():
+                self.no_grad_rows.append(input_ids.shape[0])
+            return real_logps(trainer, model, input_ids, *args, **kwargs)
+
+        def score(trainer, inputs):
+            self.rows.append([dict(row) for row in inputs])  # before selection trims the list
+            out = real_score(trainer, inputs)
+            self.outputs.append(out)
+            return out
+
+        monkeypatch.setattr(GRPOTrainer, "_generate", generate)
+        monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", logps)
+        monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", score)
+
+
+@pytest.mark.parametrize("rule", ["max_variance", "random"])
+def test_kept_rows_and_advantages_match_an_independent_oracle(tmp_path, monkeypatch, rule):
+    spy = Recorder(monkeypatch)
+    pods = trainer(PODSTrainer, PODSConfig(**options(tmp_path, max_steps=3), num_kept=2, downsampling_rule=rule))
+    oracle_generator = torch.Generator().manual_seed(0)  # the trainer's selection stream starts from args.seed
+    pods.train()
+    assert len(spy.generated) == 3
+    spreads = []
+    for generated, rows, out in zip(spy.generated, spy.rows, spy.outputs):
+        answers = [row["answer"] for row in rows]
+        rewards = (0.8 * torch.tensor(arithmetic_correct(None, generated["completions"], answers))
+                   + 0.2 * torch.tensor(arithmetic_format(None, generated["completions"])))
+        groups = rewards.view(-1, 4)  # [P, n]
+        keep = select(rule, groups, 2, generator=oracle_generator)  # [P, m]
+        expected = [generated["ids"][p * 4 + j] for p, kept in enumerate(keep.tolist()) for j in kept]
+        trained = [ids[mask.bool()].tolist() for ids, mask in zip(out["completion_ids"], out["completion_mask"])]
+        assert trained == expected
+        advantages = group_advantages(groups.gather(1, keep)).flatten()
+        assert torch.allclose(out["advantages"], advantages, atol=1e-5)
+        spreads.append(float(groups.var(dim=1).sum()))
+    assert max(spreads) > 0  # some groups had rewards to choose between
+
+
+@pytest.mark.parametrize("cls", ["grpo", "pods"])
+def test_no_grad_passes_see_only_the_kept_rows(tmp_path, monkeypatch, cls):
+    """beta > 0 (reference log-probs) and num_iterations = 2 (old log-probs): TRL's two
+    no-grad passes run on P x n rows in GRPOTrainer, on P x m in PODSTrainer."""
+    spy = Recorder(monkeypatch)
+    settings = options(tmp_path, max_steps=1, beta=0.1, num_iterations=2, per_device_train_batch_size=16)
+    run = (trainer(GRPOTrainer, GRPOConfig(**settings)) if cls == "grpo"
+           else trainer(PODSTrainer, PODSConfig(**settings, num_kept=2)))
+    run.train()
+    prompts = 16 * 2 // 4  # generated rows per generation / n
+    rows = prompts * (4 if cls == "grpo" else 2)
+    assert len(spy.outputs) == 1 and "old_per_token_logps" in spy.outputs[0] and "ref_per_token_logps" in spy.outputs[0]
+    assert sum(spy.no_grad_rows) == 2 * rows  # old + reference, each once over every trained row
+
+
+def test_trl_reward_functions_and_dataset_columns_run_unchanged(tmp_path):
+    from trl.rewards import accuracy_reward, think_format_reward
+
+    seen = []
+
+    def harder_counts_more(completions, solution, difficulty, **kwargs):  # extra columns by name
+        seen.append((len(completions), list(difficulty)))
+        return [(2.0 if level == "hard" else 1.0) * (c[0]["content"].strip() == f"Answer: {s}")
+                for c, s, level in zip(completions, solution, difficulty)]
+
+    rows = [{"prompt": [{"role": "user", "content": ex.prompt}], "solution": ex.answer,
+             "difficulty": "hard" if int(ex.answer) < 0 else "easy"} for ex in EXAMPLES[:64]]
+    bundle = load_model("tiny")
+    bundle.tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}")  # conversational data
+    config = PODSConfig(**options(tmp_path, reward_weights=None, log_completions=True), num_kept=2)
+    pods = PODSTrainer(model=bundle.model, processing_class=bundle.tokenizer, args=config,
+                       reward_funcs=[accuracy_reward, think_format_reward, harder_counts_more],
+                       train_dataset=Dataset.from_list(rows))
+    pods.train()
+    logged = pods.state.log_history[0]
+    for name in ("accuracy_reward", "think_format_reward", "harder_counts_more"):
+        assert f"rewards/{name}/mean" in logged, name
+    assert seen and all(count == 16 for count, _ in seen)  # all n x P rollouts scored once, before selection
+    assert all(level in ("hard", "easy") for _, levels in seen for level in levels)
+    assert len(pods._logs["completion"]) > 0  # log_completions kept the trained rollouts
+
+
+def test_the_example_script_runs_offline(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_pods.py"), "--offline", "--max_steps", "2",
+                           "--prompts_per_step", "4", "--num_generations", "8", "--num_kept", "2",
+                           "--micro_batch_size", "4", "--output_dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+LAUNCHED = '''
+import json, os, sys, zlib
+import torch
+from datasets import Dataset
+from podsrl.models import load_model
+from podsrl.tasks.arithmetic import build_arithmetic
+from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments
+
+rank = int(os.environ["RANK"])
+
+
+def reward(completions, **kwargs):  # process 0: constant (no signal); process 1: a coin from the text
+    return [1.0 if rank == 0 else float(zlib.crc32(c.encode()) % 2) for c in completions]
+
+
+class Recording(PODSTrainer):
+    def _select(self, rewards_per_func, local_count):
+        local, kept = super()._select(rewards_per_func, local_count)
+        with open(f"{sys.argv[1]}/rank{rank}.jsonl", "a") as fh:
+            fh.write(json.dumps({"rewards": self.last_selection["rewards"].tolist(),
+                                 "kept": self.last_selection["kept"].tolist(), "local": local}) + "\\n")
+        return local, kept
+
+
+examples = build_arithmetic(level=3, num_train=200, num_test=10, seed=0).train
+bundle = load_model("tiny")
+batch = pods_batch_arguments(prompts_per_step=4, num_generations=4, num_kept=2, micro_batch_size=2, num_processes=2)
+config = PODSConfig(output_dir=sys.argv[1] + "/out", max_steps=2, use_cpu=True, report_to="none", save_strategy="no",
+                    disable_tqdm=True, seed=0, max_completion_length=6, top_k=0, ddp_backend="gloo",
+                    downsampling_rule="random", **batch)
+Recording(model=bundle.model, processing_class=bundle.tokenizer, reward_funcs=[reward], args=config,
+          train_dataset=Dataset.from_list([{"prompt": ex.prompt} for ex in examples])).train()
+'''
+
+
+def test_two_processes_select_the_same_rows_without_hanging(tmp_path):
+    script = tmp_path / "launched.py"
+    script.write_text(LAUNCHED)
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    done = subprocess.run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [[json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 2
+    generator = torch.Generator().manual_seed(0)
+    for step0, step1 in zip(*ranks):
+        assert step0["rewards"] == step1["rewards"] and step0["kept"] == step1["kept"]  # one selection everywhere
+        rewards = torch.tensor(step0["rewards"])  # [G_all, n], process 0's groups first
+        assert rewards[0].var() == 0 and rewards[-1].var() > 0 or rewards[-1].var() == 0  # patterns differ by process
+        assert torch.equal(torch.tensor(step0["kept"]), select("random", rewards, 2, generator=generator))
+        assert len(step0["local"]) == len(step1["local"]) == 4  # equal rows per process: 2 prompts x m
