@@ -61,8 +61,15 @@ def commands(body: str) -> list[list[str]]:
 
 def validate(words: list[str]) -> None:
     """Check one documented command without running it."""
+    while "=" in words[0]:  # VAR=value prefixes (CUDA_VISIBLE_DEVICES=...)
+        words = words[1:]
     if words[:2] == ["source", ".venv/bin/activate"]:
         return
+    if words[0] == "trl":  # TRL's own command line (vllm-serve), installed with podsrl[trl]
+        assert shutil.which("trl", path=str(Path(sys.executable).parent)), "the trl command is not installed"
+        return
+    if words[0] == "accelerate" and "podsrl.cli" not in words:  # launches a script
+        words = ["python", *[w for w in words[2:] if w.endswith(".py")][:1]]
     if words[0] in ("bash", "python", "python3"):
         script = next(w for w in words[1:] if not w.startswith("-"))
         assert (ROOT / script).is_file(), f"{script}: no such script"
@@ -158,6 +165,7 @@ def test_readme_quick_start_runs_as_written(tmp_path):
     for run in ("podsrl", "grpo", "my-model", "my-data", "my-reward"):
         assert (copy / "runs" / run / "metrics.jsonl").is_file(), run
     assert (copy / "runs" / "plots" / "accuracy.png").is_file()
+    assert (copy / "runs" / "trl-pods" / "model.safetensors").is_file()
     for page in PAGES[1:]:
         for mark, body in blocks(page, "python"):
             ran = subprocess.run([sys.executable, "-c", body], cwd=copy, capture_output=True, text=True, env=env,

@@ -117,7 +117,10 @@ class Arm:
     half_width: list[float] = field(default_factory=list)
 
     def fill_curve(self, grid: list[float]) -> None:
-        self.grid = [t for t in grid if t <= min(r.budget_seconds for r in self.runs)]
+        """The mean curve on ``grid`` up to the shortest run's end, and at that end itself (so
+        the peak and the time to target see the last evaluation every run has)."""
+        end = min(r.budget_seconds for r in self.runs)
+        self.grid = [t for t in grid if t < end] + [end]
         curves = [[r.accuracy_at(t) for t in self.grid] for r in self.runs]
         stats = [mean_ci(list(column)) for column in zip(*curves)]
         self.mean = [m for m, _ in stats]
