@@ -28,7 +28,9 @@ class MetricsLog:
             return
         kept = [line for line in self.path.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        partial = self.path.with_suffix(".jsonl.partial")  # replaced in one step: a crash keeps the old log
+        partial.write_text("".join(line + "\n" for line in kept))
+        partial.replace(self.path)
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as fh:

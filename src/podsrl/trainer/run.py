@@ -88,6 +88,7 @@ class Run:
         if resumed is not None:
             if self.metrics:
                 self.metrics.truncate_after(self.step)
+            self.procs.barrier()  # the other processes read the log only once it is rewritten
             if self.procs.is_main:
                 say(f"resumed from {resumed} at step {self.step}")
             return logged_evals(self.run_dir / "metrics.jsonl")
