@@ -84,6 +84,33 @@ def test_yaml_then_overrides(tmp_path):
     assert (cfg.method, cfg.num_generations, cfg.lr, cfg.scale_rewards) == ("grpo-ga", 6, 1e-5, False)
 
 
+def test_yaml_values_keep_their_yaml_types(tmp_path):
+    path = tmp_path / "typed.yaml"
+    path.write_text("lora_rank: 4\nlora_target_modules: [q_proj, v_proj]\nsystem_prompt: null\n"
+                    "reward_funcs:\n  - arithmetic_correct\n  - arithmetic_format\nreward_weights: [1, 0.5]\n")
+    cfg = make_config(path)
+    assert cfg.lora_targets == ("q_proj", "v_proj")
+    assert cfg.system_prompt == ""  # null: no system prompt, not the text "None"
+    assert cfg.reward_specs == ["arithmetic_correct", "arithmetic_format"]
+    assert cfg.reward_weight_values == [1.0, 0.5]
+    # the command line keeps its comma form, with the same meaning
+    assert make_config(overrides={"lora_rank": "4", "lora_target_modules": "q_proj,v_proj"}).lora_targets == \
+        cfg.lora_targets
+
+
+def test_yaml_values_of_the_wrong_shape_name_the_field_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("lora_target_modules: [q_proj, 'a,b']\n")
+    with pytest.raises(ValueError, match=r"bad.yaml line 1: lora_target_modules: list items may not contain commas"):
+        make_config(path)
+    path.write_text("seed: 0\nsystem_prompt: {role: system}\n")
+    with pytest.raises(ValueError, match=r"bad.yaml line 2: system_prompt: expected text or a list"):
+        make_config(path)
+    path.write_text("steps: null\n")
+    with pytest.raises(ValueError, match=r"bad.yaml line 1: steps: expected int, got None"):
+        make_config(path)
+
+
 def test_yaml_errors_name_file_and_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("method: pods\n\nlr: quick\n")

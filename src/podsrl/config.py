@@ -212,12 +212,29 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
         raise ValueError(f"{source}{name}: expected true/false, got {raw!r}")
     if isinstance(raw, bool) and kind is not bool:
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
+    if kind is str:
+        return _as_text(name, raw, source)
     try:
         if kind is int and isinstance(raw, float) and not raw.is_integer():
             raise ValueError
         return kind(raw)  # int("1.5") raises too
     except (TypeError, ValueError):
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}") from None
+
+
+def _as_text(name: str, raw: Any, source: str) -> str:
+    """A text field from YAML or the command line: null is empty, a YAML list joins into the
+    comma-separated form the command line uses (``[q_proj, v_proj]`` == ``q_proj,v_proj``)."""
+    if raw is None:
+        return ""
+    if isinstance(raw, (list, tuple)):
+        items = [_as_text(name, item, source) for item in raw]
+        if any("," in item for item in items):
+            raise ValueError(f"{source}{name}: list items may not contain commas, got {raw!r}")
+        return ",".join(items)
+    if isinstance(raw, dict):
+        raise ValueError(f"{source}{name}: expected text or a list, got a mapping {raw!r}")
+    return str(raw)
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
