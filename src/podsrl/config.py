@@ -120,7 +120,15 @@ class Config:
     lora_alpha: float = _f(16.0, "LoRA alpha.")
     lora_dropout: float = _f(0.0, "LoRA dropout.")
     lora_target_modules: str = _f("", "Comma-separated module names for LoRA; empty = all linear layers.")
-    dtype: str = _f("float32", "Model weights dtype: float32 | bfloat16 | float16.")
+    dtype: str = _f("float32", "Model weights dtype: float32 | bfloat16 | float16. For low-precision speed "
+                               "keep float32 and set bf16: small updates vanish in bfloat16 weights.")
+    bf16: bool = _f(False, "Mixed precision (TRL's field): forward passes under torch.autocast in bfloat16, "
+                           "weights, gradients and optimizer state in float32 (needs dtype float32).")
+    fp16: bool = _f(False, "float16 mixed precision (TRL's field): not supported yet (it needs loss scaling); "
+                           "use bf16.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the update's backward instead of storing "
+                                             "them (TRL's field): less memory, ~1 more forward. The update then "
+                                             "runs whole rows (share_prompt_in_update is ignored).")
     device: str = _f("auto", "Where the policy runs: 'auto' (the launcher's GPU for this process, else the "
                              "first CUDA GPU, else the CPU), 'cpu', 'cuda' or 'cuda:N'. Rollouts, rewards and "
                              "selection stay on the CPU; generation and the update run on the device.")
@@ -302,6 +310,10 @@ def _check_names(cfg: Config) -> None:
     _require(cfg.loss_aggregation in ("sequence", "token"),
              f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")
     _require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")
+    _require(not cfg.fp16, "fp16: float16 mixed precision is not supported yet (it needs loss scaling); use bf16 "
+                           "(GPUs since Ampere, and CPUs) or float32")
+    _require(not cfg.bf16 or cfg.dtype == "float32",
+             f"bf16: mixed precision keeps float32 master weights, so dtype must be float32 (got {cfg.dtype!r})")
     _require(cfg.reward_error_policy in ("raise", "zero"),
              f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
     check_model_name(cfg.model)

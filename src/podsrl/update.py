@@ -17,6 +17,7 @@ import torch
 from podsrl.algorithms.loss import Aggregation, policy_loss
 from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
+from podsrl.models.precision import activation_checkpointing
 from podsrl.types import Rollouts, UpdateBatch
 
 
@@ -29,6 +30,7 @@ class UpdateOptions:
     loss_aggregation: Aggregation = "sequence"  # or "token" (DAPO)
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
     share_prompt: bool = True  # run each prompt once per group in the forward/backward
+    activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,9 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     skipped_step and the lr this step used.
     """
     procs = procs or Processes()
-    logprobs = shared_prompt_token_logprobs if options.share_prompt else token_logprobs
+    # a checkpointed layer drops the KV cache that sharing the prompt feeds it: whole rows then
+    share = options.share_prompt and not options.activation_checkpointing
+    logprobs = shared_prompt_token_logprobs if share else token_logprobs
     num_sequences = len(batch)
     num_tokens = num_tokens or float(batch.completion_mask.sum())
     optimizer.zero_grad(set_to_none=True)
@@ -110,7 +114,8 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     for i, part in enumerate(parts):
         lc = part.completion_mask.shape[1]
         # gradients are averaged across processes once per step, after the last micro-batch
-        with procs.no_sync(model, last=i == len(parts) - 1):
+        with procs.no_sync(model, last=i == len(parts) - 1), \
+                activation_checkpointing(procs.unwrap(model), options.activation_checkpointing):
             logp = logprobs(model, part.input_ids, part.attention_mask, lc)  # [b, lc]
             old_logp = part.old_logp if part.old_logp is not None else logp.detach()
             loss, stats = policy_loss(

@@ -99,7 +99,8 @@ def train(cfg: Config) -> RunResult:
         while run.step < cfg.steps and not run.out_of_time():
             run.step += 1
             timer = StageTimer()
-            outcome = training_step(run, timer)
+            with run.autocast():
+                outcome = training_step(run, timer)
             run.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
             record = step_record(run.procs, run.step, run.train_seconds, outcome.rollouts, outcome.scores,
                                  outcome.kept, outcome.kept_rewards, outcome.update, timer.seconds,

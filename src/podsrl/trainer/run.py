@@ -17,6 +17,7 @@ from podsrl.methods import Method
 from podsrl.models import ModelBundle
 from podsrl.rewards.scorer import Scorer
 from podsrl.tasks import PreparedSplit, Task
+from podsrl.models.precision import autocast
 from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from podsrl.trainer.evaluate import EvalOptions, evaluate
 from podsrl.metrics import MetricsLog
@@ -73,7 +74,12 @@ class Run:
 
     def evaluate(self) -> dict[str, float]:
         seed = self.cfg.seed + EVAL_SEED_OFFSET + self.procs.rank
-        return evaluate(self.bundle, self.task, self.test_split, self.eval_options, seed, self.procs).accuracies
+        with self.autocast():
+            return evaluate(self.bundle, self.task, self.test_split, self.eval_options, seed, self.procs).accuracies
+
+    def autocast(self):
+        """Forward passes in bfloat16 under ``bf16`` (weights stay float32), else a no-op."""
+        return autocast(self.policy.device, "bfloat16" if self.cfg.bf16 else "")
 
     def out_of_time(self) -> bool:
         return bool(self.cfg.max_minutes) and self.train_seconds >= self.cfg.max_minutes * 60

@@ -52,7 +52,8 @@ def scoring_options(cfg: Config) -> ScoringOptions:
 def update_options(cfg: Config) -> UpdateOptions:
     return UpdateOptions(micro_batch_size=cfg.micro_batch_size, clip_eps_low=cfg.clip_eps_low,
                          clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, loss_aggregation=cfg.loss_aggregation,
-                         max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update)
+                         max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
+                         activation_checkpointing=cfg.gradient_checkpointing)
 
 
 def optimizer_options(cfg: Config) -> OptimizerOptions:
