@@ -207,16 +207,25 @@ def test_gradients_are_clipped_to_max_grad_norm(random_model_dir, tmp_path):
 
 
 def test_logged_learning_rate_is_the_one_each_step_used(random_model_dir, tmp_path):
-    """Linear warm-up over warmup_steps optimizer steps from lr / warmup_steps, then constant;
-    each record's lr is the rate its own optimizer step used (the optimizer's own state
-    after step 5 holds the same)."""
+    """transformers' constant_with_warmup: linear from 0 over warmup_steps optimizer steps,
+    then constant; each record's lr is the rate its own optimizer step used (the
+    optimizer's own state after step 5 holds the same)."""
     run = train(quick_config(random_model_dir, tmp_path / "run", steps=5, warmup_steps=3, lr=1e-3,
                              checkpoint_every=5)).run_dir
     records = read_metrics(run / "metrics.jsonl")[1:]
-    assert [r["lr"] for r in records] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3, 1e-3], rel=1e-12)
+    assert [r["lr"] for r in records] == pytest.approx([0, 1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3], rel=1e-12)
     group = torch.load(run / "checkpoints" / "step_0000005" / "optimizer.pt",
                        weights_only=True)["optimizer"]["param_groups"][0]
     assert group["lr"] == pytest.approx(1e-3, rel=1e-12)
+
+
+def test_a_warmup_fraction_and_a_cosine_schedule_follow_transformers(random_model_dir, tmp_path):
+    """warmup_steps < 1 is a fraction of the run (0.2 x 5 steps = 1 step); then cosine decay
+    0.5 (1 + cos(pi progress)) over the remaining 4 steps (oracle: the formula)."""
+    run = train(quick_config(random_model_dir, tmp_path / "run", steps=5, warmup_steps=0.2, lr=1e-3,
+                             lr_scheduler_type="cosine")).run_dir
+    expected = [0.0] + [1e-3 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
+    assert [r["lr"] for r in read_metrics(run / "metrics.jsonl")[1:]] == pytest.approx(expected, rel=1e-12)
 
 
 def test_existing_run_is_not_overwritten(random_model_dir, tmp_path):

@@ -26,6 +26,7 @@ from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
 from podsrl.tasks import is_known_task
 from podsrl.tasks.arithmetic import LEVELS, space_size
 from podsrl.tasks.data import is_local
+from podsrl.update import SCHEDULERS
 
 OPTIMIZERS = ("adamw_torch", "sgd")
 
@@ -64,7 +65,11 @@ class Config:
                                     "adam_beta2 and weight_decay (the paper); 'sgd' = plain SGD, no momentum (its "
                                     "update shows the gradient's scale; the tests use it).")
     lr: float = _f(2e-4, "Learning rate (the paper used 5e-6 for LoRA on 3B models).")
-    warmup_steps: int = _f(10, "Linear learning-rate warm-up steps, then constant (0 = constant).")
+    lr_scheduler_type: str = _f("constant_with_warmup", "Learning-rate schedule (TRL's field; any name of "
+                                                        "transformers.get_scheduler: constant_with_warmup, "
+                                                        "linear, cosine, ...), over `steps` optimizer steps.")
+    warmup_steps: float = _f(10.0, "Warm-up of the schedule, from lr 0 at the first step (TRL's field): a number "
+                                 ">= 1 of optimizer steps, or a fraction < 1 of `steps`.")
     adam_beta1: float = _f(0.9, "AdamW beta1.")
     adam_beta2: float = _f(0.99, "AdamW beta2 (paper: 0.99).")
     weight_decay: float = _f(0.1, "Weight decay: decoupled with AdamW, L2 with SGD (paper: 0.1).")
@@ -306,6 +311,8 @@ def _check_names(cfg: Config) -> None:
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     _require(cfg.generation_schedule in SCHEDULES,
              f"generation_schedule: unknown {cfg.generation_schedule!r}; known: {', '.join(SCHEDULES)}")
+    _require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
+                                                  f"known: {', '.join(SCHEDULERS)}")
     _require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
     _require(cfg.loss_aggregation in ("sequence", "token"),
              f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")

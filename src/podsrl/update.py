@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+from transformers import get_scheduler
 
 from podsrl.algorithms.loss import Aggregation, policy_loss
 from podsrl.distributed import Processes
@@ -33,6 +34,11 @@ class UpdateOptions:
     activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)
 
 
+# transformers.get_scheduler's schedules that need nothing beyond warm-up and total steps
+SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+              "inverse_sqrt")
+
+
 @dataclass(frozen=True)
 class OptimizerOptions:
     optim: str = "adamw_torch"  # or "sgd"
@@ -40,13 +46,15 @@ class OptimizerOptions:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     weight_decay: float = 0.1
-    warmup_steps: int = 10  # linear warm-up over this many optimizer steps, then constant
+    lr_scheduler_type: str = "constant_with_warmup"  # a name of SCHEDULERS
+    warmup_steps: float = 10  # optimizer steps (>= 1) or a fraction (< 1) of total_steps
+    total_steps: int = 150  # optimizer steps of the run (decaying schedules end there)
 
 
 def make_optimizer(parameters, options: OptimizerOptions) \
         -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """The optimizer over ``parameters`` and its schedule: linear warm-up over
-    ``warmup_steps`` optimizer steps (from lr / warmup_steps), then constant."""
+    """The optimizer over ``parameters`` and its schedule, from ``transformers.get_scheduler``
+    as TRL's trainers build it (warm-up from lr 0 at the first step)."""
     parameters = list(parameters)
     if options.optim == "sgd":
         optimizer = torch.optim.SGD(parameters, lr=options.lr, weight_decay=options.weight_decay)
@@ -54,7 +62,9 @@ def make_optimizer(parameters, options: OptimizerOptions) \
         optimizer = torch.optim.AdamW(parameters, lr=options.lr, betas=(options.adam_beta1, options.adam_beta2),
                                       weight_decay=options.weight_decay)
     warmup = options.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    warmup = int(warmup) if warmup >= 1 else math.ceil(options.total_steps * warmup)  # transformers' rule
+    scheduler = get_scheduler(options.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
+                              num_training_steps=options.total_steps)
     return optimizer, scheduler
 
 

@@ -58,7 +58,8 @@ def update_options(cfg: Config) -> UpdateOptions:
 
 def optimizer_options(cfg: Config) -> OptimizerOptions:
     return OptimizerOptions(optim=cfg.optim, lr=cfg.lr, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
-                            weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps)
+                            weight_decay=cfg.weight_decay, lr_scheduler_type=cfg.lr_scheduler_type,
+                            warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
 
 
 def eval_options(cfg: Config, greedy: bool | None = None) -> EvalOptions:
