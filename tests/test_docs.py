@@ -26,6 +26,7 @@ import pytest
 
 from podsrl import cli
 from podsrl.config import FIELDS
+from podsrl.tracking import missing_trackers
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -68,6 +69,10 @@ def validate(words: list[str]) -> None:
     if words[0] == "trl":  # TRL's own command line (vllm-serve), installed with podsrl[trl]
         assert shutil.which("trl", path=str(Path(sys.executable).parent)), "the trl command is not installed"
         return
+    if words[0] in ("tensorboard", "wandb", "trackio"):  # a tracker's own command line: an optional extra
+        if not shutil.which(words[0], path=str(Path(sys.executable).parent)):
+            pytest.skip(f"{words[0]} is not installed (pip install 'podsrl[{words[0]}]')")
+        return
     if words[0] == "accelerate" and "podsrl.cli" not in words:  # launches a script
         words = ["python", *[w for w in words[2:] if w.endswith(".py")][:1]]
     if words[0] in ("bash", "python", "python3"):
@@ -101,6 +106,9 @@ DOCUMENTED = [(page, i, words) for page in PAGES for i, (_, body) in enumerate(b
 def test_documented_command_is_valid(page, block, words, monkeypatch):
     if any(w.startswith("../shared/data") for w in words) and not (ROOT.parent / "shared" / "data").is_dir():
         pytest.skip("needs the real data in ../shared/data")
+    missing = missing_trackers(words[words.index("--report_to") + 1]) if "--report_to" in words else []
+    if missing:  # optional extras: validating the command would refuse it for that reason alone
+        pytest.skip(f"{', '.join(missing)} is not installed (pip install 'podsrl[{missing[0]}]')")
     monkeypatch.chdir(ROOT)
     validate(words)
 

@@ -85,6 +85,7 @@ ALLOWED = {
     "podsrl.rewards": {"podsrl.tasks", "podsrl.types"},  # the scorer reads a task's examples
     "podsrl.methods": {"podsrl.algorithms"},
     "podsrl.update": LOWER | {"podsrl.models"},
+    "podsrl.tracking": set(),  # trackers get plain values: config.py validates report_to with it
 }
 
 

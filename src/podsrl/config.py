@@ -26,6 +26,7 @@ from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
 from podsrl.tasks import is_known_task
 from podsrl.tasks.arithmetic import LEVELS, space_size
 from podsrl.tasks.data import is_local
+from podsrl.tracking import tracker_names
 from podsrl.update import SCHEDULERS
 
 OPTIMIZERS = ("adamw_torch", "sgd")
@@ -156,6 +157,15 @@ class Config:
                                        "non-finite loss or gradient.")
     resume: bool = _f(False, "Resume from the latest checkpoint in output_dir.")
     progress: bool = _f(True, "Show a progress bar.")
+    report_to: str = _f("none", "Experiment trackers that also get every metrics record (its numbers, at its step), "
+                                "the config and the rollout samples, as TRL's report_to: 'none', 'tensorboard', "
+                                "'wandb', 'trackio', a comma-separated list, or 'all' (every one installed). "
+                                "TensorBoard and wandb write under output_dir/tracking/ (wandb offline unless it "
+                                "finds an API key or WANDB_MODE says otherwise), trackio to its own store; see "
+                                "docs/tracking.md.")
+    log_rollouts: int = _f(1, "Prompt groups per step whose rollouts (prompt, completion, reward, correct, kept) "
+                              "go to rollouts.jsonl and, with report_to, to a table (0 = none). Sampled from the main "
+                              "process's groups: at most prompts_per_step / processes.")
 
     # ---------------------------------------------------------------------------------
     @property
@@ -323,6 +333,7 @@ def _check_names(cfg: Config) -> None:
              f"bf16: mixed precision keeps float32 master weights, so dtype must be float32 (got {cfg.dtype!r})")
     _require(cfg.reward_error_policy in ("raise", "zero"),
              f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
+    tracker_names(cfg.report_to)  # a missing tracker package fails now, not after the model loads
     check_model_name(cfg.model)
     for spec in cfg.reward_specs:
         load_reward_fn(spec)  # import errors surface now, not mid-run
@@ -353,7 +364,8 @@ POSITIVE = ("num_generations", "num_kept", "prompts_per_step", "steps", "micro_b
             "eval_batch_size", "reasoning_gym_size", "lr", "lora_alpha")
 NON_NEGATIVE = ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
                 "generation_micro_group", "generation_memory_mb", "max_minutes", "checkpoint_minutes", "beta",
-                "weight_decay", "max_grad_norm", "temperature", "eval_temperature", "lora_dropout", "reward_timeout")
+                "weight_decay", "max_grad_norm", "temperature", "eval_temperature", "lora_dropout", "reward_timeout",
+                "log_rollouts")
 
 
 def _check_ranges(cfg: Config) -> None:

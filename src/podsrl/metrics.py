@@ -1,6 +1,7 @@
 """A run's metrics.jsonl: one JSON record per step, appended and flushed as written; NaN
 and inf are written as null. Read by the trainer (on resume), ``podsrl plot`` /
-``compare`` and the benchmarks."""
+``compare`` and the benchmarks. rollouts.jsonl (a sample of each step's rollouts, one
+record per rollout) is the same kind of log."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def _clean(value):
 
 
 class MetricsLog:
-    """Append-only ``metrics.jsonl``, one record per step, flushed as written."""
+    """An append-only JSONL log of records with a ``step`` (``metrics.jsonl``: one per step),
+    flushed as written."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -33,8 +35,11 @@ class MetricsLog:
         partial.replace(self.path)
 
     def write(self, record: dict) -> None:
+        self.write_many([record])
+
+    def write_many(self, records: list[dict]) -> None:
         with self.path.open("a") as fh:
-            fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            fh.write("".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records))
 
 
 def read_metrics(path: Path) -> list[dict]:

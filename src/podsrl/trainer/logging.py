@@ -1,10 +1,12 @@
 """What each step logs: per-stage timers, the step record (what shows whether
 down-sampling works: reward mean and spread before and after selection, zero-variance
-groups, completion lengths, seconds per stage) and the progress bar. The metrics.jsonl
-file itself is :mod:`podsrl.metrics`."""
+groups, completion lengths, seconds per stage), a sample of its rollouts and the progress
+bar. The metrics.jsonl / rollouts.jsonl files are :mod:`podsrl.metrics`, the trackers
+:mod:`podsrl.tracking`."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from contextlib import contextmanager
@@ -15,6 +17,7 @@ from tqdm.auto import tqdm
 
 from podsrl.distributed import Processes
 from podsrl.metrics import read_metrics
+from podsrl.tasks import Example
 from podsrl.types import Rollouts, Scores
 
 
@@ -76,6 +79,24 @@ def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rol
     if procs.world_size > 1:
         record["skipped_step"] = int(record["skipped_step"])
     return record
+
+
+def rollout_rows(step: int, examples: list[Example], rollouts: Rollouts, scores: Scores, keep: torch.Tensor,
+                 groups: int) -> list[dict]:
+    """One record per rollout of the first ``groups`` prompt groups: what the model was asked
+    (the prompt before templating, the gold answer), what it wrote, how it scored, and
+    whether selection kept it for the update. ``keep`` [P, m] indexes the group axis."""
+    kept = torch.zeros(scores.reward.shape, dtype=torch.bool).scatter_(1, keep, True)  # [P, n]
+    rows = []
+    for group in range(min(groups, len(examples))):
+        for index, completion in enumerate(rollouts.texts[group]):
+            correct = float(scores.correct[group, index])
+            rows.append({"step": step, "group": group, "index": index, "prompt": examples[group].prompt,
+                         "answer": examples[group].answer, "completion": completion,
+                         "reward": float(scores.reward[group, index]),
+                         "correct": None if math.isnan(correct) else correct,  # None: not verifiable
+                         "kept": bool(kept[group, index])})
+    return rows
 
 
 def logged_evals(path: Path) -> tuple[dict[str, float], dict[str, float]]:

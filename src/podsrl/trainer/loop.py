@@ -18,7 +18,8 @@ import torch
 from podsrl.algorithms.advantages import group_advantages
 from podsrl.config import Config
 from podsrl.trainer.checkpoints import list_checkpoints
-from podsrl.trainer.logging import StageTimer, progress_bar, step_record
+from podsrl.tasks import Example
+from podsrl.trainer.logging import StageTimer, progress_bar, rollout_rows, step_record
 from podsrl.trainer.run import Run, RunResult
 from podsrl.trainer.setup import set_up
 from podsrl.trainer.state import StopSignals, TrainingStopped, sampling_seed
@@ -28,8 +29,10 @@ from podsrl.update import batch_logprobs, flatten_for_update, update_policy
 
 @dataclass
 class StepOutcome:
-    rollouts: Rollouts  # [P, n, Lc] this process's
+    examples: list[Example]  # [P] this process's prompts
+    rollouts: Rollouts  # [P, n, Lc]
     scores: Scores  # [P, n]
+    keep: torch.Tensor  # [P, m] indices of the kept rollouts into the group axis
     kept: Rollouts  # [P, m, Lc]
     kept_rewards: torch.Tensor  # [P, m]
     update: dict  # loss, grad_norm, clip_fraction, kl, skipped_step, lr
@@ -58,7 +61,7 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
         for _ in range(cfg.num_iterations):
             update = update_policy(run.model, run.optimizer, run.scheduler, batch, run.update_options, run.procs,
                                    tokens_per_process)
-    return StepOutcome(rollouts, scores, kept, kept_rewards, update)
+    return StepOutcome(examples, rollouts, scores, keep, kept, kept_rewards, update)
 
 
 def generate_rollouts(run: Run, prompts: list[str]) -> Rollouts:
@@ -93,37 +96,48 @@ def train(cfg: Config) -> RunResult:
     """Train with ``cfg``; stops cleanly (with a checkpoint) on SIGINT / SIGTERM."""
     with StopSignals() as stop:
         run = set_up(cfg)
-        initial, latest_eval = run.resume_or_start()
-        progress = progress_bar(cfg.steps, run.step, cfg.method, enabled=cfg.progress and run.procs.is_main)
-        run.last_checkpoint_time, consecutive_skips = time.time(), 0
-        while run.step < cfg.steps and not run.out_of_time():
-            run.step += 1
-            timer = StageTimer()
-            with run.autocast():
-                outcome = training_step(run, timer)
-            run.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
-            record = step_record(run.procs, run.step, run.train_seconds, outcome.rollouts, outcome.scores,
-                                 outcome.kept, outcome.kept_rewards, outcome.update, timer.seconds,
-                                 run.scorer.failures)
-            if run.procs.world_size > 1 and not run.procs.sharded:
-                record["rank_param_spread"] = run.procs.parameter_spread(run.model)
-            if (cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == cfg.steps or run.out_of_time():
-                eval_start = time.perf_counter()
-                latest_eval = run.evaluate()
-                record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
-            if run.metrics:
-                run.metrics.write(record)
-            progress.update(1)
-            progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
-                                 refresh=False)
-            consecutive_skips = consecutive_skips + 1 if outcome.update["skipped_step"] else 0
-            try:
-                checkpoint_or_stop(run, stop, consecutive_skips)
-            except TrainingStopped:
-                progress.close()
-                raise
-        progress.close()
-        return run.finish(initial, latest_eval)
+        try:
+            return run_steps(run, stop)
+        finally:
+            run.trackers.finish()  # flushed and closed however the run ends
+
+
+def run_steps(run: Run, stop: StopSignals) -> RunResult:
+    """From the start (or the checkpoint) to the last step, logging, evaluating and
+    checkpointing on the way."""
+    cfg = run.cfg
+    initial, latest_eval = run.resume_or_start()
+    progress = progress_bar(cfg.steps, run.step, cfg.method, enabled=cfg.progress and run.procs.is_main)
+    run.last_checkpoint_time, consecutive_skips = time.time(), 0
+    while run.step < cfg.steps and not run.out_of_time():
+        run.step += 1
+        timer = StageTimer()
+        with run.autocast():
+            outcome = training_step(run, timer)
+        run.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
+        record = step_record(run.procs, run.step, run.train_seconds, outcome.rollouts, outcome.scores,
+                             outcome.kept, outcome.kept_rewards, outcome.update, timer.seconds,
+                             run.scorer.failures)
+        if run.procs.world_size > 1 and not run.procs.sharded:
+            record["rank_param_spread"] = run.procs.parameter_spread(run.model)
+        if (cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == cfg.steps or run.out_of_time():
+            eval_start = time.perf_counter()
+            latest_eval = run.evaluate()
+            record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
+        sampled = cfg.log_rollouts if run.procs.is_main else 0  # the main process's first groups
+        run.log(record, rollout_rows(run.step, outcome.examples, outcome.rollouts, outcome.scores,
+                                     outcome.keep, sampled))
+        progress.update(1)
+        progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
+                             refresh=False)
+        consecutive_skips = consecutive_skips + 1 if outcome.update["skipped_step"] else 0
+        try:
+            checkpoint_or_stop(run, stop, consecutive_skips)
+        except TrainingStopped:
+            progress.close()
+            raise
+    progress.close()
+    return run.finish(initial, latest_eval)
 
 
 def checkpoint_or_stop(run: Run, stop: StopSignals, consecutive_skips: int) -> None:

@@ -23,6 +23,7 @@ from podsrl.trainer.evaluate import EvalOptions, evaluate
 from podsrl.metrics import MetricsLog
 from podsrl.trainer.logging import logged_evals, say
 from podsrl.trainer.state import PromptSampler
+from podsrl.tracking import Trackers
 from podsrl.update import UpdateOptions
 
 EVAL_SEED_OFFSET = 10_007  # evaluation's own seed stream: seed + offset + rank
@@ -61,6 +62,8 @@ class Run:
     generators: dict[str, torch.Generator]  # seeded streams of the rules that draw (checkpointed)
     sampler: PromptSampler
     metrics: MetricsLog | None  # only the main process writes
+    rollout_log: MetricsLog | None  # rollouts.jsonl (log_rollouts groups per step); only the main process
+    trackers: Trackers  # none but on the main process with report_to
     update_options: UpdateOptions
     eval_options: EvalOptions
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
@@ -91,19 +94,29 @@ class Run:
         if self.cfg.resume and resumed is None and self.procs.is_main:
             say(f"resume: no usable checkpoint in {self.checkpoints}; starting from scratch")
         self.model, self.optimizer = self.procs.prepare(self.policy, self.optimizer)  # DDP / FSDP
+        last_step = self.step if resumed is not None else -1  # -1: a resume that found no checkpoint starts afresh
+        for log in (self.metrics, self.rollout_log):
+            if log:
+                log.truncate_after(last_step)  # the steps after the checkpoint are redone
+        self.trackers.start(self.cfg.to_dict(), first_step=last_step + 1)
         if resumed is not None:
-            if self.metrics:
-                self.metrics.truncate_after(self.step)
             self.procs.barrier()  # the other processes read the log only once it is rewritten
             if self.procs.is_main:
                 say(f"resumed from {resumed} at step {self.step}")
             return logged_evals(self.run_dir / "metrics.jsonl")
-        if self.metrics:
-            self.metrics.truncate_after(-1)  # a resume that found no checkpoint starts the log afresh
         initial = self.evaluate()
-        if self.metrics:
-            self.metrics.write({"step": 0, "train_seconds": 0.0, **initial})
+        self.log({"step": 0, "train_seconds": 0.0, **initial})
         return initial, initial
+
+    def log(self, record: dict, rollouts: list[dict] = ()) -> None:
+        """A step's metrics record (metrics.jsonl, and its numbers to the trackers) and a
+        sample of its rollouts (rollouts.jsonl, and a table); the other processes hold no logs."""
+        if self.metrics:
+            self.metrics.write(record)
+        if self.rollout_log and rollouts:
+            self.rollout_log.write_many(rollouts)
+        self.trackers.log_metrics(record)
+        self.trackers.log_table("rollouts", list(rollouts), record["step"])
 
     def _restore(self) -> Path | None:
         """Load the newest readable checkpoint into the bare policy; a corrupt one is skipped

@@ -25,6 +25,7 @@ from podsrl.metrics import MetricsLog
 from podsrl.trainer.logging import say
 from podsrl.trainer.run import Run
 from podsrl.trainer.state import PromptSampler
+from podsrl.tracking import Trackers, tracker_names
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
 
 
@@ -136,4 +137,7 @@ def set_up(cfg: Config) -> Run:
                generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)},  # the `random` rule's stream
                sampler=PromptSampler(len(splits[0].examples), seed=cfg.seed),  # the same on every process
                metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
+               rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
+               trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
+                                 run_name=str(run_dir)),
                update_options=update_options(cfg), eval_options=eval_options(cfg))
