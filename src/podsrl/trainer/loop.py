@@ -40,11 +40,12 @@ class StepOutcome:
 def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     """One step of the pipeline on this process's share of the step's prompts."""
     cfg, method = run.cfg, run.method
-    batch_split = run.train_split.select(run.procs.block(run.sampler.take(cfg.prompts_per_step)))  # this process's
+    indices = run.procs.block(run.sampler.take(cfg.prompts_per_step))  # this process's prompts
+    step_prompts = run.train_split.select(indices)  # [P] examples and their rendered prompts
     with timer("generate"):
-        rollouts = generate_rollouts(run, batch_split.prompts)  # [P, n, Lc]
+        rollouts = generate_rollouts(run, step_prompts.prompts)  # [P, n, Lc]
     with timer("reward"):
-        scores = run.scorer(batch_split, rollouts, run.trainer_progress())  # [P, n]
+        scores = run.scorer(step_prompts, rollouts, run.trainer_progress())  # [P, n]
     with timer("select"):
         keep = method.keep(scores.reward, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
         kept, kept_rewards = rollouts.select(keep), scores.reward.gather(1, keep)  # [P, m, Lc], [P, m]
