@@ -1,17 +1,26 @@
-"""Reward functions with TRL's signature: fn(prompts, completions, **columns) -> list[float | None].
+"""Reward functions with TRL's signature: fn(prompts, completions, **kwargs) -> list[float | None].
 
     podsrl train --reward_funcs examples/rewards.py:brevity,arithmetic_correct --reward_weights 0.1,1.0
     podsrl train --task jsonl ... --reward_funcs examples/rewards.py:harder_counts_more
 
-Dataset columns arrive as keyword arguments under their own names (``answer``, and for the
-jsonl task every other column, e.g. ``difficulty``). Return None for a sample the function
-cannot judge; podsrl counts it as unverifiable.
+Each call gets what TRL's GRPOTrainer passes: ``prompts``, ``completions``,
+``completion_ids`` (token ids, no padding), ``trainer_state`` (``global_step``,
+``max_steps``, ...) and every dataset column under its own name (``answer``, and for the
+jsonl task every other column, e.g. ``difficulty``). With a chat template a completion is
+``[{"role": "assistant", "content": text}]`` rather than the text. Return None (or NaN)
+for a sample the function does not apply to; a sample no function applies to counts as
+unverifiable.
 """
+
+
+def _text(completion):
+    """The completion's text, whether it comes as text or as TRL's message list."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
 def brevity(prompts, completions, **columns):
     """A small penalty per character: prefer short answers."""
-    return [-len(completion) / 100 for completion in completions]
+    return [-len(_text(completion)) / 100 for completion in completions]
 
 
 def harder_counts_more(prompts, completions, answer, difficulty=None, **columns):
@@ -19,6 +28,14 @@ def harder_counts_more(prompts, completions, answer, difficulty=None, **columns)
     difficulty = difficulty or ["easy"] * len(completions)
     scores = []
     for completion, gold, level in zip(completions, answer, difficulty):
-        given = completion.rsplit("Answer:", 1)[-1].strip() if "Answer:" in completion else None
+        text = _text(completion)
+        given = text.rsplit("Answer:", 1)[-1].strip() if "Answer:" in text else None
         scores.append((2.0 if level == "hard" else 1.0) * float(given == str(gold)))
     return scores
+
+
+def overlong_later(prompts, completions, completion_ids, trainer_state, **columns):
+    """-1 for a completion of 8 tokens or more, phased in over the run (progress-shaped,
+    as with TRL's trainer_state)."""
+    progress = trainer_state.global_step / max(1, trainer_state.max_steps)
+    return [-progress * float(len(ids) >= 8) for ids in completion_ids]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from podsrl.config import make_config
-from podsrl.tasks import build_task, prepare_split, render_prompt
+from podsrl.tasks import build_task, prepare_split, render_prompt, reward_columns
 from podsrl.tasks.base import Example
 from podsrl.tasks.gsm8k import build_gsm8k
 from podsrl.tasks.jsonl import build_jsonl
@@ -28,6 +28,12 @@ def test_gsm8k_from_local_jsonl(tmp_path):
     assert [ex.answer for ex in task.train] == ["1,000", "-3"]
     assert task.correct_fn(prompts=["Q1?"], completions=["<answer>1000</answer>"], answer=["1,000"]) == [1.0]
     assert "<think>" in task.system_prompt
+    # reward functions get GSM8K's own columns, raw, as TRL passes them; the built-in grades the raw answer
+    columns = reward_columns(task.train, 2)
+    assert columns == {"question": ["Q1?", "Q1?", "Q2?", "Q2?"],
+                       "answer": [rows[0]["answer"]] * 2 + [rows[1]["answer"]] * 2}
+    assert task.correct_fn(prompts=["Q1?"] * 2, completions=["<answer>1000</answer>", "<answer>-3</answer>"],
+                           answer=[r["answer"] for r in rows]) == [1.0, 1.0]
 
 
 def test_math_gold_falls_back_to_last_boxed(tmp_path):
@@ -42,7 +48,10 @@ def test_math_gold_falls_back_to_last_boxed(tmp_path):
     (b'{"question": "a", "answer": "#### 1"}\n{"question": "b"}\n', "line 2: missing column 'answer'"),
     (b'{"question": "a", "answer": "#### 1"}\n{not json}\n', "line 2: invalid JSON"),
     (b'{"question": "a", "answer": "#### 1"}\n\n{"question": "\xff\xfe", "answer": "1"}\n', "line 3: not valid UTF-8"),
-    (b'{"question": "a", "answer": "#### 1"}\n{"question": "  ", "answer": "#### 2"}\n', "line 2: column 'question' is empty"),
+    (b'{"question": "a", "answer": "#### 1"}\n{"question": "  ", "answer": "#### 2"}\n',
+     "line 2: column 'question' is empty"),
+    (b'{"question": "a", "answer": "#### 1"}\n\n{"question": "b"}\n', "line 3: missing column 'answer'"),
+    (b'{"question": "a", "answer": "#### 1"}\n[1, 2]\n', "line 2: expected a JSON object"),
 ])
 def test_bad_rows_name_field_file_and_line(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
@@ -73,7 +82,10 @@ def test_custom_jsonl_columns_reach_reward_functions(tmp_path):
     rows = [{"q": "2+2?", "gold": 4, "difficulty": "easy"}, {"q": "3*3?", "gold": 9, "difficulty": "hard"}]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     task = build_jsonl(path, path, prompt_column="q", answer_column="gold")
-    assert task.train[0] == Example(prompt="2+2?", answer="4", columns={"difficulty": "easy"})
+    assert task.train[0] == Example(prompt="2+2?", answer="4", columns=rows[0])  # every column, raw
+    # the gold answer is added as `answer` since the data has no `answer` column
+    assert reward_columns(task.train, 1) == {"answer": ["4", "9"], "q": ["2+2?", "3*3?"], "gold": [4, 9],
+                                             "difficulty": ["easy", "hard"]}
     with pytest.raises(ValueError, match="missing column 'question'"):
         build_jsonl(path, path, prompt_column="question", answer_column="gold")
     empty = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "  ", "answer": 1}])
@@ -151,3 +163,79 @@ def test_hub_dataset_failure_names_field_and_offline_fix(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(OSError, match=r"test_data: could not load hub dataset 'openai/gsm8k:main'.*local \.jsonl"):
         build_gsm8k("", "", with_train=False)
+
+
+def test_a_jsonl_answer_column_of_its_own_is_passed_raw_and_the_gold_column_still_grades(tmp_path):
+    rows = [{"prompt": "2+2?", "gold": "4", "answer": "unrelated"}]
+    task = build_jsonl(write_jsonl(tmp_path / "d.jsonl", rows), "", answer_column="gold")
+    columns = reward_columns(task.train, 1)
+    assert columns == {"gold": ["4"], "answer": ["unrelated"]}  # `prompt` arrives as `prompts`, not a column
+    assert task.correct_fn(prompts=["2+2?"], completions=["<answer>4</answer>"], **columns) == [1.0]
+
+
+def test_math_reward_columns_keep_the_solution_and_add_the_boxed_gold(tmp_path):
+    rows = [{"problem": "P", "solution": r"so \boxed{\frac{1}{2}}", "level": "Level 1"}]
+    task = build_math(write_jsonl(tmp_path / "m.jsonl", rows), write_jsonl(tmp_path / "m2.jsonl", rows))
+    columns = reward_columns(task.test, 1)
+    assert columns == {"answer": [r"\frac{1}{2}"], **{k: [v] for k, v in rows[0].items()}}
+    assert task.correct_fn(prompts=["P"], completions=[r"\boxed{0.5}"], answer=[""], solution=[rows[0]["solution"]]) \
+        == [1.0]  # an empty answer column falls back to the solution's box
+
+
+def test_local_files_load_through_datasets(tmp_path, monkeypatch):
+    import datasets
+
+    calls = []
+    real = datasets.load_dataset
+
+    def spy(path, *args, **kwargs):
+        calls.append((path, kwargs.get("data_files")))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    (tmp_path / "d.csv").write_text("prompt,answer\n2+2?,4\n3+3?,6\n")
+    (tmp_path / "d.json").write_text(json.dumps([{"prompt": "2+2?", "answer": 4}, {"prompt": "3+3?", "answer": 6}]))
+    write_jsonl(tmp_path / "d.jsonl", [{"prompt": "2+2?", "answer": 4}, {"prompt": "3+3?", "answer": "6"}])
+    for name in ("d.csv", "d.json", "d.jsonl"):
+        task = build_jsonl(str(tmp_path / name), "")
+        assert [(ex.prompt, ex.answer) for ex in task.train] == [("2+2?", "4"), ("3+3?", "6")], name
+    assert [c[0] for c in calls] == ["csv", "json", "json"]
+    assert calls[0][1] == str(tmp_path / "d.csv")
+
+
+def test_a_file_datasets_cannot_load_but_whose_lines_are_valid_is_read_line_by_line(tmp_path):
+    # numbers and text in one column, and a blank line: datasets' loaders both give up
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"prompt": "a?", "answer": 4}\n\n{"prompt": "b?", "answer": "1/2"}\n')
+    assert [ex.answer for ex in build_jsonl(str(path), "").train] == ["4", "1/2"]
+
+
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 1 + 1?"}]
+
+
+def test_conversational_prompts_are_accepted_and_rendered_with_the_chat_template(tmp_path, random_model_dir):
+    from transformers import AutoTokenizer
+
+    path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": CONVERSATION, "solution": "2"},
+                                              {"prompt": CONVERSATION[1:], "solution": "3"}])
+    task = build_jsonl(path, path, answer_column="solution")
+    assert task.train[0].prompt == CONVERSATION and task.train[0].columns == {"solution": "2"}
+    tokenizer = AutoTokenizer.from_pretrained(random_model_dir)
+    with pytest.raises(ValueError, match="chat_template: a prompt is a conversation.*the model's tokenizer has none"):
+        prepare_split(task.train, tokenizer, system_prompt="", use_chat_template=True, max_prompt_tokens=100)
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    with pytest.raises(ValueError, match="chat_template is false"):
+        prepare_split(task.train, tokenizer, system_prompt="", use_chat_template=False, max_prompt_tokens=100)
+    split = prepare_split(task.train, tokenizer, system_prompt="Sys.", use_chat_template=True, max_prompt_tokens=100)
+    assert split.prompts == ["<system>Be brief.<user>What is 1 + 1?<assistant>",  # its own system message wins
+                             "<system>Sys.<user>What is 1 + 1?<assistant>"]
+    assert split.chat
+    assert split.reward_prompts == [CONVERSATION, [{"role": "system", "content": "Sys."}] + CONVERSATION[1:]]
+
+
+@pytest.mark.parametrize("prompt", [[], [{"content": "no role"}], ["text"], 5])
+def test_malformed_conversations_name_file_and_line(tmp_path, prompt):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "fine", "answer": 1}, {"prompt": prompt, "answer": 1}])
+    with pytest.raises(ValueError, match=r"train_data: .*c\.jsonl line 2: column 'prompt' is neither text nor a list"):
+        build_jsonl(path, "")

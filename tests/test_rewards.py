@@ -93,9 +93,13 @@ def test_timeouts_follow_the_policy():
     assert FINISHED == []  # both calls returned without waiting for the function to end
 
 
+def infinite(prompts, completions, **kw):
+    return [float("-inf")] * len(completions)
+
+
 @pytest.mark.parametrize("fn, message", [
-    (lambda prompts, completions, **kw: [float("nan")] * len(completions), "returned nan"),
     (lambda prompts, completions, **kw: [float("inf")] * len(completions), "returned inf"),
+    (infinite, "reward function infinite returned -inf"),
     (lambda prompts, completions, **kw: [1.0], "returned 1 values for 1 completions|failed on the batch"),
 ])
 def test_malformed_outputs_are_rejected(fn, message):
@@ -106,3 +110,16 @@ def test_malformed_outputs_are_rejected(fn, message):
 def test_none_means_unverifiable():
     values = RewardStack([lambda prompts, completions, **kw: [None, 2.0]], [0.5])(["p", "q"], ["a", "b"], {})
     assert math.isnan(values[0]) and values[1] == 1.0
+
+
+def test_none_and_nan_mean_not_applicable_and_the_sum_skips_them():
+    """TRL's torch.nansum(rewards_per_func * weights, dim=1): a function that does not apply
+    to a sample (None or NaN) adds nothing there; no function applying leaves NaN."""
+    nan = float("nan")
+    first = lambda prompts, completions, **kw: [nan, 1.0, None, nan]  # noqa: E731
+    second = lambda prompts, completions, **kw: [2.0, nan, None, None]  # noqa: E731
+    values = RewardStack([first, second], [0.5, 3.0])(["p"] * 4, ["a", "b", "c", "d"], {})
+    assert values[:2].tolist() == [6.0, 0.5] and values[2:].isnan().all()
+    import torch  # the same as TRL's reduction over the same matrix
+    per_func = torch.tensor([[nan, 2.0], [1.0, nan], [nan, nan], [nan, nan]])
+    assert torch.nansum(per_func * torch.tensor([0.5, 3.0]), dim=1)[:2].tolist() == values[:2].tolist()

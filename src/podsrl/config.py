@@ -43,10 +43,12 @@ class Config:
     task: str = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = _f(3, "Arithmetic difficulty level (1-5; see podsrl.tasks.arithmetic.LEVELS).")
     data_seed: int = _f(0, "Seed of the task's train/held-out split (independent of the run seed).")
-    train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .parquet file, or a hub "
-                             "dataset 'name' or 'name:config' (empty = the task's hub default).")
+    train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "
+                             "hub dataset 'name' or 'name:config' (empty = the task's hub default); both load "
+                             "through `datasets`.")
     test_data: str = _f("", "Held-out data, same forms as train_data (empty = the task's hub default).")
-    prompt_column: str = _f("prompt", "Prompt column of task 'jsonl'.")
+    prompt_column: str = _f("prompt", "Prompt column of task 'jsonl': text, or a conversation (a list of "
+                                      "{role, content} messages) rendered with the chat template.")
     answer_column: str = _f("answer", "Gold-answer column of task 'jsonl'.")
     reasoning_gym_size: int = _f(10000, "Train problems generated for a reasoning_gym:NAME task.")
     system_prompt: str = _f("auto", "System prompt; 'auto' = the task's own (the <think>/<answer> "
@@ -91,8 +93,11 @@ class Config:
     format_weight: float = _f(0.2, "Weight of the format reward.")
     reward_funcs: str = _f("", "Comma-separated reward functions replacing the task's default: built-in "
                                "names (podsrl.rewards.REWARDS) or 'module:function' / 'file.py:function' "
-                               "with TRL's signature fn(prompts, completions, **columns).")
-    reward_weights: str = _f("", "Comma-separated weights of reward_funcs (empty = 1 each).")
+                               "with TRL's signature fn(prompts, completions, completion_ids, trainer_state, "
+                               "**columns) (e.g. trl.rewards:accuracy_reward). Python callables go to "
+                               "train(cfg, reward_funcs=[...]) instead.")
+    reward_weights: str = _f("", "Comma-separated weights of the reward functions (reward_funcs, or those "
+                                 "passed to train()); empty = 1 each.")
     reward_error_policy: str = _f("raise", "A reward function that raises, times out or returns a bad "
                                            "value: 'raise' stops the run naming it; 'zero' scores 0, counted.")
     reward_timeout: float = _f(0.0, "Seconds a reward call may take (0 = no limit).")
@@ -337,8 +342,8 @@ def _check_names(cfg: Config) -> None:
     check_model_name(cfg.model)
     for spec in cfg.reward_specs:
         load_reward_fn(spec)  # import errors surface now, not mid-run
-    weights = cfg.reward_weight_values
-    _require(len(weights) == len(cfg.reward_specs),
+    weights = cfg.reward_weight_values  # without reward_funcs they weight train()'s, counted there
+    _require(not cfg.reward_specs or len(weights) == len(cfg.reward_specs),
              f"reward_weights: {len(weights)} weights for {len(cfg.reward_specs)} reward_funcs")
 
 
@@ -359,9 +364,9 @@ def _check_data(cfg: Config) -> None:
                                           f"problems; hold out fewer than that")
 
 
-POSITIVE = ("num_generations", "num_kept", "prompts_per_step", "steps", "micro_batch_size", "num_iterations", "max_new_tokens",
-            "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens", "max_consecutive_skips",
-            "eval_batch_size", "reasoning_gym_size", "lr", "lora_alpha")
+POSITIVE = ("num_generations", "num_kept", "prompts_per_step", "steps", "micro_batch_size", "num_iterations",
+            "max_new_tokens", "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens",
+            "max_consecutive_skips", "eval_batch_size", "reasoning_gym_size", "lr", "lora_alpha")
 NON_NEGATIVE = ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
                 "generation_micro_group", "generation_memory_mb", "max_minutes", "checkpoint_minutes", "beta",
                 "weight_decay", "max_grad_norm", "temperature", "eval_temperature", "lora_dropout", "reward_timeout",

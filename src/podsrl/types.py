@@ -53,6 +53,13 @@ class Rollouts:
     def group_size(self) -> int:
         return self.completion_ids.shape[1]
 
+    def completion_id_lists(self) -> list[list[int]]:
+        """[P*n] each completion's token ids without padding (up to and including its first
+        EOS), prompt-major: TRL's ``completion_ids`` argument of reward functions."""
+        width = self.completion_ids.shape[-1]
+        rows = zip(self.completion_ids.reshape(-1, width).tolist(), self.completion_mask.reshape(-1, width).tolist())
+        return [[token for token, keep in zip(ids, mask) if keep] for ids, mask in rows]
+
     def select(self, keep: torch.Tensor) -> "Rollouts":
         """The rollouts at ``keep`` [P, m] (indices into the group axis), group axis kept."""
         rows = torch.arange(keep.shape[0]).unsqueeze(1)  # [P, 1]

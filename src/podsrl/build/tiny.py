@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from podsrl.models import TINY_DIR, ModelBundle
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.tasks.base import Example
+from podsrl.tasks.base import Example, PreparedSplit
 from podsrl.trainer.evaluate import accuracy, generate_and_grade
 
 ASSET_DIR = TINY_DIR
@@ -132,7 +132,8 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
     probe = task.test[:200]
 
     def probe_accuracy(samples: int, temperature: float) -> float:
-        return accuracy(generate_and_grade(bundle, probe, [ex.prompt for ex in probe], samples=samples,
+        probe_split = PreparedSplit(probe, [ex.prompt for ex in probe])
+        return accuracy(generate_and_grade(bundle, probe_split, samples=samples,
                                            temperature=temperature, max_new_tokens=8, seed=seed,
                                            correct_fn=task.correct_fn))
 

@@ -4,7 +4,8 @@ TRL's ``GRPOTrainer`` unchanged and TRL users' functions plug into podsrl.
 
 Completions may be strings or, as TRL passes them for conversational data, message lists
 (:func:`completion_text`). Dataset columns arrive as keyword arguments under their own
-names (``answer``: the gold answer).
+names, raw (``answer``: the data's own answer column, e.g. GSM8K's solution ending in
+``#### 42``, or the gold answer when the data has none).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from podsrl.rewards.grading import extract_final_answer, grade
+from podsrl.rewards.grading import extract_final_answer, grade, gsm8k_gold, last_boxed
 
 # "Answer: 42" anywhere; the LAST occurrence is the model's final answer. ASCII digits
 # only: the requested format is ASCII.
@@ -27,19 +28,19 @@ def extract_answer(completion: str) -> str | None:
     return found[-1] if found else None
 
 
-def arithmetic_correct(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str],
+def arithmetic_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any],
                        **_columns) -> list[float]:
     """1.0 when the extracted integer equals the gold answer exactly, else 0.0."""
     rewards = []
     for completion, gold in zip(completions, answer):
-        predicted = extract_answer(completion)
+        predicted = extract_answer(completion_text(completion))
         rewards.append(float(predicted is not None and int(predicted) == int(gold)))
     return rewards
 
 
-def arithmetic_format(prompts: Sequence[str], completions: Sequence[str], **_columns) -> list[float]:
+def arithmetic_format(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 when the completion is exactly ``Answer: <integer>``, else 0.0."""
-    return [float(_STRICT_FORMAT.fullmatch(c) is not None) for c in completions]
+    return [float(_STRICT_FORMAT.fullmatch(completion_text(c)) is not None) for c in completions]
 
 
 def completion_text(completion: Any) -> str:
@@ -82,20 +83,38 @@ def think_answer_format_soft(prompts: Sequence[Any], completions: Sequence[Any],
     return rewards
 
 
-def _correct(task: str, completions: Sequence[Any], answer: Sequence[str]) -> list[float]:
+def _correct(task: str, completions: Sequence[Any], answer: Sequence[Any]) -> list[float]:
     return [float(grade(completion_text(c), str(g), task)) for c, g in zip(completions, answer, strict=True)]
 
 
 def gsm8k_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
                   **_columns) -> list[float]:
-    """1.0 when the final answer equals the GSM8K gold number (``answer`` column: gsm8k_gold)."""
-    return _correct("gsm8k", completions, answer)
+    """1.0 when the final answer equals the GSM8K gold number. ``answer``: GSM8K's own
+    column (the solution; its gold is the text after the last ``####``) or the number."""
+    return _correct("gsm8k", completions, [gsm8k_gold(str(g)) for g in answer])
 
 
-def math_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
-                 **_columns) -> list[float]:
-    """1.0 when the final answer equals the MATH gold LaTeX (``answer`` column: math_gold)."""
-    return _correct("math", completions, answer)
+def math_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any],
+                 solution: Sequence[Any] | None = None, **_columns) -> list[float]:
+    """1.0 when the final answer equals the MATH gold LaTeX: the ``answer`` column, or
+    where that is empty the last ``\\boxed{}`` of the ``solution`` column (original MATH)."""
+    solution = solution if solution is not None else [None] * len(answer)
+    golds = [a if a is not None and str(a).strip() else (last_boxed(str(s or "")) or "")
+             for a, s in zip(answer, solution, strict=True)]
+    return _correct("math", completions, golds)
+
+
+def math_correct_on(column: str):
+    """:func:`math_correct` against the gold answers of ``column`` (task jsonl's
+    ``answer_column``), whatever the data's ``answer`` column holds."""
+    if column == "answer":
+        return math_correct
+
+    def correct(prompts, completions, **columns):
+        return _correct("math", completions, columns[column])
+
+    correct.__name__ = f"math_correct_{column}"
+    return correct
 
 
 def reasoning_gym_correct(dataset, name: str):

@@ -1,12 +1,17 @@
 """A weighted sum of reward functions with a policy for functions that raise, hang or
-return malformed values."""
+return malformed values.
+
+None or NaN from a function means "not applicable to this sample" (TRL's convention):
+the weighted sum skips it, like TRL's ``torch.nansum(rewards_per_func * weights, dim=1)``,
+and a sample no function applies to is NaN (unverifiable). +/-inf is an error.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -34,22 +39,28 @@ class RewardStack:
     timeout: float = 0.0
     failures: int = field(default=0, init=False)
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
-                 columns: dict[str, list]) -> torch.Tensor:
-        """Rewards ``[len(completions)]``; NaN where every function returned None."""
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list],
+                 shared: dict[str, Any] | None = None) -> torch.Tensor:
+        """Rewards ``[N = len(completions)]``; NaN where every function returned None / NaN.
+
+        ``columns``: keyword arguments with one value per completion (``completion_ids``, the
+        dataset columns), each [N]; ``shared``: keyword arguments passed as they are
+        (``trainer_state``, ``log_extra``, ``log_metric``).
+        """
         total = torch.zeros(len(completions), dtype=torch.float64)
         verifiable = torch.zeros(len(completions), dtype=torch.bool)
         for fn, weight in zip(self.fns, self.weights):
-            for i, value in enumerate(self._call(fn, prompts, completions, columns)):
+            for i, value in enumerate(self._call(fn, prompts, completions, columns, shared or {})):
                 if value is not None:
                     total[i] += weight * value
                     verifiable[i] = True
         total[~verifiable] = float("nan")
         return total.float()
 
-    def _call(self, fn: RewardFn, prompts, completions, columns) -> list[float | None]:
+    def _call(self, fn: RewardFn, prompts, completions, columns, shared) -> list[float | None]:
         try:
-            return _checked(fn, self._run(fn, list(prompts), list(completions), columns), len(completions))
+            return _checked(fn, self._run(fn, list(prompts), list(completions), {**columns, **shared}),
+                            len(completions))
         except concurrent.futures.TimeoutError:
             if self.error_policy == "raise":
                 raise RewardError(f"reward function {_name(fn)} timed out after {self.timeout}s "
@@ -59,7 +70,7 @@ class RewardStack:
         except Exception as batch_error:  # find which sample fails, then apply the policy
             values = []
             for i in range(len(completions)):
-                one = {k: v[i:i + 1] for k, v in columns.items()}
+                one = {**{k: v[i:i + 1] for k, v in columns.items()}, **shared}
                 try:
                     values += _checked(fn, self._run(fn, [prompts[i]], [completions[i]], one), 1)
                 except Exception as err:
@@ -89,7 +100,8 @@ def _name(fn) -> str:
 
 
 def _checked(fn, values, expected: int) -> list[float | None]:
-    """Reject wrong lengths and non-finite values, naming the function."""
+    """Reject wrong lengths and infinite values, naming the function; NaN becomes None
+    (not applicable), as TRL treats them alike."""
     values = list(values) if values is not None else []
     if len(values) != expected:
         raise ValueError(f"reward function {_name(fn)} returned {len(values)} values for {expected} completions")
@@ -99,7 +111,7 @@ def _checked(fn, values, expected: int) -> list[float | None]:
             out.append(None)
             continue
         v = float(v)
-        if not math.isfinite(v):
+        if math.isinf(v):
             raise ValueError(f"reward function {_name(fn)} returned {v!r}")
-        out.append(v)
+        out.append(None if math.isnan(v) else v)
     return out

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.tasks.base import (REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, PreparedSplit, Task,
-                               prepare_split, render_prompt, reward_columns)
+from podsrl.tasks.base import (REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, Messages, PreparedSplit,
+                               Task, prepare_split, prompt_messages, render_prompt, reward_columns)
 from podsrl.tasks.gsm8k import build_gsm8k
 from podsrl.tasks.jsonl import build_jsonl
 from podsrl.tasks.math import build_math
@@ -60,5 +60,5 @@ def build_task(options: TaskOptions, with_train: bool = True) -> Task:
     return TASKS[options.task](options, with_train)
 
 
-__all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "PreparedSplit", "Task", "TaskOptions",
-           "build_task", "is_known_task", "prepare_split", "render_prompt", "reward_columns"]
+__all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "Messages", "PreparedSplit", "Task", "TaskOptions",
+           "build_task", "is_known_task", "prepare_split", "prompt_messages", "render_prompt", "reward_columns"]

@@ -20,17 +20,30 @@ THINK_ANSWER_SYSTEM_PROMPT = (
 )
 
 
+Messages = list[dict[str, Any]]  # [{"role": "user", "content": "..."}, ...]
+# Keyword arguments of every reward call (TRL's): dataset columns of these names are not
+# passed, since they would collide with them ("prompt" arrives as ``prompts``).
+RESERVED_COLUMNS = ("prompt", "completion", "completion_ids", "prompts", "completions", "trainer_state",
+                    "log_extra", "log_metric")
+
+
 @dataclass(frozen=True)
 class Example:
-    """One problem: the prompt text (the user's message) and its verifiable gold answer.
+    """One problem: the prompt (text, or a conversation as TRL's conversational datasets
+    hold it: a list of ``{"role", "content"}`` messages) and its verifiable gold answer.
 
-    ``columns`` carries any further dataset fields; they reach reward functions as
-    keyword arguments, as in TRL.
+    ``columns`` carries the dataset's columns under their own names (raw, as in the data);
+    they reach reward functions as keyword arguments, as in TRL.
     """
 
-    prompt: str
+    prompt: str | Messages
     answer: str
     columns: dict[str, Any] = field(default_factory=dict)
+
+
+def dataset_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A data row's columns as reward functions get them: all but the reserved names."""
+    return {k: v for k, v in row.items() if k not in RESERVED_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -67,41 +80,85 @@ def think_answer_task(name: str, read_examples: Callable[[str, str, str], list[E
                 system_prompt=THINK_ANSWER_SYSTEM_PROMPT)
 
 
+def is_conversational(example: Example) -> bool:
+    return isinstance(example.prompt, list)
+
+
+def prompt_messages(example: Example, system_prompt: str = "") -> Messages:
+    """The conversation the chat template renders: the system prompt as a system message
+    (unless the example's conversation brings its own, or it is ""), then the user's
+    message or the example's conversation."""
+    turns = example.prompt if is_conversational(example) else [{"role": "user", "content": example.prompt.strip()}]
+    has_system = any(m.get("role") == "system" for m in turns)
+    return ([{"role": "system", "content": system_prompt}] if system_prompt and not has_system else []) + list(turns)
+
+
 def render_prompt(tokenizer, example: Example, system_prompt: str = "", use_chat_template: bool = True) -> str:
     """The exact text the model is conditioned on.
 
-    With a chat template (instruct models): system + user messages and the generation
-    prompt, as the model was tuned on. Without one (base models, the tiny model): the
-    system prompt, a blank line, then the prompt, verbatim.
+    With a chat template (instruct models): system + user messages (or the example's
+    conversation) and the generation prompt, as the model was tuned on. Without one (base
+    models, the tiny model): the system prompt, a blank line, then the prompt, verbatim; a
+    conversation cannot be rendered without a template and is an error.
     """
-    if use_chat_template and getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages.append({"role": "user", "content": example.prompt.strip()})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if use_chat_template and has_template:
+        return tokenizer.apply_chat_template(prompt_messages(example, system_prompt), tokenize=False,
+                                             add_generation_prompt=True)
+    if is_conversational(example):
+        why = "chat_template is false" if has_template else "the model's tokenizer has none"
+        raise ValueError(f"chat_template: a prompt is a conversation (a list of messages), which is rendered with "
+                         f"the tokenizer's chat template, but {why}")
     return f"{system_prompt}\n\n{example.prompt}" if system_prompt else example.prompt
 
 
 def reward_columns(examples: list[Example], repeat: int) -> dict[str, list]:
-    """Dataset columns for reward functions, each value repeated once per completion."""
-    columns = {"answer": [ex.answer for ex in examples for _ in range(repeat)]}
-    for key in examples[0].columns if examples else ():
-        columns[key] = [ex.columns[key] for ex in examples for _ in range(repeat)]
+    """Dataset columns for reward functions as TRL passes them: every column under its own
+    name, each value repeated once per completion ([len(examples) * repeat]); ``answer`` is
+    the gold answer unless the data has an ``answer`` column of its own (then it is that
+    column, raw: e.g. GSM8K's whole solution ending in ``#### 42``)."""
+    names = list(dict.fromkeys(name for ex in examples for name in ex.columns))
+    columns = {} if "answer" in names else {"answer": [ex.answer for ex in examples for _ in range(repeat)]}
+    for name in names:
+        columns[name] = [ex.columns.get(name) for ex in examples for _ in range(repeat)]
     return columns
 
 
 @dataclass
 class PreparedSplit:
-    """A split's examples with their rendered prompts; over-long prompts removed, counted."""
+    """A split's examples with their rendered prompts; over-long prompts removed, counted.
+
+    ``chat``: the prompts were rendered with the chat template, so reward functions get
+    ``prompts`` and ``completions`` as message lists (TRL's conversational format), with
+    ``system_prompt`` as the conversation's system message.
+    """
 
     examples: list[Example]
-    prompts: list[str]
-    dropped: int
+    prompts: list[str]  # [N] the text the model is conditioned on
+    dropped: int = 0
+    chat: bool = False
+    system_prompt: str = ""
+
+    @property
+    def reward_prompts(self) -> list[str | Messages]:
+        """[N] the prompts as reward functions get them: the conversation when rendered with
+        the chat template, else the prompt text as in the data."""
+        if self.chat:
+            return [prompt_messages(ex, self.system_prompt) for ex in self.examples]
+        return [ex.prompt for ex in self.examples]
+
+    def select(self, indices: list[int]) -> "PreparedSplit":
+        """The examples at ``indices``, in that order (``dropped`` not carried over)."""
+        return PreparedSplit([self.examples[i] for i in indices], [self.prompts[i] for i in indices], 0, self.chat,
+                             self.system_prompt)
 
 
 def prepare_split(examples: list[Example], tokenizer, *, system_prompt: str, use_chat_template: bool,
                   max_prompt_tokens: int) -> PreparedSplit:
     """Render every prompt once and drop those over ``max_prompt_tokens`` tokens."""
+    chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
     rendered = [render_prompt(tokenizer, ex, system_prompt, use_chat_template) for ex in examples]
     lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]] if rendered else []
     keep = [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
-    return PreparedSplit([examples[i] for i in keep], [rendered[i] for i in keep], len(examples) - len(keep))
+    return PreparedSplit([examples[i] for i in keep], [rendered[i] for i in keep], len(examples) - len(keep), chat,
+                         system_prompt)

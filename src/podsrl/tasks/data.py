@@ -1,59 +1,117 @@
-"""Reading rows of a dataset: a local JSONL / JSON / parquet file, or a Hugging Face hub
-dataset (``name`` or ``name:config``) when the network is available."""
+"""Reading rows of a dataset through Hugging Face ``datasets``: a local JSON Lines / JSON /
+CSV / parquet file (``load_dataset("json", data_files=...)`` and so on), or a hub dataset
+(``name`` or ``name:config``) when the network is available.
+
+Every error names the config field that named the data, the file and the line (JSON Lines)
+or row, so a bad record in a 10,000-line file is found at once.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+# file suffix -> the `datasets` builder that reads it
+BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+LOCAL_SUFFIXES = tuple(BUILDERS)
 
 
 def is_local(spec: str) -> bool:
     return Path(spec).expanduser().suffix in LOCAL_SUFFIXES or Path(spec).expanduser().exists()
 
 
-def read_rows(spec: str, *, split: str, field_name: str) -> list[dict[str, Any]]:
-    """Rows of ``spec`` as dicts. ``field_name`` is the config field that named the data,
-    so that every error can point at it (and at the file and line)."""
-    if is_local(spec):
-        path = Path(spec).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"{field_name}: file not found: {path}")
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+@dataclass
+class Rows:
+    """A dataset's rows and where each came from, for error messages.
 
-            return pq.read_table(path).to_pylist()
-        return _read_json_lines(path, field_name)
-    return _read_hub(spec, split=split, field_name=field_name)
+    ``lines``: the file line of each row (JSON Lines files), else None and rows are
+    referred to by index.
+    """
+
+    spec: str
+    field_name: str
+    rows: list[dict[str, Any]]
+    lines: list[int] | None = None
+
+    def where(self, index: int) -> str:
+        """``train_data: data.jsonl line 12`` / ``test_data: name row 3``."""
+        place = f"line {self.lines[index]}" if self.lines else f"row {index}"
+        return f"{self.field_name}: {self.spec} {place}"
+
+    def __iter__(self):
+        return iter(enumerate(self.rows))
 
 
-def _read_json_lines(path: Path, field_name: str) -> list[dict[str, Any]]:
+def read_rows(spec: str, *, split: str, field_name: str) -> Rows:
+    """Rows of ``spec``. ``field_name`` is the config field that named the data, so that
+    every error can point at it (and at the file and line)."""
+    if not is_local(spec):
+        return Rows(spec, field_name, _read_hub(spec, split=split, field_name=field_name))
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{field_name}: file not found: {path}")
+    if BUILDERS.get(path.suffix) != "json":
+        return Rows(spec, field_name, _load_local(path, field_name))
+    try:
+        rows = _load_local(path, field_name)
+    except Exception as err:  # find the bad line ourselves: datasets' errors name neither file nor line
+        rows = _read_json_lines(path, field_name, err)  # or, when every line is fine, its rows
+    return Rows(spec, field_name, rows, _json_lines_numbers(path, len(rows)))
+
+
+def _load_local(path: Path, field_name: str) -> list[dict[str, Any]]:
+    import datasets
+
+    builder = BUILDERS.get(path.suffix, "json")
+    return datasets.load_dataset(builder, data_files=str(path), split="train").to_list()
+
+
+def _json_lines_numbers(path: Path, count: int) -> list[int] | None:
+    """The line number of each row of a JSON Lines file (blank lines hold no row); None for
+    a JSON array file, whose rows are numbered by index."""
+    raw = path.read_bytes()
+    if raw.lstrip()[:1] == b"[":
+        return None
+    numbers = [number for number, line in enumerate(raw.split(b"\n"), start=1) if line.strip()]
+    return numbers if len(numbers) == count else None
+
+
+def _read_json_lines(path: Path, field_name: str, load_error: Exception) -> list[dict[str, Any]]:
+    """The rows of a JSON / JSON Lines file that ``datasets`` could not load: the first bad
+    line as an error naming the file and line, else (all lines valid JSON objects, e.g. a
+    mix ``datasets`` cannot type) the rows read line by line."""
     raw = path.read_bytes()
     if path.suffix == ".json" and raw.lstrip()[:1] == b"[":
-        rows = json.loads(raw.decode("utf-8"))
-        if not all(isinstance(r, dict) for r in rows):
+        try:
+            rows = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{field_name}: {path}: not a valid JSON file ({err})") from None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ValueError(f"{field_name}: {path}: expected a list of objects")
         return rows
     rows = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{field_name}: {path} line {number}: not valid UTF-8 "
-                             f"(byte {err.start}: {line[err.start:err.start + 1]!r})") from None
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{field_name}: {path} line {number}: invalid JSON: {err.msg}") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{field_name}: {path} line {number}: expected a JSON object")
-        row["_line"] = number  # where the row came from, for later error messages
-        rows.append(row)
+        if line.strip():
+            rows.append(_json_line(line, f"{field_name}: {path} line {number}"))
+    if not rows:
+        raise ValueError(f"{field_name}: {path}: could not be loaded ({type(load_error).__name__}: {load_error})")
     return rows
+
+
+def _json_line(line: bytes, where: str) -> dict[str, Any]:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{where}: not valid UTF-8 (byte {err.start}: {line[err.start:err.start + 1]!r})") from None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: invalid JSON: {err.msg}") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    return row
 
 
 def _read_hub(spec: str, *, split: str, field_name: str) -> list[dict[str, Any]]:
@@ -67,24 +125,37 @@ def _read_hub(spec: str, *, split: str, field_name: str) -> list[dict[str, Any]]
     except Exception as err:  # the hub raises many types: connection, missing config, ...
         raise OSError(f"{field_name}: could not load hub dataset {spec!r} split {split!r} ({err}). "
                       f"Offline, pass a local .jsonl or .parquet file.") from err
-    return [dict(row) for row in dataset]
+    return dataset.to_list()
 
 
-def require_column(row: dict, column: str, spec: str, field_name: str, index: int) -> Any:
-    """``row[column]``, or an error naming the data field, file and line (or row index)."""
-    if column not in row or row[column] is None:
-        where = f"line {row['_line']}" if "_line" in row else f"row {index}"
-        present = sorted(k for k in row if k != "_line")
-        raise ValueError(f"{field_name}: {spec} {where}: missing column {column!r} (columns: {present})")
+def require_column(rows: Rows, index: int, column: str) -> Any:
+    """``rows.rows[index][column]``, or an error naming the data field, file and line (or row)."""
+    row = rows.rows[index]
+    if row.get(column) is None:  # datasets fills a column a row lacks with None
+        present = sorted(k for k, v in row.items() if v is not None)
+        raise ValueError(f"{rows.where(index)}: missing column {column!r} (columns: {present})")
     return row[column]
 
 
-def require_text(row: dict, column: str, spec: str, field_name: str, index: int) -> str:
+def require_text(rows: Rows, index: int, column: str) -> str:
     """A non-empty string column. Policy: an empty prompt is a data error and is rejected
     (with the file and line); over-long prompts are dropped and counted later, since
     "too long" depends on the model's tokenizer."""
-    value = require_column(row, column, spec, field_name, index)
+    value = require_column(rows, index, column)
     if not isinstance(value, str) or not value.strip():
-        where = f"line {row['_line']}" if "_line" in row else f"row {index}"
-        raise ValueError(f"{field_name}: {spec} {where}: column {column!r} is empty or not text")
+        raise ValueError(f"{rows.where(index)}: column {column!r} is empty or not text")
     return value
+
+
+def require_prompt(rows: Rows, index: int, column: str) -> str | list[dict[str, Any]]:
+    """A prompt: non-empty text, or a conversation (TRL's conversational format: a list of
+    ``{"role": ..., "content": ...}`` messages), rendered later with the chat template."""
+    value = require_column(rows, index, column)
+    if isinstance(value, str):
+        return require_text(rows, index, column)
+    messages = value if isinstance(value, list) else []
+    if messages and all(isinstance(m, dict) and isinstance(m.get("role"), str) and m.get("content") is not None
+                        for m in messages):
+        return [{k: v for k, v in m.items() if v is not None} for m in messages]  # datasets' None fill-ins
+    raise ValueError(f"{rows.where(index)}: column {column!r} is neither text nor a list of "
+                     f"{{\"role\": ..., \"content\": ...}} messages")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from podsrl.rewards.functions import math_correct
 from podsrl.rewards.grading import math_gold
-from podsrl.tasks.base import Example, Task, think_answer_task
+from podsrl.tasks.base import Example, Task, dataset_columns, think_answer_task
 from podsrl.tasks.data import read_rows, require_column, require_text
 
 # hub datasets used when no local file is given (users with network)
@@ -16,15 +16,19 @@ HUB_DEFAULTS = ("DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 
 
 def math_examples(spec: str, split: str, field_name: str) -> list[Example]:
+    """The ``problem`` is the prompt; reward functions get the raw columns (``solution``,
+    ``answer`` where the data has it, else the gold answer)."""
+    rows = read_rows(spec, split=split, field_name=field_name)
     out = []
-    for i, row in enumerate(read_rows(spec, split=split, field_name=field_name)):
-        problem = require_text(row, "problem", spec, field_name, i)
+    for i, row in rows:
+        problem = require_text(rows, i, "problem")
         if not row.get("answer"):
-            require_column(row, "solution", spec, field_name, i)
-        gold = math_gold(row)
-        if not gold:
-            raise ValueError(f"{field_name}: {spec} row {i}: no `answer` and no \\boxed{{}} in `solution`")
-        out.append(Example(prompt=problem, answer=gold, columns={"solution": row.get("solution", "")}))
+            require_column(rows, i, "solution")
+        try:
+            gold = math_gold(row)
+        except ValueError:
+            raise ValueError(f"{rows.where(i)}: no `answer` and no \\boxed{{}} in `solution`") from None
+        out.append(Example(prompt=problem, answer=gold, columns=dataset_columns(row)))
     return out
 
 

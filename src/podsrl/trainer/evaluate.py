@@ -6,6 +6,7 @@ per-sample records.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -16,9 +17,9 @@ import torch
 
 from podsrl.distributed import Processes
 from podsrl.models import ModelBundle, load_model
+from podsrl.rewards.scorer import reward_inputs
 from podsrl.rollout import generate
-from podsrl.tasks import PreparedSplit, Task, TaskOptions, build_task, prepare_split, reward_columns
-from podsrl.tasks.base import Example
+from podsrl.tasks import PreparedSplit, Task, TaskOptions, build_task, prepare_split
 
 
 @dataclass(frozen=True)
@@ -37,35 +38,39 @@ class Evaluation:
     records: list[dict] = field(default_factory=list)  # one per sampled completion (this process's)
 
 
-def generate_and_grade(bundle, examples: Sequence[Example], prompts: Sequence[str], *, samples: int,
-                       temperature: float, max_new_tokens: int, seed: int, correct_fn: Callable[..., list],
+def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperature: float, max_new_tokens: int,
+                       seed: int, correct_fn: Callable[..., list],
                        extract_fn: Callable[[str], str | None] | None = None, top_p: float = 1.0,
                        batch_size: int = 512) -> list[dict]:
-    """One record per completion: prompt, completion, extracted answer, gold, correct.
+    """One record per completion of ``split``'s prompts: prompt, completion, extracted
+    answer, gold, correct (a None / NaN verdict counts as not correct).
 
-    ``prompts`` are the rendered prompt texts of ``examples``. Runs under its own seeded RNG
-    (``torch.random.fork_rng``) so evaluating never changes the training run's random
-    stream: how often one evaluates cannot change what is learnt.
+    ``correct_fn`` is called as every reward function is (:func:`reward_inputs`). Runs
+    under its own seeded RNG (``torch.random.fork_rng``) so evaluating never changes the
+    training run's random stream: how often one evaluates cannot change what is learnt.
     """
-    if not examples:
+    if not split.examples:
         return []
     samples = 1 if temperature == 0 else samples
     device = bundle.model.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        rollouts = generate(bundle.model, bundle.tokenizer, list(prompts), samples, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_p=top_p, batch_size=batch_size)
+        rollouts = generate(bundle.model, bundle.tokenizer, list(split.prompts), samples,
+                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=batch_size)
     completions = [text for group in rollouts.texts for text in group]
-    raw_prompts = [ex.prompt for ex in examples for _ in range(samples)]
-    correct = correct_fn(prompts=raw_prompts, completions=completions, **reward_columns(list(examples), samples))
+    correct = correct_fn(**reward_inputs(split, rollouts).kwargs())
     records = []
-    for k, (completion, ok) in enumerate(zip(completions, correct)):
-        example = examples[k // samples]
+    for k, (completion, verdict) in enumerate(zip(completions, correct)):
+        example = split.examples[k // samples]
         records.append({"index": k // samples, "sample": k % samples, "prompt": example.prompt,
                         "completion": completion,
                         "extracted": extract_fn(completion) if extract_fn else None,
-                        "gold": example.answer, "correct": bool(ok)})
+                        "gold": example.answer, "correct": _is_correct(verdict)})
     return records
+
+
+def _is_correct(verdict) -> bool:
+    return verdict is not None and not math.isnan(float(verdict)) and bool(verdict)
 
 
 def accuracy(records: Sequence[dict]) -> float:
@@ -80,15 +85,15 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
     and the counts are summed. A fixed ``seed`` gives every evaluation of a run the same
     sampling noise (common random numbers)."""
     procs = procs or Processes()
-    examples = procs.strided(split.examples[:options.prompts])
-    prompts = procs.strided(split.prompts[:options.prompts])
+    mine = procs.strided(list(range(min(options.prompts, len(split.examples)))))
+    split = split.select(mine)
     modes = {"eval_accuracy": (options.samples, options.temperature)}
     if options.greedy:
         modes["eval_greedy_accuracy"] = (1, 0.0)
     result = Evaluation({})
     for name, (samples, temperature) in modes.items():
         with procs.whole_weights(bundle.model):
-            records = generate_and_grade(bundle, examples, prompts, samples=samples, temperature=temperature,
+            records = generate_and_grade(bundle, split, samples=samples, temperature=temperature,
                                          max_new_tokens=options.max_new_tokens, seed=seed,
                                          correct_fn=task.correct_fn, extract_fn=task.extract_fn,
                                          batch_size=options.batch_size)

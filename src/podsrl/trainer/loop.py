@@ -12,11 +12,13 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from podsrl.algorithms.advantages import group_advantages
 from podsrl.config import Config
+from podsrl.rewards import RewardFn
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.tasks import Example
 from podsrl.trainer.logging import StageTimer, progress_bar, rollout_rows, step_record
@@ -42,11 +44,11 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     """One step of the pipeline on this process's share of the step's prompts."""
     cfg, method = run.cfg, run.method
     indices = run.procs.block(run.sampler.take(cfg.prompts_per_step))  # this process's prompts
-    examples = [run.train_split.examples[i] for i in indices]
+    step_prompts = run.train_split.select(indices)  # [P] examples and their rendered prompts
     with timer("generate"):
-        rollouts = generate_rollouts(run, [run.train_split.prompts[i] for i in indices])  # [P, n, Lc]
+        rollouts = generate_rollouts(run, step_prompts.prompts)  # [P, n, Lc]
     with timer("reward"):
-        scores = run.scorer(examples, rollouts)  # [P, n]
+        scores = run.scorer(step_prompts, rollouts, run.trainer_progress())  # [P, n]
     with timer("select"):
         keep = method.keep(scores.reward, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
         kept, kept_rewards = rollouts.select(keep), scores.reward.gather(1, keep)  # [P, m, Lc], [P, m]
@@ -61,7 +63,7 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
         for _ in range(cfg.num_iterations):
             update = update_policy(run.model, run.optimizer, run.scheduler, batch, run.update_options, run.procs,
                                    tokens_per_process)
-    return StepOutcome(examples, rollouts, scores, keep, kept, kept_rewards, update)
+    return StepOutcome(step_prompts.examples, rollouts, scores, keep, kept, kept_rewards, update)
 
 
 def generate_rollouts(run: Run, prompts: list[str]) -> Rollouts:
@@ -92,10 +94,14 @@ def add_old_and_reference_logprobs(run: Run, batch: UpdateBatch) -> None:
             batch.ref_logp = batch_logprobs(run.reference, batch, **options)
 
 
-def train(cfg: Config) -> RunResult:
-    """Train with ``cfg``; stops cleanly (with a checkpoint) on SIGINT / SIGTERM."""
+def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> RunResult:
+    """Train with ``cfg``; stops cleanly (with a checkpoint) on SIGINT / SIGTERM.
+
+    ``reward_funcs``: reward functions as Python callables (TRL's signature), replacing the
+    task's reward like the config's ``reward_funcs`` names do (not both); weighted by the
+    config's ``reward_weights``."""
     with StopSignals() as stop:
-        run = set_up(cfg)
+        run = set_up(cfg, reward_funcs)
         try:
             return run_steps(run, stop)
         finally:

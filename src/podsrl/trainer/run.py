@@ -15,7 +15,7 @@ from podsrl.distributed import Processes
 from podsrl.experiments.plots import plot_accuracy
 from podsrl.methods import Method
 from podsrl.models import ModelBundle
-from podsrl.rewards.scorer import Scorer
+from podsrl.rewards.scorer import Scorer, TrainerProgress
 from podsrl.tasks import PreparedSplit, Task
 from podsrl.models.precision import autocast
 from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
@@ -83,6 +83,14 @@ class Run:
     def autocast(self):
         """Forward passes in bfloat16 under ``bf16`` (weights stay float32), else a no-op."""
         return autocast(self.policy.device, "bfloat16" if self.cfg.bf16 else "")
+
+    def trainer_progress(self) -> TrainerProgress:
+        """Reward functions' ``trainer_state`` while the current step's rollouts are scored."""
+        done = self.step - 1  # optimizer steps completed: TRL scores before it counts the step
+        return TrainerProgress(global_step=done, max_steps=self.cfg.steps,
+                               epoch=done * self.cfg.prompts_per_step / len(self.train_split.examples),
+                               is_world_process_zero=self.procs.is_main,
+                               is_local_process_zero=getattr(self.procs.accelerator, "is_local_main_process", True))
 
     def out_of_time(self) -> bool:
         return bool(self.cfg.max_minutes) and self.train_seconds >= self.cfg.max_minutes * 60

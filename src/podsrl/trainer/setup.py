@@ -7,6 +7,7 @@ import copy
 import json
 import random
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from podsrl.distributed import Processes
 from podsrl.methods import METHODS
 from podsrl.models import load_model
 from podsrl.provenance import record_environment
-from podsrl.rewards import load_reward_fn
+from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import ENGINES, GenerationOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
@@ -43,11 +44,28 @@ def generation_options(cfg: Config) -> GenerationOptions:
                              refill=cfg.generation_refill, schedule=cfg.generation_schedule)
 
 
-def scoring_options(cfg: Config) -> ScoringOptions:
+def reward_functions(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> list[RewardFn]:
+    """The run's reward functions: those passed to ``train(cfg, reward_funcs=...)`` (callables,
+    or names as ``reward_funcs`` takes them), else the config's ``reward_funcs``. Both at once
+    is an error rather than a silent choice; so are weights that do not match."""
+    if reward_funcs is not None and cfg.reward_specs:
+        raise ValueError(f"reward_funcs: given both in the config ({cfg.reward_funcs!r}) and to train(); "
+                         f"pass them in one place")
+    fns = [load_reward_fn(f) if isinstance(f, str) else f for f in (reward_funcs or [])] or \
+        [load_reward_fn(spec) for spec in cfg.reward_specs]
+    for fn in fns:
+        if not callable(fn):
+            raise TypeError(f"reward_funcs: {fn!r} is not callable (expected fn(prompts, completions, **columns))")
+    if cfg.reward_weights and len(cfg.reward_weight_values) != len(fns):
+        raise ValueError(f"reward_weights: {len(cfg.reward_weight_values)} weights for {len(fns)} reward functions")
+    return fns
+
+
+def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions:
+    weights = cfg.reward_weight_values if cfg.reward_weights else [1.0] * len(reward_funcs)
     return ScoringOptions(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight,
-                          reward_funcs=tuple(load_reward_fn(spec) for spec in cfg.reward_specs),
-                          reward_weights=tuple(cfg.reward_weight_values), error_policy=cfg.reward_error_policy,
-                          timeout=cfg.reward_timeout)
+                          reward_funcs=tuple(reward_funcs), reward_weights=tuple(weights),
+                          error_policy=cfg.reward_error_policy, timeout=cfg.reward_timeout)
 
 
 def update_options(cfg: Config) -> UpdateOptions:
@@ -100,9 +118,12 @@ def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: st
         "processes": procs.world_size}, indent=2) + "\n")
 
 
-def set_up(cfg: Config) -> Run:
+def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> Run:
     """Data, model, reward, engine, optimizer and run folder of a run, in an order that keeps
-    runs reproducible (the seed comes first: LoRA initialisation draws from it)."""
+    runs reproducible (the seed comes first: LoRA initialisation draws from it).
+    ``reward_funcs``: Python reward functions replacing the task's reward (see
+    :func:`reward_functions`)."""
+    fns = reward_functions(cfg, reward_funcs)  # before any work: a mistake here should cost no time
     procs = Processes.from_env()
     run_dir = _check_run_dir(cfg, procs)
     seed_everything(cfg.seed)
@@ -122,7 +143,7 @@ def set_up(cfg: Config) -> Run:
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
-    scorer = Scorer.build(task, scoring_options(cfg))
+    scorer = Scorer.build(task, scoring_options(cfg, fns))
     engine = ENGINES[cfg.generation_engine](generation_options(cfg))
     if procs.is_main:
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
