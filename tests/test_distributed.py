@@ -200,14 +200,18 @@ class FakeAccelerator:
      "fsdp_offload_params: true is not supported"),
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "sometimes"}, ValueError,
      "fsdp_reshard_after_forward: 'sometimes'"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "TRANSFORMERS": "5.22.2"}, NotImplementedError,
+     r"FSDP: sharded training needs transformers >= 5.23.0 \(found 5.22.2"),
     ({"DEEPSPEED": "1"}, NotImplementedError, "DeepSpeed: not supported"),
     ({"PROCESSES": "1"}, RuntimeError, "WORLD_SIZE=2 but accelerate formed 1 process"),
 ])
 def test_unsupported_distributed_modes_are_refused(monkeypatch, env, kind, message):
     import accelerate
 
+    from podsrl import distributed
     from podsrl.distributed import Processes
 
+    monkeypatch.setattr(distributed, "transformers_version", lambda: env.get("TRANSFORMERS", "5.23.0"))
     fake = type("Fake", (FakeAccelerator,), {
         "distributed_type": "DistributedType.DEEPSPEED" if "DEEPSPEED" in env else FakeAccelerator.distributed_type,
         "num_processes": int(env.get("PROCESSES", 2))})
@@ -225,5 +229,6 @@ def test_unsupported_distributed_modes_are_refused(monkeypatch, env, kind, messa
                        "FSDP_RESHARD_AFTER_FORWARD": "false"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(accelerate, "Accelerator", FakeAccelerator)
+    monkeypatch.setattr(distributed, "transformers_version", lambda: "5.23.0")
     procs = Processes.from_env()
     assert procs.sharded and not procs.reshard_after_forward and procs.world_size == 2

@@ -30,10 +30,22 @@ loop would have to hand over. Then:
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 from collections import defaultdict
 
 import torch
+from packaging.version import Version
+
+
+# Sharded (FSDP2) decoding gave other tokens than the whole model with transformers 5.16 to
+# 5.22.2 (found by the lower-bound job, scripts/test_lowest.sh); 5.23.0 is the first release
+# whose sharded runs match one process
+SHARDING_MIN_TRANSFORMERS = "5.23.0"
+
+
+def transformers_version() -> str:
+    return importlib.metadata.version("transformers")
 
 
 class Processes:
@@ -70,6 +82,11 @@ class Processes:
         if version != "2":
             raise NotImplementedError(f"fsdp_version: {version}; podsrl shards with FSDP2 only (fsdp_version: 2 "
                                       f"in the accelerate config, see configs/accelerate/fsdp.yaml)")
+        found = transformers_version()
+        if Version(found) < Version(SHARDING_MIN_TRANSFORMERS):
+            raise NotImplementedError(f"FSDP: sharded training needs transformers >= {SHARDING_MIN_TRANSFORMERS} "
+                                      f"(found {found}: its sharded decoding differs from the whole model's); "
+                                      f"upgrade transformers, or replicate with configs/accelerate/ddp.yaml")
         if os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true":
             raise NotImplementedError("fsdp_offload_params: true is not supported; set it to false")
         reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
