@@ -132,6 +132,9 @@ def test_refusals_name_the_path(full_run, tmp_path, capsys):
     assert f"{unfinished / 'model'}: no finished model" in err and "--checkpoint" in err
     err = refused(full_run, tmp_path / "out", "--checkpoint", "step_9")
     assert "step_9: not a podsrl checkpoint" in err and "step_0000001" in err  # lists the real ones
+    corrupt = shutil.copytree(full_run / "checkpoints" / "step_0000001", tmp_path / "corrupt")
+    (corrupt / "trainable.pt").write_bytes(b"truncated")
+    assert f"{corrupt / 'trainable.pt'}: unreadable" in refused(full_run, tmp_path / "out", "--checkpoint", corrupt)
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "notes.txt").write_text("mine")

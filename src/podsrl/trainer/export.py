@@ -99,7 +99,12 @@ def _load_checkpoint(info: RunInfo, path: Path) -> ModelBundle:
                         lora_alpha=info.value("lora_alpha", 16.0), lora_dropout=info.value("lora_dropout", 0.0),
                         lora_target_modules=tuple(split_list(info.value("lora_target_modules", ""))),
                         dtype=_dtype(info))
-    weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
+    try:
+        weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
+    except Exception as err:  # a truncated or foreign file fails in many ways (unpickler errors of all kinds)
+        raise ValueError(f"{path / WEIGHTS_FILE}: unreadable ({type(err).__name__}: {err})") from err
+    if not isinstance(weights, dict):
+        raise ValueError(f"{path / WEIGHTS_FILE}: not a podsrl checkpoint's weights")
     check_weights(path, weights, bundle.model)
     params = dict(bundle.model.named_parameters())
     with torch.no_grad():
