@@ -108,6 +108,8 @@ def test_model_card_states_accuracies_method_and_provenance(lora_run, tmp_path):
     environment = read_environment(lora_run)[-1]
     assert f"{environment['podsrl']}, commit {environment['commit']}" in card
     assert f'from_pretrained("{tmp_path / "hf"}")' in card
+    snippet = card.split("```python\n")[1].split("```")[0]
+    exec(snippet, {})  # the card's usage example runs as written (plain transformers)
 
 
 def test_base_model_metadata_names_hub_models_only(tmp_path, monkeypatch):
