@@ -89,6 +89,13 @@ def validate(words: list[str]) -> None:
         assert args and all(a.startswith(("runs/", "--output_dir")) or args[i - 1] == "--output_dir"
                             for i, a in enumerate(args)), args
         return
+    if command == "export":  # RUN_DIR is an earlier command's output, as for plot
+        parsed = cli.export_parser().parse_args(args)
+        assert str(parsed.run_dir).startswith("runs/") and str(parsed.output_dir).startswith("runs/"), args
+        return
+    if command == "env":
+        assert not args, args
+        return
     if command == "compare":
         known = {"--methods", "--rules", "--n_values", "--m_values", "--seeds", "--budget_minutes", "--baseline"}
         args = [a for i, a in enumerate(args) if a not in known and (i == 0 or args[i - 1] not in known)]

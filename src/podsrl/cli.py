@@ -1,4 +1,5 @@
-"""Command line: ``podsrl train|eval|compare [--config FILE.yaml] [--FIELD VALUE ...]`` and ``podsrl plot``.
+"""Command line: ``podsrl train|eval|compare [--config FILE.yaml] [--FIELD VALUE ...]``, ``podsrl plot``,
+``podsrl export RUN_DIR OUTPUT_DIR`` and ``podsrl env``.
 
 Every field of ``podsrl.config.Config`` is a ``--field`` option (``podsrl train --help``
 lists them with their defaults and documentation).
@@ -13,8 +14,10 @@ from pathlib import Path
 
 from podsrl.config import Config, make_config, parse_value, split_list
 from podsrl.experiments.compare import analyze, arm_configs, run_comparison, write_report
+from podsrl.provenance import environment_report
 from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer.evaluate import run_eval
+from podsrl.trainer.export import export_run
 from podsrl.trainer.setup import eval_options, task_options
 
 
@@ -159,6 +162,39 @@ def cmd_plot(argv: list[str]) -> int:
     return _report(result, args.output_dir)
 
 
+def export_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="podsrl export", allow_abbrev=False,
+        description="Write a finished run's model as a standalone Hugging Face folder: weights that load with "
+                    "AutoModelForCausalLM.from_pretrained (a LoRA adapter merged into its base: no peft needed), "
+                    "the tokenizer with its chat template, and a model card (README.md).")
+    parser.add_argument("run_dir", type=Path, help="the run directory (podsrl train --output_dir)")
+    parser.add_argument("output_dir", type=Path, help="the folder to write (must not exist or be empty)")
+    parser.add_argument("--checkpoint", default="", help="export this checkpoint (a path, or a name in "
+                                                         "RUN_DIR/checkpoints) instead of the final model")
+    parser.add_argument("--overwrite", action="store_true", help="replace output_dir if it holds a model")
+    return parser
+
+
+def cmd_export(argv: list[str]) -> int:
+    args = export_parser().parse_args(argv)
+    try:
+        output = export_run(args.run_dir, args.output_dir, checkpoint=args.checkpoint or None,
+                            overwrite=args.overwrite)
+    except (ValueError, OSError) as err:
+        print(f"podsrl export: error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {args.run_dir} to {output} (model card: {output / 'README.md'})")
+    return 0
+
+
+def cmd_env(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="podsrl env", description="Versions and machine, to paste into a bug "
+                                                           "report.").parse_args(argv)
+    print(environment_report())
+    return 0
+
+
 def _report(result: dict, output_dir: Path) -> int:
     paths = write_report(result, output_dir)
     print(paths["table"].read_text())
@@ -166,17 +202,20 @@ def _report(result: dict, output_dir: Path) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "compare": cmd_compare, "plot": cmd_plot}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "compare": cmd_compare, "plot": cmd_plot, "export": cmd_export,
+            "env": cmd_env}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: podsrl {train,eval,compare,plot} [options]\n\n"
+        print("usage: podsrl {train,eval,compare,plot,export,env} [options]\n\n"
               "  train   train a model (no options: the tiny demo run with PODS)\n"
               "  eval    accuracy of a model on a task's held-out split, with per-sample records\n"
               "  compare run methods x seeds with equal time budgets; curves, step times, speedups\n"
-              "  plot    the figures and table of `compare` from existing run directories\n\n"
+              "  plot    the figures and table of `compare` from existing run directories\n"
+              "  export  a run's model as a standalone Hugging Face folder with a model card\n"
+              "  env     versions and machine, for bug reports\n\n"
               "`podsrl COMMAND --help` for the options of a command.", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])

@@ -53,13 +53,15 @@ def machine_description() -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores{gpu}, {platform.system()} {platform.machine()}"
 
 
-def environment() -> dict:
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
+def installed(name: str) -> str:
+    """A distribution's version from its metadata (nothing is imported), or 'not installed'."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
 
+
+def environment() -> dict:
     now = time.time()
     return {"date": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
             "unix_time": now,  # orders runs that started within the same second
@@ -81,3 +83,31 @@ def record_environment(run_dir: Path) -> None:
 def read_environment(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "environment.json"
     return json.loads(path.read_text()) if path.exists() else []
+
+
+# what `podsrl env` reports besides torch: podsrl's dependencies and optional extras
+REPORTED_PACKAGES = ("transformers", "accelerate", "peft", "trl", "datasets", "vllm", "deepspeed", "tensorboard",
+                     "wandb", "trackio", "math-verify", "reasoning-gym")
+
+
+def _torch_lines() -> list[str]:
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    lines = [f"- torch: {torch.__version__} (CUDA build: {torch.version.cuda or 'none'}, "
+             f"CUDA available: {torch.cuda.is_available()}, cuDNN: {cudnn or 'not available'})"]
+    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        props = torch.cuda.get_device_properties(index)
+        lines.append(f"- GPU {index}: {props.name}, {props.total_memory / 2**30:.0f} GiB")
+    return lines
+
+
+def environment_report() -> str:
+    """``podsrl env``: versions and machine as Markdown lines to paste into a bug report.
+    Versions come from package metadata, so no library but torch is imported."""
+    lines = ["Copy and paste the lines below into your issue.", "",
+             f"- podsrl: {installed('podsrl')} (commit {git_commit()}, from {SOURCE_DIR})",
+             f"- Python: {platform.python_version()} ({sys.executable})",
+             f"- Platform: {platform.platform()}",
+             f"- Machine: {machine_description()}",
+             *_torch_lines(),
+             *[f"- {name}: {installed(name)}" for name in REPORTED_PACKAGES]]
+    return "\n".join(lines)

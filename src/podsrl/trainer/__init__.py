@@ -7,6 +7,8 @@
 - :mod:`~podsrl.trainer.checkpoints`: checkpoint files (crash-safe, all-or-nothing)
 - :mod:`~podsrl.trainer.logging`: step records, metrics.jsonl, timers, progress
 - :mod:`~podsrl.trainer.evaluate`: held-out evaluation (training and ``podsrl eval``)
+- :mod:`~podsrl.trainer.export`: ``podsrl export``, a run as a standalone Hugging Face folder
+  (:mod:`~podsrl.trainer.run_info` reads the run's files, :mod:`~podsrl.trainer.model_card` writes its card)
 """
 
 from podsrl.trainer.loop import train

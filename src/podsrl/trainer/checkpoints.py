@@ -105,7 +105,7 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 # --- reading ----------------------------------------------------------------------------------
-def _check_weights(path: Path, weights: dict, model) -> None:
+def check_weights(path: Path, weights: dict, model) -> None:
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     wrong = sorted({name for name, value in weights.items()
                     if name not in params or not torch.is_tensor(value) or params[name].shape != value.shape}
@@ -155,7 +155,7 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict
     trainer_state = json.loads((path / STATE_FILE).read_text())
     if not (isinstance(weights, dict) and isinstance(rest, dict) and {"optimizer", "scheduler", "rng"} <= set(rest)):
         raise ValueError(f"checkpoint {path}: not a podsrl checkpoint")
-    _check_weights(path, weights, model)
+    check_weights(path, weights, model)
     _check_optimizer(path, rest["optimizer"], optimizer)
     _check_rest(path, rest, scheduler, generators, trainer_state)
     engine_states = rest.get("engine", [])

@@ -1,0 +1,158 @@
+"""``podsrl export``: a finished run (or one of its checkpoints) as a standalone Hugging
+Face model folder: weights that load with plain ``AutoModelForCausalLM.from_pretrained``
+(a LoRA adapter is merged into its base, so peft is not needed), the tokenizer with its
+chat template, and a model card (README.md).
+
+The folder is written next to its destination under a temporary name and renamed into
+place at the end, so a failed export leaves no half-written folder behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from podsrl.config import split_list
+from podsrl.models import ModelBundle, load_model
+from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, check_weights, list_checkpoints
+from podsrl.trainer.model_card import model_card
+from podsrl.trainer.run_info import RunInfo, Source, read_run_info
+
+
+def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None = None,
+               overwrite: bool = False) -> Path:
+    """Write ``output_dir`` from the run in ``run_dir``; returns ``output_dir``. Every
+    refusal (not a run, no finished model, an occupied destination ...) raises before any
+    model is loaded, naming the path."""
+    info = read_run_info(Path(run_dir))
+    source = _checkpoint_source(info, checkpoint) if checkpoint else _final_source(info)
+    output = Path(output_dir)
+    _check_output(info.run_dir, source.path, output, overwrite)
+    bundle = _load_checkpoint(info, source.path) if checkpoint else load_model(str(source.path), dtype=_dtype(info))
+    model = _merged(bundle.model)
+    card = model_card(info, source, output, merged_lora=bundle.uses_lora)
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        bundle.tokenizer.save_pretrained(folder)  # with its chat template
+        (folder / "README.md").write_text(card)
+
+    _write_atomically(output, write)
+    return output
+
+
+# --- what to export --------------------------------------------------------------------------
+def _final_source(info: RunInfo) -> Source:
+    model_dir = info.run_dir / "model"
+    summary = info.run_dir / "summary.json"
+    weights = [*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin")] if model_dir.is_dir() else []
+    # finish() writes summary.json after model/: without it, model/ may be incomplete
+    if not (weights and summary.is_file()):
+        available = ", ".join(p.name for p in list_checkpoints(info.run_dir / "checkpoints")) or "none"
+        raise FileNotFoundError(f"{model_dir}: no finished model (the run has not finished); export a "
+                                f"checkpoint with --checkpoint instead (checkpoints: {available})")
+    done = json.loads(summary.read_text())
+    return Source(model_dir, "final model", done["steps"], done["train_seconds"])
+
+
+def _checkpoint_source(info: RunInfo, checkpoint: str | Path) -> Source:
+    """A checkpoint by path, or by name inside RUN_DIR/checkpoints."""
+    path = Path(checkpoint)
+    if not path.is_dir() and (info.run_dir / "checkpoints" / path).is_dir():
+        path = info.run_dir / "checkpoints" / path
+    if not ((path / WEIGHTS_FILE).is_file() and (path / STATE_FILE).is_file()):
+        available = ", ".join(p.name for p in list_checkpoints(info.run_dir / "checkpoints")) or "none"
+        raise FileNotFoundError(f"{path}: not a podsrl checkpoint (no {WEIGHTS_FILE} and {STATE_FILE}); "
+                                f"checkpoints of {info.run_dir}: {available}")
+    state = json.loads((path / STATE_FILE).read_text())
+    return Source(path, f"checkpoint {path.name}", state["step"], state["train_seconds"])
+
+
+def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) -> None:
+    out, run, src = output.resolve(), run_dir.resolve(), source.resolve()
+    # replacing the run or a folder holding it would destroy it; writing into what is
+    # exported would change it (a folder inside the run, e.g. RUN_DIR/hf, is fine)
+    if out in (run, src) or out in run.parents or out in src.parents or src in out.parents:
+        raise ValueError(f"{output}: would replace or hold {run} or {src}; choose another folder")
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"{output}: exists and is not a folder")
+    if output.is_dir() and any(output.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{output}: exists and is not empty; pass --overwrite to replace it")
+        if not (output / "config.json").is_file():  # --overwrite replaces models, not any folder by mistake
+            raise FileExistsError(f"{output}: refusing to replace a folder that holds no model (no config.json)")
+
+
+# --- loading and merging ---------------------------------------------------------------------
+def _dtype(info: RunInfo) -> str:
+    return info.value("dtype", "float32")
+
+
+def _load_checkpoint(info: RunInfo, path: Path) -> ModelBundle:
+    """The run's model as training built it (base model, LoRA settings), then the
+    checkpoint's trainable weights (all of them, or the adapter) copied in."""
+    bundle = load_model(info.value("model"), lora_rank=info.value("lora_rank", 0),
+                        lora_alpha=info.value("lora_alpha", 16.0), lora_dropout=info.value("lora_dropout", 0.0),
+                        lora_target_modules=tuple(split_list(info.value("lora_target_modules", ""))),
+                        dtype=_dtype(info))
+    try:
+        weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
+    except Exception as err:  # a truncated or foreign file fails in many ways (unpickler errors of all kinds)
+        raise ValueError(f"{path / WEIGHTS_FILE}: unreadable ({type(err).__name__}: {err})") from err
+    if not isinstance(weights, dict):
+        raise ValueError(f"{path / WEIGHTS_FILE}: not a podsrl checkpoint's weights")
+    check_weights(path, weights, bundle.model)
+    params = dict(bundle.model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    return bundle
+
+
+def _merged(model: torch.nn.Module) -> torch.nn.Module:
+    """A LoRA model with its adapter folded into the base weights (a new, plain
+    transformers model); any other model as it is."""
+    if not hasattr(model, "peft_config"):
+        return model
+    return model.merge_and_unload()
+
+
+# --- writing ---------------------------------------------------------------------------------
+def _write_atomically(output: Path, write) -> None:
+    """``write(folder)`` into a temporary sibling of ``output``, then rename it into place
+    (replacing ``output`` if it exists). On any failure the temporary folder is removed
+    and ``output`` is left as it was."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.parent / f".{output.name}.export-{os.getpid()}.tmp"
+    old = output.parent / f".{output.name}.export-{os.getpid()}.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        for path in tmp.iterdir():  # on disk before the rename makes the folder visible as complete
+            _fsync(path)
+        if output.exists():
+            os.replace(output, old)
+        try:
+            os.replace(tmp, output)
+        except OSError:
+            if old.exists():
+                os.replace(old, output)
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    _fsync(output.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,79 @@
+"""What a run directory says about the run, read back from its files (``config.json``,
+``metrics.jsonl``, ``environment.json``, ``data.json``) for ``podsrl export`` and its
+model card.
+
+Config fields are read by name only through :data:`CONFIG_NAMES`, so a renamed field is
+one line here, and runs written under either name still read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from podsrl.metrics import read_metrics
+from podsrl.provenance import read_environment
+
+# key -> the names runs have written it under, newest first (config.json is the Config as
+# the run saw it; older runs keep older names)
+CONFIG_NAMES: dict[str, tuple[str, ...]] = {
+    "num_generations": ("num_generations", "n"),
+    "num_kept": ("num_kept", "m"),
+    "downsampling_rule": ("downsampling_rule", "rule"),
+    "learning_rate": ("learning_rate", "lr"),
+    "max_steps": ("max_steps", "steps"),
+    "max_completion_length": ("max_completion_length", "max_new_tokens"),
+}
+# the fields a model card lists as the run's key settings (the whole config follows them)
+CARD_KEYS = ("model", "task", "method", "num_generations", "num_kept", "downsampling_rule", "prompts_per_step",
+             "learning_rate", "lr_scheduler_type", "max_steps", "beta", "temperature", "max_completion_length",
+             "lora_rank", "lora_alpha", "dtype", "seed")
+
+
+@dataclass
+class RunInfo:
+    run_dir: Path
+    config: dict
+    records: list[dict]  # metrics.jsonl, one per step
+    environment: list[dict]  # one entry per start of the run
+    data: dict  # data.json: prompts, system prompt, an example prompt ({} when absent)
+
+    def named(self, key: str) -> tuple[str, object] | None:
+        """(the name the run wrote ``key`` under, its value), or None when absent."""
+        for name in CONFIG_NAMES.get(key, (key,)):
+            if name in self.config:
+                return name, self.config[name]
+        return None
+
+    def value(self, key: str, default=None):
+        found = self.named(key)
+        return default if found is None else found[1]
+
+    def evals(self, up_to_step: int | None = None) -> list[dict]:
+        """The evaluation records (those with ``eval_accuracy``), up to a step if given."""
+        return [r for r in self.records if r.get("eval_accuracy") is not None
+                and (up_to_step is None or r["step"] <= up_to_step)]
+
+
+@dataclass
+class Source:
+    """What ``podsrl export`` exports: the run's final model or one checkpoint."""
+
+    path: Path  # RUN_DIR/model or the checkpoint folder
+    label: str  # 'final model', 'checkpoint step_0000050'
+    step: int
+    train_seconds: float
+
+
+def read_run_info(run_dir: Path) -> RunInfo:
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{run_dir}: not a podsrl run directory (no config.json)")
+    metrics = run_dir / "metrics.jsonl"
+    data = run_dir / "data.json"
+    return RunInfo(run_dir=run_dir, config=json.loads(config_path.read_text()),
+                   records=read_metrics(metrics) if metrics.is_file() else [],
+                   environment=read_environment(run_dir),
+                   data=json.loads(data.read_text()) if data.is_file() else {})

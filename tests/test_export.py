@@ -1,0 +1,189 @@
+"""Hand-off commands: ``podsrl export`` (a run as a standalone Hugging Face folder, LoRA
+merged, with a model card) and ``podsrl env`` (versions for bug reports), called in-process."""
+
+import shutil
+import sys
+from importlib.metadata import version
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from podsrl.cli import main
+from podsrl.config import make_config
+from podsrl.metrics import read_metrics
+from podsrl.provenance import REPORTED_PACKAGES, installed, read_environment
+from podsrl.trainer import train
+from podsrl.trainer.model_card import base_model_id
+
+PROMPTS = ["What is 12 + 30? Answer in format: 'Answer: {result}'\n", "What is 7 - 9?"]
+
+
+def _train(model_dir, output_dir, **overrides):
+    values = dict(model=model_dir, steps=1, prompts_per_step=2, num_generations=4, num_kept=2, max_new_tokens=6,
+                  eval_prompts=8, eval_samples=2, eval_every=0, checkpoint_every=0, progress=False,
+                  output_dir=str(output_dir), lr=1e-2, warmup_steps=0, task="parity")
+    values.update(overrides)
+    return train(make_config(overrides={k: str(v) for k, v in values.items()})).run_dir
+
+
+@pytest.fixture(scope="module")
+def full_run(random_model_dir, tmp_path_factory):
+    return _train(random_model_dir, tmp_path_factory.mktemp("export") / "full")
+
+
+@pytest.fixture(scope="module")
+def lora_run(random_model_dir, tmp_path_factory):
+    # two steps with a checkpoint at each: step 1 differs from the final model, step 2 is it
+    return _train(random_model_dir, tmp_path_factory.mktemp("export") / "lora", lora_rank=4, steps=2,
+                  checkpoint_every=1)
+
+
+def logits(model, tokenizer):
+    batch = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def export(*args):
+    assert main(["export", *map(str, args)]) == 0
+
+
+def test_full_run_exports_the_runs_model(full_run, tmp_path):
+    export(full_run, tmp_path / "hf")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    saved = AutoModelForCausalLM.from_pretrained(full_run / "model")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert torch.equal(logits(exported, tokenizer), logits(saved, tokenizer))
+    run_tokenizer = AutoTokenizer.from_pretrained(full_run / "model")
+    assert tokenizer(PROMPTS)["input_ids"] == run_tokenizer(PROMPTS)["input_ids"]
+    assert tokenizer.chat_template == run_tokenizer.chat_template
+    assert tokenizer.pad_token == run_tokenizer.pad_token is not None
+
+
+def test_lora_run_exports_merged_weights_that_need_no_peft(lora_run, random_model_dir, tmp_path):
+    from peft import PeftModel
+
+    export(lora_run, tmp_path / "hf")
+    assert not list((tmp_path / "hf").glob("adapter_*")), "an adapter file would need peft to load"
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    base = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    assert not hasattr(merged, "peft_config") and type(merged) is type(base)
+    assert merged.state_dict().keys() == base.state_dict().keys()  # no lora_A / lora_B left
+    changed = [k for k, v in merged.state_dict().items() if not torch.equal(v, base.state_dict()[k])]
+    assert changed and all(k.endswith("proj.weight") for k in changed), changed  # the adapter was merged in
+    with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(random_model_dir),
+                                             lora_run / "model")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    torch.testing.assert_close(logits(merged, tokenizer), logits(with_adapter, tokenizer), atol=1e-5, rtol=0)
+
+
+def test_a_checkpoint_exports_the_model_of_its_step(lora_run, tmp_path):
+    export(lora_run, tmp_path / "final")
+    export(lora_run, tmp_path / "step2", "--checkpoint", "step_0000002")  # the final step: the final model
+    export(lora_run, tmp_path / "step1", "--checkpoint", lora_run / "checkpoints" / "step_0000001")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "final")
+    final, step2, step1 = (logits(AutoModelForCausalLM.from_pretrained(tmp_path / name), tokenizer)
+                           for name in ("final", "step2", "step1"))
+    torch.testing.assert_close(step2, final, atol=1e-6, rtol=0)
+    assert not torch.allclose(step1, final, atol=1e-4)
+    card = (tmp_path / "step1" / "README.md").read_text()
+    assert "checkpoint step_0000001 (step 1)" in card and "| training steps | 1 of 2 |" in card
+
+
+def test_model_card_states_accuracies_method_and_provenance(lora_run, tmp_path):
+    export(lora_run, tmp_path / "hf")
+    card = (tmp_path / "hf" / "README.md").read_text()
+    front = card.split("---\n")[1]
+    assert "library_name: transformers\n" in front and "base_model" not in front  # a local base: no hub id
+    assert all(f"- {tag}\n" in front for tag in ("podsrl", "pods", "grpo", "reinforcement-learning"))
+    evals = [r for r in read_metrics(lora_run / "metrics.jsonl") if r.get("eval_accuracy") is not None]
+    first, last = evals[0], evals[-1]
+    assert (first["step"], last["step"]) == (0, 2)
+    assert f"| {100 * first['eval_accuracy']:.1f}% | {100 * last['eval_accuracy']:.1f}% |" in card
+    assert f"| greedy | {100 * first['eval_greedy_accuracy']:.1f}% | {100 * last['eval_greedy_accuracy']:.1f}% |" \
+        in card
+    assert "| method | pods 4->2 max_variance:" in card and "| task | `parity` |" in card
+    assert "LoRA adapter (rank 4" in card and "| `lora_rank` | `4` |" in card
+    environment = read_environment(lora_run)[-1]
+    assert f"{environment['podsrl']}, commit {environment['commit']}" in card
+    assert f'from_pretrained("{tmp_path / "hf"}")' in card
+    snippet = card.split("```python\n")[1].split("```")[0]
+    exec(snippet, {})  # the card's usage example runs as written (plain transformers)
+
+
+def test_base_model_metadata_names_hub_models_only(tmp_path, monkeypatch):
+    assert base_model_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base_model_id("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"  # the built-in copy
+    assert base_model_id("tiny") is None
+    (tmp_path / "runs" / "base").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert base_model_id("runs/base") is None  # a local folder that looks like a hub id
+
+
+def test_refusals_name_the_path(full_run, tmp_path, capsys):
+    def refused(*args):
+        assert main(["export", *map(str, args)]) == 2
+        return capsys.readouterr().err
+
+    assert f"{tmp_path / 'nope'}: not a podsrl run directory" in refused(tmp_path / "nope", tmp_path / "out")
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(full_run / "config.json", unfinished)
+    err = refused(unfinished, tmp_path / "out")
+    assert f"{unfinished / 'model'}: no finished model" in err and "--checkpoint" in err
+    err = refused(full_run, tmp_path / "out", "--checkpoint", "step_9")
+    assert "step_9: not a podsrl checkpoint" in err and "step_0000001" in err  # lists the real ones
+    corrupt = shutil.copytree(full_run / "checkpoints" / "step_0000001", tmp_path / "corrupt")
+    (corrupt / "trainable.pt").write_bytes(b"truncated")
+    assert f"{corrupt / 'trainable.pt'}: unreadable" in refused(full_run, tmp_path / "out", "--checkpoint", corrupt)
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    assert f"{occupied}: exists and is not empty; pass --overwrite" in refused(full_run, occupied)
+    assert f"{occupied}: refusing to replace a folder that holds no model" in \
+        refused(full_run, occupied, "--overwrite")
+    assert (occupied / "notes.txt").read_text() == "mine"
+    assert "choose another folder" in refused(full_run, full_run / "model", "--overwrite")
+    assert "choose another folder" in refused(full_run, full_run.parent, "--overwrite")
+    assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_replaces_a_previous_export(full_run, tmp_path):
+    export(full_run, tmp_path / "hf")
+    (tmp_path / "hf" / "stale.txt").write_text("from before")
+    export(full_run, tmp_path / "hf", "--overwrite")
+    assert not (tmp_path / "hf" / "stale.txt").exists() and (tmp_path / "hf" / "README.md").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temporary folder left
+
+
+def test_a_failed_export_leaves_the_destination_as_it_was(full_run, tmp_path, monkeypatch, capsys):
+    import podsrl.trainer.export as export_module
+
+    def disk_full(path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module, "_fsync", disk_full)  # fails after the files are written
+    assert main(["export", str(full_run), str(tmp_path / "new")]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [], "nothing half-written may remain"
+    monkeypatch.undo()
+    export(full_run, tmp_path / "hf")
+    (tmp_path / "hf" / "marker.txt").write_text("the previous export")
+    monkeypatch.setattr(export_module, "_fsync", disk_full)
+    assert main(["export", str(full_run), str(tmp_path / "hf"), "--overwrite"]) == 2
+    assert (tmp_path / "hf" / "marker.txt").read_text() == "the previous export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_env_reports_the_installed_versions(capsys):
+    heavy = {"transformers", "trl", "peft", "datasets", "accelerate", "vllm", "deepspeed", "wandb", "trackio"}
+    before = set(sys.modules)
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert not (set(sys.modules) - before) & heavy, "env imported a library to read its version"
+    assert f"- torch: {version('torch')} " in out
+    assert f"- transformers: {version('transformers')}\n" in out
+    for name in REPORTED_PACKAGES:
+        assert f"- {name}: {installed(name)}" in out
+    assert f"- podsrl: {version('podsrl')} (commit " in out
