@@ -93,8 +93,8 @@ def test_eval_smollm2_offline_through_its_hub_name(tmp_path):
 def test_eval_loads_a_lora_run_folder(random_model_dir, tmp_path):
     run = tmp_path / "run"
     trained = podsrl("train", "--model", random_model_dir, "--steps", "1", "--prompts_per_step", "2",
-                     "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "4", "--eval_samples", "1", "--lora_rank", "4",
-                     "--output_dir", str(run), "--progress", "false")
+                     "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "4", "--eval_samples", "1",
+                     "--lora_rank", "4", "--output_dir", str(run), "--progress", "false")
     assert trained.returncode == 0, trained.stderr
     assert (run / "model" / "adapter_config.json").exists()
     result = podsrl("eval", "--model", str(run / "model"), "--eval_prompts", "4", "--output_dir", str(tmp_path / "e"))

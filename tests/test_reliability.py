@@ -25,9 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_args(model_dir, out, steps, *extra):
     return ["train", "--model", model_dir, "--task", "parity", "--steps", str(steps), "--prompts_per_step", "4",
-            "--num_generations", "6", "--num_kept", "3", "--max_new_tokens", "6", "--eval_prompts", "8", "--eval_samples", "1",
-            "--eval_every", "0", "--checkpoint_every", "1", "--lr", "1e-3", "--warmup_steps", "0",
-            "--progress", "false", "--output_dir", str(out), *extra]
+            "--num_generations", "6", "--num_kept", "3", "--max_new_tokens", "6", "--eval_prompts", "8",
+            "--eval_samples", "1", "--eval_every", "0", "--checkpoint_every", "1", "--lr", "1e-3",
+            "--warmup_steps", "0", "--progress", "false", "--output_dir", str(out), *extra]
 
 
 CHILD = "import sys, tests.conftest; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))"
