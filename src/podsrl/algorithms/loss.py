@@ -13,15 +13,15 @@ Aggregation = Literal["sequence", "token"]
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
+                mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float = 0.2,
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
                 aggregation: Aggregation = "sequence", num_sequences: int | None = None,
                 num_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped policy-gradient loss (PPO clip, GRPO/PODS objective).
 
     logp, old_logp, mask [B, Lc]; advantages [B]; ref_logp [B, Lc] or None.
-    ratio = exp(logp - old_logp); per token ``-min(ratio*A, clip(ratio, 1-eps_low,
-    1+eps_high)*A) + beta * KL``, KL by the k3 estimator ``exp(q) - q - 1`` with
+    ratio = exp(logp - old_logp); per token ``-min(ratio*A, clip(ratio, 1-epsilon,
+    1+epsilon_high)*A) + beta * KL``, KL by the k3 estimator ``exp(q) - q - 1`` with
     ``q = ref_logp - logp`` (unbiased, non-negative). With one iteration per batch,
     old_logp = logp.detach(): the ratio is 1 and the loss is REINFORCE with a group baseline.
 
@@ -34,7 +34,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     ratio = torch.exp(logp - old_logp)  # [B, Lc]
     adv = advantages.unsqueeze(1).to(logp.dtype)  # [B, 1]
     unclipped = ratio * adv
-    clipped = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * adv
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # [B, Lc]
     stats = {"clip_fraction": float(((unclipped != clipped).to(logp.dtype) * mask).sum() / mask.sum().clamp_min(1))}
     if beta != 0.0:
