@@ -52,7 +52,10 @@ def test_method_decides_generated_and_trained_counts():
     ({"max_steps": "1.5"}, "max_steps:"),
     ({"eval_greedy": "maybe"}, "eval_greedy:"),
     ({"top_p": "1.5"}, "top_p:"),
-    ({"loss_aggregation": "sum"}, "loss_aggregation:"),
+    ({"loss_type": "sum"}, "loss_type: 'sum' is not implemented"),
+    ({"loss_type": "dr_grpo"}, "loss_type: 'dr_grpo' is not implemented; podsrl has grpo and dapo"),
+    ({"scale_rewards": "batch"}, "scale_rewards: TRL's 'batch' is not implemented"),
+    ({"scale_rewards": "sometimes"}, "scale_rewards: expected true/false"),
     ({"optim": "adam"}, "optim: unknown optimizer 'adam'"),
     ({"device": "gpu"}, "device:"),
     ({"reward_funcs": "arithmetic_correct", "reward_weights": "heavy"}, "reward_weights: expected comma-separated"),
@@ -172,9 +175,23 @@ def test_renamed_fields_are_trls_names():
     assert set(RENAMED.values()) - {"num_kept", "downsampling_rule"} <= trl_names
     # fields that keep TRL's default meaning: same name in both (the ones not renamed here)
     shared = {"num_generations", "learning_rate", "max_completion_length", "max_steps", "epsilon", "epsilon_high",
-              "save_steps", "save_total_limit", "eval_steps", "scale_rewards", "beta", "num_iterations",
+              "save_steps", "save_total_limit", "eval_steps", "loss_type", "scale_rewards", "beta", "num_iterations",
               "temperature", "top_p", "optim", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2",
               "weight_decay", "max_grad_norm", "bf16", "fp16", "gradient_checkpointing", "reward_weights", "seed",
               "output_dir", "report_to"}
     assert shared <= set(FIELDS) and shared <= trl_names
 
+
+@pytest.mark.parametrize("value, scale", [("group", True), ("none", False), ("true", True), ("false", False)])
+def test_scale_rewards_takes_trls_values(value, scale):
+    assert make_config(overrides={"scale_rewards": value}).scale_rewards is scale
+
+
+def test_loss_type_takes_trls_values_that_podsrl_implements():
+    from podsrl.algorithms.loss import LOSS_TYPES
+    from podsrl.trainer.setup import update_options
+
+    assert make_config().loss_type == "grpo"  # the paper's: token mean per sequence, then mean
+    for loss_type, aggregation in (("grpo", "sequence"), ("dapo", "token")):
+        cfg = make_config(overrides={"loss_type": loss_type})
+        assert LOSS_TYPES[cfg.loss_type] == update_options(cfg).loss_aggregation == aggregation

@@ -26,7 +26,7 @@ DDP = ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
 # the longer answers short, so greedy accuracy lies strictly between 0 and 1, and 15 held-out
 # prompts split 8 / 7: one process's share can never have the accuracy of all 15.
 OPTIONS = dict(model="tiny", method="pods", max_steps=3, prompts_per_step=4, num_generations=8, num_kept=2,
-               generation_batch_size=16, loss_aggregation="token",
+               generation_batch_size=16, loss_type="dapo",
                optim="sgd", learning_rate=0.2, max_grad_norm=0, weight_decay=0, warmup_steps=0,
                max_completion_length=5, eval_prompts=15, eval_samples=2, eval_steps=0, save_steps=0, progress=False)
 
@@ -123,9 +123,9 @@ def test_two_processes_match_one_process_over_the_same_prompts(two_process_run, 
 
 
 def test_sequence_aggregation_matches_one_process(tmp_path):
-    done = launch(tmp_path / "two", loss_aggregation="sequence")
+    done = launch(tmp_path / "two", loss_type="grpo")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_training(tmp_path / "two", one_process(tmp_path / "one", loss_aggregation="sequence"))
+    assert_same_training(tmp_path / "two", one_process(tmp_path / "one", loss_type="grpo"))
 
 
 @pytest.mark.parametrize("config", ["fsdp.yaml", "fsdp-zero2.yaml"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from podsrl.algorithms.loss import LOSS_TYPES
 from podsrl.algorithms.select import RULES
 from podsrl.methods import METHODS
 from podsrl.models import check_model_name
@@ -86,9 +87,10 @@ class Config:
     epsilon_high: float = _f(0.2, "Upper clip range of the importance ratio: 1 + epsilon_high (TRL's field; TRL's "
                                   "default follows epsilon, this one does not: set both; DAPO uses 0.28).")
     beta: float = _f(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.")
-    scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std (False = Dr. GRPO).")
-    loss_aggregation: str = _f("sequence", "'sequence': token mean per sequence then mean (paper); "
-                                           "'token': mean over all tokens (DAPO).")
+    scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std: true or TRL's 'group'; false "
+                                   "or 'none' only centres them (Dr. GRPO). TRL's 'batch' is refused.")
+    loss_type: str = _f("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean (the paper); "
+                                "'dapo' = mean over all tokens of the step (DAPO; TRL's default); others refused.")
     # --- reward --------------------------------------------------------------------------
     correct_weight: float = _f(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
                                     "format 80 / 20).")
@@ -221,7 +223,8 @@ FIELDS = {f.name: f for f in fields(Config)}
 # fields renamed so that podsrl and podsrl.trl (TRL's GRPOConfig) use one name per concept
 RENAMED = dict(n="num_generations", m="num_kept", rule="downsampling_rule", lr="learning_rate", steps="max_steps",
                max_new_tokens="max_completion_length", clip_eps_low="epsilon", clip_eps_high="epsilon_high",
-               checkpoint_every="save_steps", keep_checkpoints="save_total_limit", eval_every="eval_steps")
+               checkpoint_every="save_steps", keep_checkpoints="save_total_limit", eval_every="eval_steps",
+               loss_aggregation="loss_type")
 
 
 def parse_value(name: str, raw: Any, source: str = "") -> Any:
@@ -237,10 +240,11 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
         if isinstance(raw, bool):
             return raw
         text = str(raw).strip().lower()
-        if text in ("1", "true", "yes", "on"):
+        if text in ("1", "true", "yes", "on") or (name, text) == ("scale_rewards", "group"):  # and TRL's values
             return True
-        if text in ("0", "false", "no", "off"):
+        if text in ("0", "false", "no", "off") or (name, text) == ("scale_rewards", "none"):
             return False
+        _require((name, text) != ("scale_rewards", "batch"), f"{source}scale_rewards: TRL's 'batch' is not implemented")
         raise ValueError(f"{source}{name}: expected true/false, got {raw!r}")
     if isinstance(raw, bool) and kind is not bool:
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
@@ -333,8 +337,8 @@ def _check_names(cfg: Config) -> None:
     _require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
                                                   f"known: {', '.join(SCHEDULERS)}")
     _require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
-    _require(cfg.loss_aggregation in ("sequence", "token"),
-             f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")
+    _require(cfg.loss_type in LOSS_TYPES, f"loss_type: {cfg.loss_type!r} is not implemented; podsrl has "
+                                          f"{' and '.join(LOSS_TYPES)} (TRL's others run in podsrl.trl)")
     _require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")
     _require(not cfg.fp16, "fp16: float16 mixed precision is not supported yet (it needs loss scaling); use bf16 "
                            "(GPUs since Ampere, and CPUs) or float32")

@@ -28,7 +28,7 @@ class UpdateOptions:
     epsilon: float = 0.2  # ratio clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float = 0.2
     beta: float = 0.0  # weight of the k3 KL to the reference policy
-    loss_aggregation: Aggregation = "sequence"  # or "token" (DAPO)
+    loss_aggregation: Aggregation = "sequence"  # or "token" (DAPO); podsrl.algorithms.loss.LOSS_TYPES
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
     share_prompt: bool = True  # run each prompt once per group in the forward/backward
     activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)

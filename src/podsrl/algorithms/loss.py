@@ -10,6 +10,10 @@ from typing import Literal
 import torch
 
 Aggregation = Literal["sequence", "token"]
+# TRL's loss_type values that podsrl implements -> their aggregation (TRL's grpo_trainer.py:
+# "grpo" averages each sequence's tokens then the sequences; "dapo" divides by the token count
+# of the whole accumulated step, over all processes)
+LOSS_TYPES: dict[str, Aggregation] = {"grpo": "sequence", "dapo": "token"}
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -26,9 +30,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     old_logp = logp.detach(): the ratio is 1 and the loss is REINFORCE with a group baseline.
 
     Aggregation: ``"sequence"`` = token mean per sequence, then mean over sequences (the
-    paper); ``"token"`` = mean over all tokens of the batch (DAPO). For gradient
-    accumulation pass the *whole* batch's ``num_sequences`` / ``num_tokens``: the
-    micro-batch losses then add up to the full-batch loss exactly.
+    paper; TRL's loss_type "grpo"); ``"token"`` = mean over all tokens of the batch (DAPO;
+    TRL's "dapo"). For gradient accumulation pass the *whole* batch's ``num_sequences`` /
+    ``num_tokens``: the micro-batch losses then add up to the full-batch loss exactly.
     """
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)  # [B, Lc]
@@ -50,5 +54,5 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     elif aggregation == "token":
         loss = (per_token * mask).sum() / (num_tokens or mask.sum().clamp_min(1))
     else:
-        raise ValueError(f"loss_aggregation: unknown aggregation {aggregation!r}; use 'sequence' or 'token'")
+        raise ValueError(f"aggregation: unknown aggregation {aggregation!r}; use 'sequence' or 'token'")
     return loss, stats

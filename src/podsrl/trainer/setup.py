@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from podsrl.algorithms.loss import LOSS_TYPES
 from podsrl.config import Config
 from podsrl.distributed import Processes
 from podsrl.methods import METHODS
@@ -70,7 +71,7 @@ def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions
 
 def update_options(cfg: Config) -> UpdateOptions:
     return UpdateOptions(micro_batch_size=cfg.micro_batch_size, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                         beta=cfg.beta, loss_aggregation=cfg.loss_aggregation,
+                         beta=cfg.beta, loss_aggregation=LOSS_TYPES[cfg.loss_type],
                          max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
                          activation_checkpointing=cfg.gradient_checkpointing)
 
