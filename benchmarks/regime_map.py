@@ -34,13 +34,13 @@ REGIMES = {
     "base": ("main job: level 3, 8 new tokens, 16 prompts/step, full fine-tuning", []),
     "level1": ("easier task (level 1)", ["--task_level", "1"]),
     "level5": ("harder task (level 5)", ["--task_level", "5"]),
-    "tokens32": ("longer completion budget (32 new tokens)", ["--max_new_tokens", "32"]),
+    "tokens32": ("longer completion budget (32 new tokens)", ["--max_completion_length", "32"]),
     "prompts4": ("4 prompts per step", ["--prompts_per_step", "4"]),
     "prompts64": ("64 prompts per step", ["--prompts_per_step", "64"]),
-    "lora": ("LoRA r = 8 instead of full fine-tuning (lr 1e-3)", ["--lora_rank", "8", "--lr", "1e-3"]),
+    "lora": ("LoRA r = 8 instead of full fine-tuning (lr 1e-3)", ["--lora_rank", "8", "--learning_rate", "1e-3"]),
     # a 165x larger model: minutes per evaluation on 2 cores, so run it alone with a longer budget
     "smollm2": ("SmolLM2-135M-Instruct + LoRA r = 16, level 1 (configs/smollm2-arith.yaml)",
-                ["--config", "configs/smollm2-arith.yaml", "--eval_every", "8", "--eval_prompts", "100"]),
+                ["--config", "configs/smollm2-arith.yaml", "--eval_steps", "8", "--eval_prompts", "100"]),
 }
 DEFAULT_REGIMES = "base,level1,level5,tokens32,prompts4,prompts64,lora"
 N_M = (16, 4)  # PODS n -> m; GRPO generates and trains m

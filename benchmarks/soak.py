@@ -47,7 +47,7 @@ def main() -> None:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    cfg = make_config(overrides={"steps": args.steps, "eval_every": 0, "checkpoint_every": 100,
+    cfg = make_config(overrides={"max_steps": args.steps, "eval_steps": 0, "save_steps": 100,
                                  "output_dir": str(args.output_dir), "progress": "false"})
     result = train(cfg)
     done.set()

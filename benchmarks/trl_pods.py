@@ -108,7 +108,8 @@ def config(arm: str, out: Path, seed: int, beta: float, max_steps: int):
     method, n, m = ARMS[arm]
     batch = pods_batch_arguments(PROMPTS, n, m, MICRO_BATCH)
     common = dict(output_dir=str(out), max_steps=max_steps, learning_rate=2e-4,
-                  lr_scheduler_type="constant_with_warmup", warmup_steps=10, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.1, max_grad_norm=0.1,
+                  lr_scheduler_type="constant_with_warmup", warmup_steps=10, adam_beta1=0.9, adam_beta2=0.99,
+                  weight_decay=0.1, max_grad_norm=0.1,
                   max_completion_length=8, temperature=1.0, top_k=0, beta=beta, loss_type="grpo",
                   scale_rewards="group", reward_weights=[0.8, 0.2], use_cpu=True, report_to="none", save_strategy="no",
                   logging_steps=10**6, disable_tqdm=True, seed=seed)

@@ -34,10 +34,11 @@ WARMUP_STEPS = 2
 
 def podsrl_run(method: str, args, out: Path) -> dict:
     cfg = make_config(overrides={
-        "method": method, "num_generations": args.n, "num_kept": args.m, "prompts_per_step": args.prompts, "steps": args.steps,
-        "lr": args.lr, "warmup_steps": 0, "max_new_tokens": args.max_new_tokens, "micro_batch_size": args.micro_batch,
-        "eval_prompts": 8, "eval_samples": 1, "eval_every": 0, "eval_greedy": False, "checkpoint_every": 0,
-        "progress": False, "output_dir": str(out)})
+        "method": method, "num_generations": args.n, "num_kept": args.m, "prompts_per_step": args.prompts,
+        "max_steps": args.steps, "learning_rate": args.lr, "warmup_steps": 0,
+        "max_completion_length": args.max_new_tokens, "micro_batch_size": args.micro_batch, "eval_prompts": 8,
+        "eval_samples": 1, "eval_steps": 0, "eval_greedy": False, "save_steps": 0, "progress": False,
+        "output_dir": str(out)})
     train(cfg)
     steps = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] > WARMUP_STEPS]
     step_seconds = [sum(v for k, v in r.items() if k.startswith("time_") and k != "time_eval") for r in steps]
@@ -154,8 +155,10 @@ def main() -> None:
     podsrl_grpo, trl_grpo, podsrl_pods, trl_n = names
     ratios = {
         "grpo step time, podsrl / trl": mean(podsrl_grpo, "seconds_per_step") / mean(trl_grpo, "seconds_per_step"),
-        "grpo generation tokens/s, podsrl / trl": mean(podsrl_grpo, "tokens_per_second") / mean(trl_grpo, "tokens_per_second"),
-        f"pods {args.n}->{args.m} step time / trl G={args.n}": mean(podsrl_pods, "seconds_per_step") / mean(trl_n, "seconds_per_step"),
+        "grpo generation tokens/s, podsrl / trl":
+            mean(podsrl_grpo, "tokens_per_second") / mean(trl_grpo, "tokens_per_second"),
+        f"pods {args.n}->{args.m} step time / trl G={args.n}":
+            mean(podsrl_pods, "seconds_per_step") / mean(trl_n, "seconds_per_step"),
     }
     for key, value in ratios.items():
         print(f"{key}: {value:.2f}")

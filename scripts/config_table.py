@@ -18,7 +18,7 @@ lists the same). Every value is validated before any work, with errors that name
 field (and the YAML file and line).
 
 ```bash
-podsrl train --config configs/tiny-lora.yaml --lr 5e-4 --output_dir runs/from-yaml
+podsrl train --config configs/tiny-lora.yaml --learning_rate 5e-4 --output_dir runs/from-yaml
 ```
 
 """

@@ -65,10 +65,10 @@ def test_clipping_hand_computed(eps_low, eps_high):
     old = torch.zeros(1, 2)
     logp = torch.log(torch.tensor([[1.5, 0.5]]))
     mask = torch.ones(1, 2)
-    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps_low=eps_low, clip_eps_high=eps_high)
+    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, epsilon=eps_low, epsilon_high=eps_high)
     assert float(loss) == pytest.approx(-((1 + eps_high) + 0.5) / 2)
     assert stats["clip_fraction"] == pytest.approx(1.0)  # both tokens differ from their clipped value
-    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_eps_low=eps_low, clip_eps_high=eps_high)
+    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask, epsilon=eps_low, epsilon_high=eps_high)
     assert float(loss) == pytest.approx((1.5 + (1 - eps_low)) / 2)
 
 
@@ -101,7 +101,7 @@ def test_clipped_loss_matches_a_token_by_token_oracle(aggregation):
         mask = (torch.rand(6, 7, generator=generator) > 0.3).double()
         mask[:, 0] = 1
         eps_low, eps_high = 0.05 + 0.3 * float(torch.rand(1, generator=generator)), 0.05 + 0.5 * trial / 20
-        loss, stats = policy_loss(logp, old, adv, mask, clip_eps_low=eps_low, clip_eps_high=eps_high,
+        loss, stats = policy_loss(logp, old, adv, mask, epsilon=eps_low, epsilon_high=eps_high,
                                   aggregation=aggregation)
         expected_loss, expected_clipped = ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation)
         assert float(loss) == pytest.approx(expected_loss, rel=1e-12, abs=1e-12)
@@ -131,8 +131,8 @@ def test_gradient_matches_finite_differences():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)
     for aggregation in ("sequence", "token"):
         def fn(x):
-            return policy_loss(x, old, adv, mask, ref_logp=ref, beta=0.3, clip_eps_low=0.5,
-                               clip_eps_high=0.5, aggregation=aggregation)[0]
+            return policy_loss(x, old, adv, mask, ref_logp=ref, beta=0.3, epsilon=0.5,
+                               epsilon_high=0.5, aggregation=aggregation)[0]
         assert torch.autograd.gradcheck(fn, (logp,))
 
 

@@ -159,7 +159,7 @@ def test_files_and_folders_are_synced_around_the_rename(tmp_path, monkeypatch):
                       ("step_0000001.tmp", False), ("checkpoints", True)]
 
 
-def test_only_the_newest_keep_checkpoints_remain(tmp_path):
+def test_only_the_newest_save_total_limit_checkpoints_remain(tmp_path):
     state = make_state(0)
     for step in (1, 2, 3, 10, 11):
         save(tmp_path, state, step=step, keep=2)

@@ -17,7 +17,9 @@ def podsrl(*args, cwd=None):
 @pytest.mark.parametrize("args, message", [
     (["--num_kept", "32", "--num_generations", "16"], "num_kept: must be <= num_generations"),
     (["--n", "16"], "n: renamed to num_generations"),
-    (["--eval-every", "3"], "did you mean 'eval_every'"),
+    (["--eval-steps", "3"], "did you mean 'eval_steps'"),
+    (["--steps", "3"], "steps: renamed to max_steps"),
+    (["--lr=1e-3"], "lr: renamed to learning_rate"),
     (["--downsampling_rule", "best"], "downsampling_rule: unknown rule 'best'"),
     (["--rule", "random"], "rule: renamed to downsampling_rule"),
     (["--model", "nope"], "model: unknown model 'nope'"),
@@ -41,7 +43,7 @@ def test_compare_rejects_bad_sweep_values(tmp_path, capsys):
 
 def test_train_smoke_and_plot(random_model_dir, tmp_path):
     run = tmp_path / "run"
-    result = podsrl("train", "--model", random_model_dir, "--steps", "2", "--prompts_per_step", "2",
+    result = podsrl("train", "--model", random_model_dir, "--max_steps", "2", "--prompts_per_step", "2",
                     "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "8", "--eval_samples", "1",
                     "--output_dir", str(run), "--progress", "false")
     assert result.returncode == 0, result.stderr
@@ -82,7 +84,7 @@ def test_eval_smollm2_offline_through_its_hub_name(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # as without network, minus the hub's retries
     result = subprocess.run([sys.executable, "-m", "podsrl.cli", "eval", "--model",
                              "HuggingFaceTB/SmolLM2-135M-Instruct", "--eval_prompts", "3", "--eval_temperature", "0",
-                             "--max_new_tokens", "8", "--output_dir", str(tmp_path)],
+                             "--max_completion_length", "8", "--output_dir", str(tmp_path)],
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "using the built-in smollm2-135m-instruct" in result.stderr
@@ -92,9 +94,9 @@ def test_eval_smollm2_offline_through_its_hub_name(tmp_path):
 
 def test_eval_loads_a_lora_run_folder(random_model_dir, tmp_path):
     run = tmp_path / "run"
-    trained = podsrl("train", "--model", random_model_dir, "--steps", "1", "--prompts_per_step", "2",
-                     "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "4", "--eval_samples", "1", "--lora_rank", "4",
-                     "--output_dir", str(run), "--progress", "false")
+    trained = podsrl("train", "--model", random_model_dir, "--max_steps", "1", "--prompts_per_step", "2",
+                     "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "4", "--eval_samples", "1",
+                     "--lora_rank", "4", "--output_dir", str(run), "--progress", "false")
     assert trained.returncode == 0, trained.stderr
     assert (run / "model" / "adapter_config.json").exists()
     result = podsrl("eval", "--model", str(run / "model"), "--eval_prompts", "4", "--output_dir", str(tmp_path / "e"))

@@ -162,7 +162,7 @@ def test_compare_end_to_end(random_model_dir, tmp_path):
     out = tmp_path / "cmp"
     args = ["compare", "--model", random_model_dir, "--task", "parity", "--methods", "grpo,pods", "--seeds", "2",
             "--budget_minutes", "0.01", "--prompts_per_step", "2", "--num_generations", "4", "--num_kept", "2",
-            "--eval_every", "2",
+            "--eval_steps", "2",
             "--eval_prompts", "4", "--eval_samples", "1", "--output_dir", str(out)]
     # the parity task is registered by conftest: import it in the child process too
     code = "import sys, tests.conftest; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import Config, FIELDS, make_config
+from podsrl.config import Config, FIELDS, RENAMED, make_config
 
 ROOT = Path(__file__).parents[1]
 
@@ -47,12 +47,15 @@ def test_method_decides_generated_and_trained_counts():
     ({"num_generations": "0"}, "num_generations:"),
     ({"prompts_per_step": "-1"}, "prompts_per_step:"),
     ({"micro_batch_size": "0"}, "micro_batch_size:"),
-    ({"lr": "0"}, "lr:"),
-    ({"lr": "fast"}, "lr:"),
-    ({"steps": "1.5"}, "steps:"),
+    ({"learning_rate": "0"}, "learning_rate:"),
+    ({"learning_rate": "fast"}, "learning_rate:"),
+    ({"max_steps": "1.5"}, "max_steps:"),
     ({"eval_greedy": "maybe"}, "eval_greedy:"),
     ({"top_p": "1.5"}, "top_p:"),
-    ({"loss_aggregation": "sum"}, "loss_aggregation:"),
+    ({"loss_type": "sum"}, "loss_type: 'sum' is not implemented"),
+    ({"loss_type": "dr_grpo"}, "loss_type: 'dr_grpo' is not implemented; podsrl has grpo and dapo"),
+    ({"scale_rewards": "batch"}, "scale_rewards: TRL's 'batch' is not implemented"),
+    ({"scale_rewards": "sometimes"}, "scale_rewards: expected true/false"),
     ({"optim": "adam"}, "optim: unknown optimizer 'adam'"),
     ({"device": "gpu"}, "device:"),
     ({"reward_funcs": "arithmetic_correct", "reward_weights": "heavy"}, "reward_weights: expected comma-separated"),
@@ -73,15 +76,15 @@ def test_hub_ids_are_accepted_without_network():
 def test_unknown_field_suggests_the_close_one():
     with pytest.raises(ValueError, match="unknown config field 'learning_rat'"):
         make_config(overrides={"learning_rat": "1"})
-    with pytest.raises(ValueError, match="did you mean 'eval_every'"):
-        make_config(overrides={"eval_evry": "1"})
+    with pytest.raises(ValueError, match="did you mean 'eval_steps'"):
+        make_config(overrides={"eval_stepz": "1"})
 
 
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("method: grpo-ga\nnum_generations: 8\nlr: 1.0e-5\nscale_rewards: false\n")
+    path.write_text("method: grpo-ga\nnum_generations: 8\nlearning_rate: 1.0e-5\nscale_rewards: false\n")
     cfg = make_config(path, {"num_generations": "6"})
-    assert (cfg.method, cfg.num_generations, cfg.lr, cfg.scale_rewards) == ("grpo-ga", 6, 1e-5, False)
+    assert (cfg.method, cfg.num_generations, cfg.learning_rate, cfg.scale_rewards) == ("grpo-ga", 6, 1e-5, False)
 
 
 def test_yaml_values_keep_their_yaml_types(tmp_path):
@@ -106,17 +109,17 @@ def test_yaml_values_of_the_wrong_shape_name_the_field_and_line(tmp_path):
     path.write_text("seed: 0\nsystem_prompt: {role: system}\n")
     with pytest.raises(ValueError, match=r"bad.yaml line 2: system_prompt: expected text or a list"):
         make_config(path)
-    path.write_text("steps: null\n")
-    with pytest.raises(ValueError, match=r"bad.yaml line 1: steps: expected int, got None"):
+    path.write_text("max_steps: null\n")
+    with pytest.raises(ValueError, match=r"bad.yaml line 1: max_steps: expected int, got None"):
         make_config(path)
 
 
 def test_yaml_errors_name_file_and_line(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("method: pods\n\nlr: quick\n")
-    with pytest.raises(ValueError, match=r"bad.yaml line 3: lr: expected float"):
+    path.write_text("method: pods\n\nlearning_rate: quick\n")
+    with pytest.raises(ValueError, match=r"bad.yaml line 3: learning_rate: expected float"):
         make_config(path)
-    path.write_text("method: pods\nsteps: [1\n")
+    path.write_text("method: pods\nmax_steps: [1\n")
     with pytest.raises(ValueError, match=r"bad.yaml line \d+: invalid YAML"):
         make_config(path)
     with pytest.raises(FileNotFoundError, match="config: file not found"):
@@ -142,3 +145,53 @@ def test_comma_separated_fields_parse():
 def test_shipped_configs_are_valid(path):
     cfg = make_config(str(ROOT / path))
     assert cfg.output_dir.startswith("runs/")  # run outputs stay where .gitignore keeps them out of git
+
+
+# --- one name per concept in podsrl and TRL -----------------------------------------------------
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_renamed_fields_are_refused_with_the_new_name(tmp_path, old, new):
+    assert new in FIELDS and old not in FIELDS
+    with pytest.raises(ValueError, match=rf"^{old}: renamed to {new} "):
+        make_config(overrides={old: "1"})
+    path = tmp_path / "old.yaml"
+    path.write_text(f"method: pods\n{old}: 1\n")
+    with pytest.raises(ValueError, match=rf"old.yaml line 2: {old}: renamed to {new} "):
+        make_config(path)
+
+
+def test_renamed_fields_are_trls_names():
+    """Every field renamed for TRL (all but m, PODS's own num_kept, and downsampling_rule) is a
+    GRPOConfig field, and so one of PODSConfig's: podsrl train and podsrl.trl share the names."""
+    pytest.importorskip("trl")
+    from dataclasses import fields
+
+    from trl import GRPOConfig
+
+    from podsrl.trl import PODSConfig
+
+    trl_names = {f.name for f in fields(GRPOConfig)}
+    pods_names = {f.name for f in fields(PODSConfig)}
+    assert set(RENAMED.values()) <= pods_names
+    assert set(RENAMED.values()) - {"num_kept", "downsampling_rule"} <= trl_names
+    # fields that keep TRL's default meaning: same name in both (the ones not renamed here)
+    shared = {"num_generations", "learning_rate", "max_completion_length", "max_steps", "epsilon", "epsilon_high",
+              "save_steps", "save_total_limit", "eval_steps", "loss_type", "scale_rewards", "beta", "num_iterations",
+              "temperature", "top_p", "optim", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2",
+              "weight_decay", "max_grad_norm", "bf16", "fp16", "gradient_checkpointing", "reward_weights", "seed",
+              "output_dir", "report_to"}
+    assert shared <= set(FIELDS) and shared <= trl_names
+
+
+@pytest.mark.parametrize("value, scale", [("group", True), ("none", False), ("true", True), ("false", False)])
+def test_scale_rewards_takes_trls_values(value, scale):
+    assert make_config(overrides={"scale_rewards": value}).scale_rewards is scale
+
+
+def test_loss_type_takes_trls_values_that_podsrl_implements():
+    from podsrl.algorithms.loss import LOSS_TYPES
+    from podsrl.trainer.setup import update_options
+
+    assert make_config().loss_type == "grpo"  # the paper's: token mean per sequence, then mean
+    for loss_type, aggregation in (("grpo", "sequence"), ("dapo", "token")):
+        cfg = make_config(overrides={"loss_type": loss_type})
+        assert LOSS_TYPES[cfg.loss_type] == update_options(cfg).loss_aggregation == aggregation

@@ -25,10 +25,10 @@ DDP = ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
 # the global token count) changes the parameters, not only the logged norm. 5 new tokens cut
 # the longer answers short, so greedy accuracy lies strictly between 0 and 1, and 15 held-out
 # prompts split 8 / 7: one process's share can never have the accuracy of all 15.
-OPTIONS = dict(model="tiny", method="pods", steps=3, prompts_per_step=4, num_generations=8, num_kept=2,
-               generation_batch_size=16,
-               optim="sgd", lr=0.2, max_grad_norm=0, weight_decay=0, warmup_steps=0, loss_aggregation="token",
-               max_new_tokens=5, eval_prompts=15, eval_samples=2, eval_every=0, checkpoint_every=0, progress=False)
+OPTIONS = dict(model="tiny", method="pods", max_steps=3, prompts_per_step=4, num_generations=8, num_kept=2,
+               generation_batch_size=16, loss_type="dapo",
+               optim="sgd", learning_rate=0.2, max_grad_norm=0, weight_decay=0, warmup_steps=0,
+               max_completion_length=5, eval_prompts=15, eval_samples=2, eval_steps=0, save_steps=0, progress=False)
 
 
 def test_the_accelerate_launcher_is_installed():
@@ -94,7 +94,7 @@ def assert_same_training(run_dir: Path, reference_dir: Path) -> None:
     process), the same loss and gradient norm, and at the end the same parameters, up to
     the order of float additions in the gradient average."""
     ran, reference = steps(run_dir), steps(reference_dir)
-    assert len(ran) == len(reference) == OPTIONS["steps"]
+    assert len(ran) == len(reference) == OPTIONS["max_steps"]
     for a, b in zip(ran, reference):
         for key in ("reward_mean", "kept_reward_mean", "kept_reward_std", "completion_len", "correct_rate"):
             assert a[key] == b[key], (a["step"], key)
@@ -123,9 +123,9 @@ def test_two_processes_match_one_process_over_the_same_prompts(two_process_run, 
 
 
 def test_sequence_aggregation_matches_one_process(tmp_path):
-    done = launch(tmp_path / "two", loss_aggregation="sequence")
+    done = launch(tmp_path / "two", loss_type="grpo")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_training(tmp_path / "two", one_process(tmp_path / "one", loss_aggregation="sequence"))
+    assert_same_training(tmp_path / "two", one_process(tmp_path / "one", loss_type="grpo"))
 
 
 @pytest.mark.parametrize("config", ["fsdp.yaml", "fsdp-zero2.yaml"])
@@ -149,7 +149,7 @@ def test_sharded_lora_matches_one_process(tmp_path):
 def test_sharded_run_resumes_a_one_process_checkpoint(one_process_run, tmp_path):
     # checkpoints hold whole tensors, so they move between process layouts
     part = tmp_path / "part"
-    one_process(part, steps=2, checkpoint_every=2)
+    one_process(part, max_steps=2, save_steps=2)
     done = launch(part, resume=True, setup=("--config_file", str(CONFIGS / "fsdp.yaml")))
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_training(part, one_process_run)
@@ -158,10 +158,10 @@ def test_sharded_run_resumes_a_one_process_checkpoint(one_process_run, tmp_path)
 def test_two_process_resume_matches_the_uninterrupted_run(two_process_run, tmp_path):
     run_dir, _ = two_process_run
     part = tmp_path / "part"
-    done = launch(part, steps=2, checkpoint_every=2)
+    done = launch(part, max_steps=2, save_steps=2)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in (part / "checkpoints").iterdir()) == ["step_0000002"]
-    done = launch(part, steps=3, resume=True)
+    done = launch(part, max_steps=3, resume=True)
     assert done.returncode == 0, done.stderr[-3000:]
     # the interrupted run evaluated at its end (step 2); evaluation has its own RNG
     assert without_timings(steps(part), "eval_") == without_timings(steps(run_dir), "eval_")

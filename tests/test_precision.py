@@ -76,9 +76,9 @@ def test_activation_checkpointing_gives_the_same_update(random_model_dir, share_
 
 
 def quick(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, task="parity", steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_new_tokens=6, eval_prompts=8, eval_samples=1, eval_every=0, checkpoint_every=0,
-                  progress=False, output_dir=str(output_dir), lr=1e-3, warmup_steps=0)
+    values = dict(model=model_dir, task="parity", max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=0,
+                  progress=False, output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0)
     return make_config(overrides={k: str(v) for k, v in {**values, **overrides}.items()})
 
 

@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_args(model_dir, out, steps, *extra):
-    return ["train", "--model", model_dir, "--task", "parity", "--steps", str(steps), "--prompts_per_step", "4",
-            "--num_generations", "6", "--num_kept", "3", "--max_new_tokens", "6", "--eval_prompts", "8", "--eval_samples", "1",
-            "--eval_every", "0", "--checkpoint_every", "1", "--lr", "1e-3", "--warmup_steps", "0",
-            "--progress", "false", "--output_dir", str(out), *extra]
+    return ["train", "--model", model_dir, "--task", "parity", "--max_steps", str(steps), "--prompts_per_step", "4",
+            "--num_generations", "6", "--num_kept", "3", "--max_completion_length", "6", "--eval_prompts", "8",
+            "--eval_samples", "1", "--eval_steps", "0", "--save_steps", "1", "--learning_rate", "1e-3",
+            "--warmup_steps", "0", "--progress", "false", "--output_dir", str(out), *extra]
 
 
 CHILD = "import sys, tests.conftest; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))"
@@ -97,7 +97,7 @@ def test_sigkill_then_resume_is_exact(random_model_dir, tmp_path, uninterrupted)
 def test_signal_stops_cleanly_with_a_checkpoint_then_resumes_exactly(random_model_dir, tmp_path, uninterrupted,
                                                                      sig, code):
     out = tmp_path / "run"
-    process = start(run_args(random_model_dir, out, 6, "--checkpoint_every", "0"))
+    process = start(run_args(random_model_dir, out, 6, "--save_steps", "0"))
     wait_for_step(out, 2, process)
     process.send_signal(sig)
     _, stderr = process.communicate(timeout=300)
@@ -133,21 +133,21 @@ def test_a_second_ctrl_c_interrupts_at_once():
 
 
 def quick(model_dir, out, **overrides):
-    values = dict(model=model_dir, task="parity", steps=3, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_new_tokens=6,
-                  eval_prompts=8, eval_samples=1, eval_every=0, checkpoint_every=1, progress=False,
-                  output_dir=str(out), lr=1e-3, warmup_steps=0, keep_checkpoints=3)
+    values = dict(model=model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_completion_length=6,
+                  eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=1, progress=False,
+                  output_dir=str(out), learning_rate=1e-3, warmup_steps=0, save_total_limit=3)
     values.update(overrides)
     return make_config(overrides={k: str(v) for k, v in values.items()})
 
 
 def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_path, capfd):
-    full = train(quick(random_model_dir, tmp_path / "full", steps=4)).run_dir
+    full = train(quick(random_model_dir, tmp_path / "full", max_steps=4)).run_dir
     out = tmp_path / "run"
-    train(quick(random_model_dir, out, steps=3))
+    train(quick(random_model_dir, out, max_steps=3))
     newest = list_checkpoints(out / "checkpoints")[-1]
     (newest / "trainable.pt").write_bytes((newest / "trainable.pt").read_bytes()[:100])  # truncated
-    train(quick(random_model_dir, out, steps=4, resume=True))
+    train(quick(random_model_dir, out, max_steps=4, resume=True))
     err = capfd.readouterr().err
     assert f"checkpoint {newest} is unreadable" in err and "step_0000002" in err
     assert training_records(out) == training_records(full)
@@ -165,7 +165,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_pa
 
     monkeypatch.setattr(update, "policy_loss", poisoned)
     with pytest.raises(TrainingStopped, match="3 consecutive steps had a non-finite loss"):
-        train(quick(random_model_dir, tmp_path / "run", steps=10, max_consecutive_skips=3))
+        train(quick(random_model_dir, tmp_path / "run", max_steps=10, max_consecutive_skips=3))
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["skipped_step"] for r in records[1:]] == [0, 0, 1, 1, 1]
     last_good = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
@@ -182,7 +182,7 @@ def test_a_non_finite_gradient_with_a_finite_loss_skips_the_step(random_model_di
         return loss + torch.sqrt((logp * 0).sum().abs()), stats
 
     monkeypatch.setattr(update, "policy_loss", nan_gradient)
-    run = train(quick(random_model_dir, tmp_path / "run", steps=2, max_consecutive_skips=5)).run_dir
+    run = train(quick(random_model_dir, tmp_path / "run", max_steps=2, max_consecutive_skips=5)).run_dir
     records = read_metrics(run / "metrics.jsonl")[1:]
     assert all(r["skipped_step"] == 1 and r["loss"] is not None and r["grad_norm"] is None for r in records)
     start = load_model(random_model_dir).model.state_dict()
@@ -193,7 +193,7 @@ def test_a_non_finite_gradient_with_a_finite_loss_skips_the_step(random_model_di
 def test_accuracy_comes_from_the_task_when_reward_funcs_replace_the_reward(random_model_dir, tmp_path):
     rewards = tmp_path / "constant_rewards.py"
     rewards.write_text("def constant(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
-    run = train(quick(random_model_dir, tmp_path / "run", reward_funcs=f"{rewards}:constant", steps=2)).run_dir
+    run = train(quick(random_model_dir, tmp_path / "run", reward_funcs=f"{rewards}:constant", max_steps=2)).run_dir
     sys.modules.pop("constant_rewards", None)
     records = read_metrics(run / "metrics.jsonl")
     # the reward is the user's (constant), the accuracy the parity task's own correctness (~50%)
@@ -204,7 +204,7 @@ def test_accuracy_comes_from_the_task_when_reward_funcs_replace_the_reward(rando
 
 @pytest.mark.parametrize("n, m, method", [(1, 1, "pods"), (4, 4, "pods"), (1, 1, "grpo-ga")])
 def test_degenerate_groups_give_finite_losses(random_model_dir, tmp_path, n, m, method):
-    result = train(quick(random_model_dir, tmp_path / "run", num_generations=n, num_kept=m, method=method, steps=2))
+    result = train(quick(random_model_dir, tmp_path / "run", num_generations=n, num_kept=m, method=method, max_steps=2))
     for record in read_metrics(result.run_dir / "metrics.jsonl")[1:]:
         assert record["loss"] is not None and record["skipped_step"] == 0
 
@@ -212,7 +212,7 @@ def test_degenerate_groups_give_finite_losses(random_model_dir, tmp_path, n, m, 
 def test_all_none_rewards_are_unverifiable_not_nan(random_model_dir, tmp_path):
     rewards = tmp_path / "none_rewards.py"
     rewards.write_text("def nothing(prompts, completions, **kw):\n    return [None] * len(completions)\n")
-    result = train(quick(random_model_dir, tmp_path / "run", reward_funcs=f"{rewards}:nothing", steps=2))
+    result = train(quick(random_model_dir, tmp_path / "run", reward_funcs=f"{rewards}:nothing", max_steps=2))
     record = read_metrics(result.run_dir / "metrics.jsonl")[-1]
     assert record["unverifiable"] == 4 * 6 and record["loss"] == 0.0 and record["kept_reward_std"] == 0.0
     sys.modules.pop("none_rewards", None)
@@ -229,4 +229,4 @@ def test_tokenizer_without_pad_token(random_model_dir, tmp_path):
     assert AutoTokenizer.from_pretrained(path).pad_token is None
     bundle = load_model(str(path))
     assert bundle.tokenizer.pad_token == bundle.tokenizer.eos_token and bundle.tokenizer.padding_side == "left"
-    train(quick(str(path), tmp_path / "run", steps=1))
+    train(quick(str(path), tmp_path / "run", max_steps=1))

@@ -126,7 +126,7 @@ def test_unverifiable_samples_score_zero_and_are_counted():
 
 
 def small_run(tmp_path, **overrides):
-    values = {"steps": "2", "prompts_per_step": "2", "num_generations": "4", "num_kept": "2", "eval_prompts": "4",
+    values = {"max_steps": "2", "prompts_per_step": "2", "num_generations": "4", "num_kept": "2", "eval_prompts": "4",
               "eval_samples": "1", "progress": "false", "output_dir": str(tmp_path / "run"), **overrides}
     return make_config(overrides=values)
 
@@ -189,7 +189,7 @@ def test_every_trl_reward_function_runs_unchanged_in_a_podsrl_run(chat_model_dir
 
     data = write_jsonl(tmp_path / "d.jsonl", ROWS)
     cfg = small_run(tmp_path, model=chat_model_dir, task="jsonl", train_data=data, test_data=data,
-                    answer_column="solution", max_new_tokens="8", steps="1", eval_prompts="2",
+                    answer_column="solution", max_completion_length="8", max_steps="1", eval_prompts="2",
                     reward_weights="1,1,1,1,1,1,1")
     assert make_config(overrides={"reward_funcs": ",".join(f"trl.rewards:{n}" for n in names)})  # by name, too
     train(cfg, reward_funcs=[f"trl.rewards:{n}" for n in names] + factories + [spy])

@@ -50,7 +50,7 @@ def test_load_by_name_module_and_file(reward_file):
 
 def test_trl_style_reward_runs_unchanged_in_training(random_model_dir, tmp_path, reward_file):
     cfg = make_config(overrides={
-        "model": random_model_dir, "steps": "2", "prompts_per_step": "2", "num_generations": "4", "num_kept": "2",
+        "model": random_model_dir, "max_steps": "2", "prompts_per_step": "2", "num_generations": "4", "num_kept": "2",
         "eval_prompts": "8", "eval_samples": "1", "progress": "false", "output_dir": str(tmp_path / "run"),
         "reward_funcs": f"{reward_file}:digit_count_reward,arithmetic_format", "reward_weights": "0.5,2"})
     train(cfg)

@@ -202,10 +202,10 @@ def test_memory_cap_hf_refuses_a_group_that_does_not_fit_and_slots_fits_it(tiny,
 
 
 def test_pods_at_n256_trains_under_a_memory_cap_full_group_generation_exceeds(tmp_path, tiny):
-    base = Config(model="tiny", method="pods", num_generations=256, num_kept=4, prompts_per_step=2, steps=2, eval_every=0,
-                  eval_prompts=8, eval_samples=1, checkpoint_every=0, progress=False, generation_memory_mb=4.0)
+    base = Config(model="tiny", method="pods", num_generations=256, num_kept=4, prompts_per_step=2, max_steps=2,
+                  eval_steps=0, eval_prompts=8, eval_samples=1, save_steps=0, progress=False, generation_memory_mb=4.0)
     # full-group generation of one step: 2 x 256 sequences
-    full_mb = generation_memory_bytes(tiny.model.config, 2 * 256, 40 + base.max_new_tokens) / 2**20
+    full_mb = generation_memory_bytes(tiny.model.config, 2 * 256, 40 + base.max_completion_length) / 2**20
     assert full_mb > base.generation_memory_mb
     validate(base)
     with pytest.raises(MemoryError, match="generation_memory_mb"):

@@ -24,9 +24,9 @@ NUMBERS = (int, float)
 
 
 def quick_config(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, task="parity", steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_new_tokens=6, eval_prompts=8, eval_samples=1, eval_every=0, checkpoint_every=0,
-                  progress=False, lr=1e-3, warmup_steps=0, output_dir=str(output_dir))
+    values = dict(model=model_dir, task="parity", max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=0,
+                  progress=False, learning_rate=1e-3, warmup_steps=0, output_dir=str(output_dir))
     values.update(overrides)
     return make_config(overrides={k: str(v) for k, v in values.items()})
 
@@ -61,7 +61,7 @@ def skip_unless_installed(package: str):
 # --- TensorBoard ----------------------------------------------------------------------------------
 @skip_unless_installed("tensorboard")
 def test_tensorboard_holds_every_number_of_metrics_jsonl_at_its_step(random_model_dir, tmp_path):
-    run_dir = train(quick_config(random_model_dir, tmp_path / "run", eval_every=1, report_to="tensorboard")).run_dir
+    run_dir = train(quick_config(random_model_dir, tmp_path / "run", eval_steps=1, report_to="tensorboard")).run_dir
     expected = logged_numbers(run_dir)
     scalars = tensorboard_scalars(run_dir / "tracking" / "tensorboard")
     assert scalars.keys() == expected.keys()
@@ -101,7 +101,7 @@ def test_rollouts_jsonl_records_each_group_with_the_kept_flags_the_update_used(r
     cfg = quick_config(random_model_dir, tmp_path / "run", log_rollouts=4)  # every group of the step
     run_dir = train(cfg).run_dir
     rows = rollout_records(run_dir)
-    assert len(rows) == cfg.steps * cfg.prompts_per_step * cfg.num_generations
+    assert len(rows) == cfg.max_steps * cfg.prompts_per_step * cfg.num_generations
     assert set(rows[0]) == {"step", "group", "index", "prompt", "answer", "completion", "reward", "correct", "kept"}
     metrics = {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl")}
     for (step, group), members in itertools.groupby(rows, key=lambda r: (r["step"], r["group"])):
@@ -134,10 +134,10 @@ def test_rollout_sample_size_follows_log_rollouts_and_grpo_ga_keeps_all(random_m
 @skip_unless_installed("tensorboard")
 def test_resume_drops_the_redone_steps_from_rollouts_and_tensorboard(random_model_dir, tmp_path):
     out = tmp_path / "run"
-    train(quick_config(random_model_dir, out, steps=3, checkpoint_every=2, report_to="tensorboard"))
+    train(quick_config(random_model_dir, out, max_steps=3, save_steps=2, report_to="tensorboard"))
     first_attempt = rollout_records(out)
     shutil.rmtree(out / "checkpoints" / "step_0000003")  # as if killed after step 3, before its checkpoint
-    train(quick_config(random_model_dir, out, steps=4, resume=True, report_to="tensorboard"))
+    train(quick_config(random_model_dir, out, max_steps=4, resume=True, report_to="tensorboard"))
     rows = rollout_records(out)
     assert [r["step"] for r in rows] == [s for s in (1, 2, 3, 4) for _ in range(6)]  # step 3 once
     assert [r for r in rows if r["step"] <= 3] == first_attempt  # redone exactly
@@ -156,8 +156,8 @@ ACCELERATE = shutil.which("accelerate", path=str(Path(sys.executable).parent))
 @skip_unless_installed("tensorboard")
 def test_under_two_processes_only_the_main_process_logs(tmp_path):
     out = tmp_path / "run"
-    options = dict(model="tiny", steps=2, prompts_per_step=4, num_generations=4, num_kept=2, max_new_tokens=5,
-                   eval_prompts=4, eval_samples=1, eval_every=0, checkpoint_every=0, progress=False,
+    options = dict(model="tiny", max_steps=2, prompts_per_step=4, num_generations=4, num_kept=2,
+                   max_completion_length=5, eval_prompts=4, eval_samples=1, eval_steps=0, save_steps=0, progress=False,
                    report_to="tensorboard", log_rollouts=2, output_dir=out)
     done = subprocess.run([ACCELERATE or "accelerate", "launch", "--multi_gpu", "--mixed_precision", "no",
                            "--dynamo_backend", "no", "--num_processes", "2", "--num_machines", "1",
@@ -176,9 +176,9 @@ def test_under_two_processes_only_the_main_process_logs(tmp_path):
 # --- W&B and trackio, in a subprocess (they hook the interpreter's output and exit) -----------
 def train_in_subprocess(model_dir, out, env, *args):
     """``podsrl train`` on a tiny run; ``env`` entries set to None are removed."""
-    command = [sys.executable, "-m", "podsrl.cli", "train", "--model", model_dir, "--steps", "2",
-               "--prompts_per_step", "2", "--num_generations", "4", "--num_kept", "2", "--max_new_tokens", "6",
-               "--eval_prompts", "4", "--eval_samples", "1", "--checkpoint_every", "0", "--progress", "false",
+    command = [sys.executable, "-m", "podsrl.cli", "train", "--model", model_dir, "--max_steps", "2",
+               "--prompts_per_step", "2", "--num_generations", "4", "--num_kept", "2", "--max_completion_length", "6",
+               "--eval_prompts", "4", "--eval_samples", "1", "--save_steps", "0", "--progress", "false",
                "--output_dir", str(out), *args]
     env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
@@ -212,7 +212,7 @@ def wandb_records(path: Path) -> list:
 def test_wandb_logs_offline_without_an_api_key(random_model_dir, tmp_path):
     env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": str(tmp_path / "no-netrc"), "WANDB_SILENT": "true"}
     out = tmp_path / "run"
-    done = train_in_subprocess(random_model_dir, out, env, "--report_to", "wandb", "--eval_every", "1")
+    done = train_in_subprocess(random_model_dir, out, env, "--report_to", "wandb", "--eval_steps", "1")
     assert "logging offline" in done.stderr
     [run_file] = (out / "tracking" / "wandb").glob("offline-run-*/run-*.wandb")
     history: dict[tuple[str, int], float] = {}
@@ -236,7 +236,7 @@ def test_trackio_logs_the_metrics_and_the_rollout_table(random_model_dir, tmp_pa
     store = tmp_path / "trackio"
     out = tmp_path / "run"
     train_in_subprocess(random_model_dir, out, {"TRACKIO_DIR": str(store), "TRACKIO_PROJECT": "test"},
-                        "--report_to", "trackio", "--eval_every", "1")
+                        "--report_to", "trackio", "--eval_steps", "1")
     with sqlite3.connect(store / "test.db") as db:
         logged = [(step, json.loads(values)) for step, values in db.execute("select step, metrics from metrics")]
     numbers = {(key, step): value for step, values in logged for key, value in values.items()

@@ -21,10 +21,10 @@ from podsrl.update import (OptimizerOptions, UpdateOptions, batch_logprobs, flat
 
 
 def quick_config(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_new_tokens=6,
-                  eval_prompts=16, eval_samples=2, eval_every=0, checkpoint_every=0, progress=False,
-                  output_dir=str(output_dir), lr=1e-3, warmup_steps=0, task="parity")
+    values = dict(model=model_dir, max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_completion_length=6,
+                  eval_prompts=16, eval_samples=2, eval_steps=0, save_steps=0, progress=False,
+                  output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0, task="parity")
     values.update(overrides)
     return make_config(overrides={k: str(v) for k, v in values.items()})
 
@@ -45,7 +45,7 @@ def training_records(run_dir):
 
 def test_one_step_trains(random_model_dir, tmp_path):
     # no weight decay: any change of the weights comes from the policy gradient
-    cfg = quick_config(random_model_dir, tmp_path / "run", steps=1, weight_decay=0)
+    cfg = quick_config(random_model_dir, tmp_path / "run", max_steps=1, weight_decay=0)
     before = {k: v.clone() for k, v in load_model(random_model_dir).model.state_dict().items()}
     result = train(cfg)
     after = final_weights(result.run_dir)
@@ -80,7 +80,7 @@ def test_pods_with_m_equal_n_is_grpo(random_model_dir, tmp_path):
 
 @pytest.mark.parametrize("method", ["grpo", "grpo-ga", "pods"])
 def test_every_method_runs(random_model_dir, tmp_path, method):
-    result = train(quick_config(random_model_dir, tmp_path / method, method=method, steps=1))
+    result = train(quick_config(random_model_dir, tmp_path / method, method=method, max_steps=1))
     record = read_metrics(result.run_dir / "metrics.jsonl")[-1]
     assert math.isfinite(record["loss"])
     assert record["kept_completion_len"] > 0
@@ -125,11 +125,11 @@ RESUME_CASES = {
 @pytest.mark.parametrize("case", sorted(RESUME_CASES))
 def test_resume_matches_uninterrupted_run(random_model_dir, tmp_path, case):
     options = RESUME_CASES[case]
-    full = train(quick_config(random_model_dir, tmp_path / "full", steps=4, **options))
+    full = train(quick_config(random_model_dir, tmp_path / "full", max_steps=4, **options))
     part_dir = tmp_path / "part"
-    train(quick_config(random_model_dir, part_dir, steps=2, checkpoint_every=2, **options))
+    train(quick_config(random_model_dir, part_dir, max_steps=2, save_steps=2, **options))
     (part_dir / "model").rename(part_dir / "model_at_2")
-    resumed = train(quick_config(random_model_dir, part_dir, steps=4, resume=True, **options))
+    resumed = train(quick_config(random_model_dir, part_dir, max_steps=4, resume=True, **options))
     # the interrupted run also evaluated at its last step (2); evaluation draws from its own
     # RNG, so every training quantity must still match
     def without_eval(records):
@@ -144,14 +144,14 @@ def test_resume_matches_uninterrupted_run(random_model_dir, tmp_path, case):
 def test_unusable_checkpoints_leave_the_model_untouched_for_a_fresh_start(random_model_dir, tmp_path, capfd):
     """Every checkpoint's optimizer state is for another model: restore must fail before it
     copies any weight, so 'starting from scratch' really starts from the initial weights."""
-    fresh = train(quick_config(random_model_dir, tmp_path / "fresh", steps=3)).run_dir
+    fresh = train(quick_config(random_model_dir, tmp_path / "fresh", max_steps=3)).run_dir
     out = tmp_path / "run"
-    train(quick_config(random_model_dir, out, steps=2, checkpoint_every=1))
+    train(quick_config(random_model_dir, out, max_steps=2, save_steps=1))
     for path in (out / "checkpoints").iterdir():
         rest = torch.load(path / "optimizer.pt", weights_only=True)
         rest["optimizer"]["param_groups"][0]["params"].pop()  # one parameter fewer than the model
         torch.save(rest, path / "optimizer.pt")
-    train(quick_config(random_model_dir, out, steps=3, resume=True))
+    train(quick_config(random_model_dir, out, max_steps=3, resume=True))
     err = capfd.readouterr().err
     assert err.count("is unreadable") == 2 and "starting from scratch" in err
     assert training_records(out) == training_records(fresh)
@@ -163,7 +163,8 @@ def test_grpo_ga_is_one_big_batch(random_model_dir, tmp_path):
     """grpo-ga trains on all n rollouts in micro-batches with gradient accumulation and one
     optimizer step: the update of grpo training the same n rollouts in one batch. SGD without
     clipping makes the update the gradient itself, so a wrong accumulation scale shows."""
-    options = dict(steps=2, num_generations=6, num_kept=6, optim="sgd", lr=0.5, max_grad_norm=0, weight_decay=0)
+    options = dict(max_steps=2, num_generations=6, num_kept=6, optim="sgd", learning_rate=0.5, max_grad_norm=0,
+                   weight_decay=0)
     accumulated = train(quick_config(random_model_dir, tmp_path / "ga", method="grpo-ga", micro_batch_size=5,
                                      **options)).run_dir
     one_batch = train(quick_config(random_model_dir, tmp_path / "one", method="grpo", micro_batch_size=64,
@@ -181,7 +182,7 @@ def test_grpo_ga_is_one_big_batch(random_model_dir, tmp_path):
 
 def test_optimizer_is_the_papers_adamw_unless_configured(random_model_dir, tmp_path):
     def first_group(**overrides):
-        run = train(quick_config(random_model_dir, tmp_path / str(len(overrides)), steps=1, checkpoint_every=1,
+        run = train(quick_config(random_model_dir, tmp_path / str(len(overrides)), max_steps=1, save_steps=1,
                                  **overrides)).run_dir
         return torch.load(run / "checkpoints" / "step_0000001" / "optimizer.pt",
                           weights_only=True)["optimizer"]["param_groups"][0]
@@ -191,14 +192,14 @@ def test_optimizer_is_the_papers_adamw_unless_configured(random_model_dir, tmp_p
     assert adamw["eps"] == 1e-8 and not adamw["amsgrad"]
     custom = first_group(adam_beta2=0.95, weight_decay=0.01)
     assert custom["betas"] == (0.9, 0.95) and custom["weight_decay"] == 0.01
-    sgd = first_group(optim="sgd", weight_decay=0, lr=0.1)
+    sgd = first_group(optim="sgd", weight_decay=0, learning_rate=0.1)
     assert "betas" not in sgd and sgd["momentum"] == 0 and sgd["lr"] == 0.1
 
 
 def test_gradients_are_clipped_to_max_grad_norm(random_model_dir, tmp_path):
     """With SGD the update is -lr x the clipped gradient: its global norm is lr x min(norm, max)."""
-    run = train(quick_config(random_model_dir, tmp_path / "run", steps=1, optim="sgd", lr=0.5, weight_decay=0,
-                             max_grad_norm=0.01)).run_dir
+    run = train(quick_config(random_model_dir, tmp_path / "run", max_steps=1, optim="sgd", learning_rate=0.5,
+                             weight_decay=0, max_grad_norm=0.01)).run_dir
     record = read_metrics(run / "metrics.jsonl")[-1]
     assert record["grad_norm"] > 0.01  # the logged norm is the one before clipping
     start, end = load_model(random_model_dir).model.state_dict(), final_weights(run)
@@ -210,8 +211,8 @@ def test_logged_learning_rate_is_the_one_each_step_used(random_model_dir, tmp_pa
     """transformers' constant_with_warmup: linear from 0 over warmup_steps optimizer steps,
     then constant; each record's lr is the rate its own optimizer step used (the
     optimizer's own state after step 5 holds the same)."""
-    run = train(quick_config(random_model_dir, tmp_path / "run", steps=5, warmup_steps=3, lr=1e-3,
-                             checkpoint_every=5)).run_dir
+    run = train(quick_config(random_model_dir, tmp_path / "run", max_steps=5, warmup_steps=3, learning_rate=1e-3,
+                             save_steps=5)).run_dir
     records = read_metrics(run / "metrics.jsonl")[1:]
     assert [r["lr"] for r in records] == pytest.approx([0, 1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3], rel=1e-12)
     group = torch.load(run / "checkpoints" / "step_0000005" / "optimizer.pt",
@@ -222,16 +223,16 @@ def test_logged_learning_rate_is_the_one_each_step_used(random_model_dir, tmp_pa
 def test_a_warmup_fraction_and_a_cosine_schedule_follow_transformers(random_model_dir, tmp_path):
     """warmup_steps < 1 is a fraction of the run (0.2 x 5 steps = 1 step); then cosine decay
     0.5 (1 + cos(pi progress)) over the remaining 4 steps (oracle: the formula)."""
-    run = train(quick_config(random_model_dir, tmp_path / "run", steps=5, warmup_steps=0.2, lr=1e-3,
+    run = train(quick_config(random_model_dir, tmp_path / "run", max_steps=5, warmup_steps=0.2, learning_rate=1e-3,
                              lr_scheduler_type="cosine")).run_dir
     expected = [0.0] + [1e-3 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
     assert [r["lr"] for r in read_metrics(run / "metrics.jsonl")[1:]] == pytest.approx(expected, rel=1e-12)
 
 
 def test_existing_run_is_not_overwritten(random_model_dir, tmp_path):
-    train(quick_config(random_model_dir, tmp_path / "run", steps=1))
+    train(quick_config(random_model_dir, tmp_path / "run", max_steps=1))
     with pytest.raises(FileExistsError, match="output_dir"):
-        train(quick_config(random_model_dir, tmp_path / "run", steps=1))
+        train(quick_config(random_model_dir, tmp_path / "run", max_steps=1))
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
@@ -239,8 +240,8 @@ def test_kl_is_to_the_initial_policy(random_model_dir, tmp_path, lora_rank):
     """The reference is the initial model (with LoRA: the base with the adapter disabled), so
     the KL is exactly 0 at step 1, where the policy still equals it, and positive once the
     policy has moved; a reference that follows the policy would keep it at 0."""
-    result = train(quick_config(random_model_dir, tmp_path / "kl", steps=3, beta=0.1, lora_rank=lora_rank,
-                                lr=1e-2))
+    result = train(quick_config(random_model_dir, tmp_path / "kl", max_steps=3, beta=0.1, lora_rank=lora_rank,
+                                learning_rate=1e-2))
     kls = [r["kl"] for r in read_metrics(result.run_dir / "metrics.jsonl")[1:]]
     assert kls[0] == 0.0 and kls[1] > 0 and kls[2] > 0
     assert all("time_logprobs" in r for r in read_metrics(result.run_dir / "metrics.jsonl")[1:])
@@ -249,7 +250,7 @@ def test_kl_is_to_the_initial_policy(random_model_dir, tmp_path, lora_rank):
 def test_reused_batches_are_clipped_against_the_generating_policy(random_model_dir, tmp_path):
     """num_iterations = 2: the second optimizer step on a batch sees ratios != 1 and clips
     (the logged clip fraction is the last iteration's); with one iteration nothing clips."""
-    options = dict(steps=3, lr=5e-2, max_grad_norm=0)
+    options = dict(max_steps=3, learning_rate=5e-2, max_grad_norm=0)
     reused = read_metrics(train(quick_config(random_model_dir, tmp_path / "two", num_iterations=2,
                                              **options)).run_dir / "metrics.jsonl")[1:]
     single = read_metrics(train(quick_config(random_model_dir, tmp_path / "one", **options)).run_dir
@@ -271,7 +272,7 @@ def test_clip_range_is_asymmetric_as_configured(random_model_dir):
     bundle = load_model(random_model_dir)
     batch = small_batch(bundle)
     batch.old_logp = batch_logprobs(bundle.model, batch, size=64)
-    options = UpdateOptions(max_grad_norm=0, clip_eps_low=0.05, clip_eps_high=0.4)
+    options = UpdateOptions(max_grad_norm=0, epsilon=0.05, epsilon_high=0.4)
     optimizer = torch.optim.SGD(bundle.model.parameters(), lr=2.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     first = update_policy(bundle.model, optimizer, scheduler, batch, options)
@@ -310,7 +311,7 @@ def test_the_saved_lora_model_is_the_trained_one(random_model_dir, tmp_path):
     from podsrl.trainer.evaluate import run_eval
     from podsrl.trainer.setup import eval_options, task_options
 
-    result = train(quick_config(random_model_dir, tmp_path / "lora", steps=3, lora_rank=4, lr=1e-2))
+    result = train(quick_config(random_model_dir, tmp_path / "lora", max_steps=3, lora_rank=4, learning_rate=1e-2))
     logged = read_metrics(result.run_dir / "metrics.jsonl")[-1]["eval_greedy_accuracy"]
     trained = torch.load(result.run_dir / "checkpoints" / "step_0000003" / "trainable.pt", weights_only=True)
     assert trained and all("lora_" in name for name in trained)  # what the optimizer updates: the adapter

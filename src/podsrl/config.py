@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from podsrl.algorithms.loss import LOSS_TYPES
 from podsrl.algorithms.select import RULES
 from podsrl.methods import METHODS
 from podsrl.models import check_model_name
@@ -42,7 +43,7 @@ class Config:
     model: str = _f("tiny", "Built-in model name ('tiny'), a local folder, or a Hugging Face hub id.")
     task: str = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = _f(3, "Arithmetic difficulty level (1-5; see podsrl.tasks.arithmetic.LEVELS).")
-    data_seed: int = _f(0, "Seed of the task's train/held-out split (independent of the run seed).")
+    data_seed: int = _f(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' data_seed).")
     train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "
                              "hub dataset 'name' or 'name:config' (empty = the task's hub default); both load "
                              "through `datasets`.")
@@ -54,7 +55,8 @@ class Config:
     system_prompt: str = _f("auto", "System prompt; 'auto' = the task's own (the <think>/<answer> "
                                     "instruction for gsm8k/math), '' = none.")
     chat_template: bool = _f(True, "Render prompts with the tokenizer's chat template when it has one.")
-    max_prompt_tokens: int = _f(512, "Prompts longer than this many tokens are dropped (and counted).")
+    max_prompt_tokens: int = _f(512, "Prompts longer than this many tokens are dropped (and counted). Not "
+                                     "TRL's old max_prompt_length, which truncated prompts (TRL 1.16 has none).")
     # --- method --------------------------------------------------------------------------
     method: str = _f("pods", "'pods': generate n, train on m picked by `rule`; 'grpo': generate and "
                              "train m; 'grpo-ga': generate n, train on all n with gradient accumulation.")
@@ -63,16 +65,16 @@ class Config:
     downsampling_rule: str = _f("max_variance", "Which m of the n rollouts pods keeps "
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
-    # --- optimisation (paper's defaults except lr, which suits the tiny model) ------------
+    # --- optimisation (paper's defaults except learning_rate, which suits the tiny model) --
     optim: str = _f("adamw_torch", "Optimizer (TRL's field name): 'adamw_torch' = AdamW with adam_beta1, "
                                     "adam_beta2 and weight_decay (the paper); 'sgd' = plain SGD, no momentum (its "
                                     "update shows the gradient's scale; the tests use it).")
-    lr: float = _f(2e-4, "Learning rate (the paper used 5e-6 for LoRA on 3B models).")
+    learning_rate: float = _f(2e-4, "Learning rate (TRL's field; the paper used 5e-6 for LoRA on 3B models).")
     lr_scheduler_type: str = _f("constant_with_warmup", "Learning-rate schedule (TRL's field; any name of "
                                                         "transformers.get_scheduler: constant_with_warmup, "
-                                                        "linear, cosine, ...), over `steps` optimizer steps.")
+                                                        "linear, cosine, ...), over `max_steps` optimizer steps.")
     warmup_steps: float = _f(10.0, "Warm-up of the schedule, from lr 0 at the first step (TRL's field): a number "
-                                 ">= 1 of optimizer steps, or a fraction < 1 of `steps`.")
+                                 ">= 1 of optimizer steps, or a fraction < 1 of `max_steps`.")
     adam_beta1: float = _f(0.9, "AdamW beta1.")
     adam_beta2: float = _f(0.99, "AdamW beta2 (paper: 0.99).")
     weight_decay: float = _f(0.1, "Weight decay: decoupled with AdamW, L2 with SGD (paper: 0.1).")
@@ -81,12 +83,14 @@ class Config:
                                     "micro-batches into one optimizer step.")
     num_iterations: int = _f(1, "Optimizer steps per generation batch; >1 reuses the batch with "
                                 "PPO clipping against the generating policy's log-probs.")
-    clip_eps_low: float = _f(0.2, "Lower clip range of the importance ratio (1 - eps_low).")
-    clip_eps_high: float = _f(0.2, "Upper clip range of the importance ratio (1 + eps_high).")
+    epsilon: float = _f(0.2, "Lower clip range of the importance ratio: 1 - epsilon (TRL's field).")
+    epsilon_high: float = _f(0.2, "Upper clip range of the importance ratio: 1 + epsilon_high (TRL's field; TRL's "
+                                  "default follows epsilon, this one does not: set both; DAPO uses 0.28).")
     beta: float = _f(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.")
-    scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std (False = Dr. GRPO).")
-    loss_aggregation: str = _f("sequence", "'sequence': token mean per sequence then mean (paper); "
-                                           "'token': mean over all tokens (DAPO).")
+    scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std: true or TRL's 'group'; false "
+                                   "or 'none' only centres them (Dr. GRPO). TRL's 'batch' is refused.")
+    loss_type: str = _f("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean (the paper); "
+                                "'dapo' = mean over all tokens of the step (DAPO; TRL's default); others refused.")
     # --- reward --------------------------------------------------------------------------
     correct_weight: float = _f(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
                                     "format 80 / 20).")
@@ -104,12 +108,12 @@ class Config:
     # --- generation ----------------------------------------------------------------------
     temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
     top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
-    max_new_tokens: int = _f(8, "Maximum completion length in tokens.")
+    max_completion_length: int = _f(8, "Maximum completion length in tokens (TRL's field).")
     generation_engine: str = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
                                       "on whole prompt groups; 'slots' = decoding slots refilled sample by sample "
                                       "(n bounded by time, not memory).")
-    generation_batch_size: int = _f(0, "hf engine: max sequences decoded at once, in whole prompt groups "
-                                       "(0 = the whole batch).")
+    generation_batch_size: int = _f(0, "hf engine: max sequences decoded at once, in whole prompt groups (0 = the "
+                                       "whole batch). Not TRL's generation_batch_size (P x n rows per step).")
     generation_micro_group: int = _f(0, "slots engine: sequences decoded at once (g); 0 = as many as "
                                         "generation_memory_mb allows, or all P*n without a cap.")
     generation_refill: str = _f("continuous", "slots engine: 'continuous' gives a finished sample's slot to the "
@@ -144,9 +148,9 @@ class Config:
                              "first CUDA GPU, else the CPU), 'cpu', 'cuda' or 'cuda:N'. Rollouts, rewards and "
                              "selection stay on the CPU; generation and the update run on the device.")
     # --- length and evaluation ----------------------------------------------------------
-    steps: int = _f(150, "Number of optimizer steps (generation batches).")
+    max_steps: int = _f(150, "Number of optimizer steps (generation batches; TRL's field).")
     max_minutes: float = _f(0.0, "Stop after this much training time (eval excluded); 0 = no limit.")
-    eval_every: int = _f(25, "Evaluate every this many steps (and at step 0 and the end); 0 = only ends.")
+    eval_steps: int = _f(25, "Evaluate every this many steps, at step 0 and at the end (0 = only those; TRL's field).")
     eval_prompts: int = _f(300, "Held-out prompts per evaluation.")
     eval_samples: int = _f(4, "Samples per held-out prompt for sampled accuracy.")
     eval_temperature: float = _f(0.9, "Temperature of sampled evaluation (paper: 0.9).")
@@ -155,9 +159,9 @@ class Config:
     # --- run bookkeeping ----------------------------------------------------------------
     seed: int = _f(0, "Seed of every random stream of the run (python, numpy, torch).")
     output_dir: str = _f("runs/podsrl", "Run directory: config, metrics.jsonl, checkpoints, plot.")
-    checkpoint_every: int = _f(50, "Checkpoint every this many steps (0 = off).")
+    save_steps: int = _f(50, "Checkpoint every this many steps; 0 = off (TRL's field; a count, no fraction).")
     checkpoint_minutes: float = _f(0.0, "Also checkpoint after this many wall-clock minutes (0 = off).")
-    keep_checkpoints: int = _f(2, "How many most recent checkpoints to keep.")
+    save_total_limit: int = _f(2, "How many most recent checkpoints to keep (TRL's field; here >= 1).")
     max_consecutive_skips: int = _f(5, "Stop the run after this many consecutive steps skipped for a "
                                        "non-finite loss or gradient.")
     resume: bool = _f(False, "Resume from the latest checkpoint in output_dir.")
@@ -217,7 +221,10 @@ def split_list(text: str) -> list[str]:
 
 FIELDS = {f.name: f for f in fields(Config)}
 # fields renamed so that podsrl and podsrl.trl (TRL's GRPOConfig) use one name per concept
-RENAMED = {"n": "num_generations", "m": "num_kept", "rule": "downsampling_rule"}
+RENAMED = dict(n="num_generations", m="num_kept", rule="downsampling_rule", lr="learning_rate", steps="max_steps",
+               max_new_tokens="max_completion_length", clip_eps_low="epsilon", clip_eps_high="epsilon_high",
+               checkpoint_every="save_steps", keep_checkpoints="save_total_limit", eval_every="eval_steps",
+               loss_aggregation="loss_type")
 
 
 def parse_value(name: str, raw: Any, source: str = "") -> Any:
@@ -233,10 +240,11 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
         if isinstance(raw, bool):
             return raw
         text = str(raw).strip().lower()
-        if text in ("1", "true", "yes", "on"):
+        if text in ("1", "true", "yes", "on") or (name, text) == ("scale_rewards", "group"):  # and TRL's values
             return True
-        if text in ("0", "false", "no", "off"):
+        if text in ("0", "false", "no", "off") or (name, text) == ("scale_rewards", "none"):
             return False
+        _require((name, text) != ("scale_rewards", "batch"), f"{source}scale_rewards: TRL's 'batch' is not implemented")
         raise ValueError(f"{source}{name}: expected true/false, got {raw!r}")
     if isinstance(raw, bool) and kind is not bool:
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
@@ -329,8 +337,8 @@ def _check_names(cfg: Config) -> None:
     _require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
                                                   f"known: {', '.join(SCHEDULERS)}")
     _require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
-    _require(cfg.loss_aggregation in ("sequence", "token"),
-             f"loss_aggregation: must be 'sequence' or 'token', got {cfg.loss_aggregation!r}")
+    _require(cfg.loss_type in LOSS_TYPES, f"loss_type: {cfg.loss_type!r} is not implemented; podsrl has "
+                                          f"{' and '.join(LOSS_TYPES)} (TRL's others run in podsrl.trl)")
     _require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")
     _require(not cfg.fp16, "fp16: float16 mixed precision is not supported yet (it needs loss scaling); use bf16 "
                            "(GPUs since Ampere, and CPUs) or float32")
@@ -364,10 +372,10 @@ def _check_data(cfg: Config) -> None:
                                           f"problems; hold out fewer than that")
 
 
-POSITIVE = ("num_generations", "num_kept", "prompts_per_step", "steps", "micro_batch_size", "num_iterations",
-            "max_new_tokens", "eval_prompts", "eval_samples", "keep_checkpoints", "max_prompt_tokens",
-            "max_consecutive_skips", "eval_batch_size", "reasoning_gym_size", "lr", "lora_alpha")
-NON_NEGATIVE = ("warmup_steps", "eval_every", "checkpoint_every", "lora_rank", "generation_batch_size",
+POSITIVE = ("num_generations", "num_kept", "prompts_per_step", "max_steps", "micro_batch_size", "num_iterations",
+            "max_completion_length", "eval_prompts", "eval_samples", "save_total_limit", "max_prompt_tokens",
+            "max_consecutive_skips", "eval_batch_size", "reasoning_gym_size", "learning_rate", "lora_alpha")
+NON_NEGATIVE = ("warmup_steps", "eval_steps", "save_steps", "lora_rank", "generation_batch_size",
                 "generation_micro_group", "generation_memory_mb", "max_minutes", "checkpoint_minutes", "beta",
                 "weight_decay", "max_grad_norm", "temperature", "eval_temperature", "lora_dropout", "reward_timeout",
                 "log_rollouts")
@@ -381,7 +389,7 @@ def _check_ranges(cfg: Config) -> None:
     _require(0 < cfg.top_p <= 1, f"top_p: must be in (0, 1], got {cfg.top_p}")
     _require(cfg.temperature > 0, "temperature: training rollouts must be sampled (temperature > 0)")
     _require(0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1, "adam_beta1/adam_beta2: must be in [0, 1)")
-    _require(0 <= cfg.clip_eps_low < 1 and cfg.clip_eps_high >= 0, "clip_eps_low/clip_eps_high: out of range")
+    _require(0 <= cfg.epsilon < 1 and cfg.epsilon_high >= 0, "epsilon/epsilon_high: out of range")
     _require(cfg.correct_weight >= 0 and cfg.format_weight >= 0 and cfg.correct_weight + cfg.format_weight > 0,
              "correct_weight/format_weight: must be >= 0 and not both 0")
 

@@ -25,10 +25,10 @@ from podsrl.types import Rollouts, UpdateBatch
 @dataclass(frozen=True)
 class UpdateOptions:
     micro_batch_size: int = 32  # sequences per forward/backward pass
-    clip_eps_low: float = 0.2  # ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high]
-    clip_eps_high: float = 0.2
+    epsilon: float = 0.2  # ratio clipped to [1 - epsilon, 1 + epsilon_high]
+    epsilon_high: float = 0.2
     beta: float = 0.0  # weight of the k3 KL to the reference policy
-    loss_aggregation: Aggregation = "sequence"  # or "token" (DAPO)
+    loss_aggregation: Aggregation = "sequence"  # or "token" (DAPO); podsrl.algorithms.loss.LOSS_TYPES
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
     share_prompt: bool = True  # run each prompt once per group in the forward/backward
     activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)
@@ -42,7 +42,7 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_wi
 @dataclass(frozen=True)
 class OptimizerOptions:
     optim: str = "adamw_torch"  # or "sgd"
-    lr: float = 2e-4
+    learning_rate: float = 2e-4
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     weight_decay: float = 0.1
@@ -57,10 +57,10 @@ def make_optimizer(parameters, options: OptimizerOptions) \
     as TRL's trainers build it (warm-up from lr 0 at the first step)."""
     parameters = list(parameters)
     if options.optim == "sgd":
-        optimizer = torch.optim.SGD(parameters, lr=options.lr, weight_decay=options.weight_decay)
+        optimizer = torch.optim.SGD(parameters, lr=options.learning_rate, weight_decay=options.weight_decay)
     else:
-        optimizer = torch.optim.AdamW(parameters, lr=options.lr, betas=(options.adam_beta1, options.adam_beta2),
-                                      weight_decay=options.weight_decay)
+        optimizer = torch.optim.AdamW(parameters, lr=options.learning_rate,
+                                      betas=(options.adam_beta1, options.adam_beta2), weight_decay=options.weight_decay)
     warmup = options.warmup_steps
     warmup = int(warmup) if warmup >= 1 else math.ceil(options.total_steps * warmup)  # transformers' rule
     scheduler = get_scheduler(options.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
@@ -130,7 +130,7 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
             old_logp = part.old_logp if part.old_logp is not None else logp.detach()
             loss, stats = policy_loss(
                 logp, old_logp, part.advantages, part.completion_mask,
-                clip_eps_low=options.clip_eps_low, clip_eps_high=options.clip_eps_high,
+                epsilon=options.epsilon, epsilon_high=options.epsilon_high,
                 ref_logp=part.ref_logp, beta=options.beta, aggregation=options.loss_aggregation,
                 num_sequences=num_sequences, num_tokens=num_tokens)
             procs.backward(loss)

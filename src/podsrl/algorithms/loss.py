@@ -10,31 +10,35 @@ from typing import Literal
 import torch
 
 Aggregation = Literal["sequence", "token"]
+# TRL's loss_type values that podsrl implements -> their aggregation (TRL's grpo_trainer.py:
+# "grpo" averages each sequence's tokens then the sequences; "dapo" divides by the token count
+# of the whole accumulated step, over all processes)
+LOSS_TYPES: dict[str, Aggregation] = {"grpo": "sequence", "dapo": "token"}
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
+                mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float = 0.2,
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
                 aggregation: Aggregation = "sequence", num_sequences: int | None = None,
                 num_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped policy-gradient loss (PPO clip, GRPO/PODS objective).
 
     logp, old_logp, mask [B, Lc]; advantages [B]; ref_logp [B, Lc] or None.
-    ratio = exp(logp - old_logp); per token ``-min(ratio*A, clip(ratio, 1-eps_low,
-    1+eps_high)*A) + beta * KL``, KL by the k3 estimator ``exp(q) - q - 1`` with
+    ratio = exp(logp - old_logp); per token ``-min(ratio*A, clip(ratio, 1-epsilon,
+    1+epsilon_high)*A) + beta * KL``, KL by the k3 estimator ``exp(q) - q - 1`` with
     ``q = ref_logp - logp`` (unbiased, non-negative). With one iteration per batch,
     old_logp = logp.detach(): the ratio is 1 and the loss is REINFORCE with a group baseline.
 
     Aggregation: ``"sequence"`` = token mean per sequence, then mean over sequences (the
-    paper); ``"token"`` = mean over all tokens of the batch (DAPO). For gradient
-    accumulation pass the *whole* batch's ``num_sequences`` / ``num_tokens``: the
-    micro-batch losses then add up to the full-batch loss exactly.
+    paper; TRL's loss_type "grpo"); ``"token"`` = mean over all tokens of the batch (DAPO;
+    TRL's "dapo"). For gradient accumulation pass the *whole* batch's ``num_sequences`` /
+    ``num_tokens``: the micro-batch losses then add up to the full-batch loss exactly.
     """
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)  # [B, Lc]
     adv = advantages.unsqueeze(1).to(logp.dtype)  # [B, 1]
     unclipped = ratio * adv
-    clipped = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * adv
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # [B, Lc]
     stats = {"clip_fraction": float(((unclipped != clipped).to(logp.dtype) * mask).sum() / mask.sum().clamp_min(1))}
     if beta != 0.0:
@@ -50,5 +54,5 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     elif aggregation == "token":
         loss = (per_token * mask).sum() / (num_tokens or mask.sum().clamp_min(1))
     else:
-        raise ValueError(f"loss_aggregation: unknown aggregation {aggregation!r}; use 'sequence' or 'token'")
+        raise ValueError(f"aggregation: unknown aggregation {aggregation!r}; use 'sequence' or 'token'")
     return loss, stats

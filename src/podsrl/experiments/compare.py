@@ -376,7 +376,7 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
         if (run_dir / "summary.json").exists():
             log(f"[{i}/{len(plan)}] {run_dir}: done earlier, reused")
             continue
-        cfg = dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, steps=10**9,
+        cfg = dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=10**9,
                                   output_dir=str(run_dir), progress=False,
                                   resume=(run_dir / "metrics.jsonl").exists())
         validate(cfg)

@@ -131,7 +131,7 @@ def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     summary = {"model": cfg.model, "task": task.name, "accuracy": evaluation.accuracies["eval_accuracy"],
                "prompts": len(split.examples), "dropped_prompts": split.dropped,
                "samples_per_prompt": 1 if options.temperature == 0 else options.samples,
-               "temperature": options.temperature, "max_new_tokens": options.max_new_tokens,
+               "temperature": options.temperature, "max_completion_length": options.max_new_tokens,
                "answered": sum(r["extracted"] is not None for r in records) / max(1, len(records)),
                "seconds": round(seconds, 2), "samples_file": str(samples_path)}
     (out_dir / f"{stem}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -113,9 +113,9 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
     checkpointing on the way."""
     cfg = run.cfg
     initial, latest_eval = run.resume_or_start()
-    progress = progress_bar(cfg.steps, run.step, cfg.method, enabled=cfg.progress and run.procs.is_main)
+    progress = progress_bar(cfg.max_steps, run.step, cfg.method, enabled=cfg.progress and run.procs.is_main)
     run.last_checkpoint_time, consecutive_skips = time.time(), 0
-    while run.step < cfg.steps and not run.out_of_time():
+    while run.step < cfg.max_steps and not run.out_of_time():
         run.step += 1
         timer = StageTimer()
         with run.autocast():
@@ -126,7 +126,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
                              run.scorer.failures)
         if run.procs.world_size > 1 and not run.procs.sharded:
             record["rank_param_spread"] = run.procs.parameter_spread(run.model)
-        if (cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == cfg.steps or run.out_of_time():
+        if (cfg.eval_steps and run.step % cfg.eval_steps == 0) or run.step == cfg.max_steps or run.out_of_time():
             eval_start = time.perf_counter()
             latest_eval = run.evaluate()
             record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
@@ -147,7 +147,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
 
 
 def checkpoint_or_stop(run: Run, stop: StopSignals, consecutive_skips: int) -> None:
-    """Checkpoint when due (every checkpoint_every steps, every checkpoint_minutes, or on a
+    """Checkpoint when due (every save_steps steps, every checkpoint_minutes, or on a
     signal) and raise TrainingStopped on a signal or too many non-finite steps in a row."""
     cfg, procs = run.cfg, run.procs
     if consecutive_skips >= cfg.max_consecutive_skips:
@@ -158,7 +158,7 @@ def checkpoint_or_stop(run: Run, stop: StopSignals, consecutive_skips: int) -> N
     signum = int(procs.max([float(stop.signum or 0)])[0])  # a signal may reach one process only
     due_by_time = cfg.checkpoint_minutes and time.time() - run.last_checkpoint_time >= cfg.checkpoint_minutes * 60
     due_by_time = bool(procs.max([float(bool(due_by_time))])[0])  # every process must agree
-    if (cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0) or due_by_time or signum:
+    if (cfg.save_steps and run.step % cfg.save_steps == 0) or due_by_time or signum:
         run.checkpoint()
     if signum:
         raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.step}; checkpoint "

@@ -87,7 +87,7 @@ class Run:
     def trainer_progress(self) -> TrainerProgress:
         """Reward functions' ``trainer_state`` while the current step's rollouts are scored."""
         done = self.step - 1  # optimizer steps completed: TRL scores before it counts the step
-        return TrainerProgress(global_step=done, max_steps=self.cfg.steps,
+        return TrainerProgress(global_step=done, max_steps=self.cfg.max_steps,
                                epoch=done * self.cfg.prompts_per_step / len(self.train_split.examples),
                                is_world_process_zero=self.procs.is_main,
                                is_local_process_zero=getattr(self.procs.accelerator, "is_local_main_process", True))
@@ -153,7 +153,7 @@ class Run:
         engine_states = self.procs.gather_objects(self.engine.state_dict())  # each process's own
         if self.procs.is_main:  # whole parameters and optimizer state are the same on every process
             save_checkpoint(self.checkpoints, step=self.step, weights=weights, optimizer_state=optimizer_state,
-                            scheduler=self.scheduler, generators=self.generators, keep=self.cfg.keep_checkpoints,
+                            scheduler=self.scheduler, generators=self.generators, keep=self.cfg.save_total_limit,
                             engine_states=engine_states,
                             trainer_state={"train_seconds": self.train_seconds, "sampler": self.sampler.state()})
         self.procs.barrier()

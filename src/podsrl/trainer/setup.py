@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from podsrl.algorithms.loss import LOSS_TYPES
 from podsrl.config import Config
 from podsrl.distributed import Processes
 from podsrl.methods import METHODS
@@ -38,7 +39,7 @@ def task_options(cfg: Config) -> TaskOptions:
 
 
 def generation_options(cfg: Config) -> GenerationOptions:
-    return GenerationOptions(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+    return GenerationOptions(max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p,
                              memory_mb=cfg.generation_memory_mb, batch_size=cfg.generation_batch_size,
                              share_prefill=cfg.share_prefill, micro_group=cfg.generation_micro_group,
                              refill=cfg.generation_refill, schedule=cfg.generation_schedule)
@@ -69,21 +70,22 @@ def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions
 
 
 def update_options(cfg: Config) -> UpdateOptions:
-    return UpdateOptions(micro_batch_size=cfg.micro_batch_size, clip_eps_low=cfg.clip_eps_low,
-                         clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, loss_aggregation=cfg.loss_aggregation,
+    return UpdateOptions(micro_batch_size=cfg.micro_batch_size, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                         beta=cfg.beta, loss_aggregation=LOSS_TYPES[cfg.loss_type],
                          max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
                          activation_checkpointing=cfg.gradient_checkpointing)
 
 
 def optimizer_options(cfg: Config) -> OptimizerOptions:
-    return OptimizerOptions(optim=cfg.optim, lr=cfg.lr, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
-                            weight_decay=cfg.weight_decay, lr_scheduler_type=cfg.lr_scheduler_type,
-                            warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
+    return OptimizerOptions(optim=cfg.optim, learning_rate=cfg.learning_rate, adam_beta1=cfg.adam_beta1,
+                            adam_beta2=cfg.adam_beta2, weight_decay=cfg.weight_decay,
+                            lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps,
+                            total_steps=cfg.max_steps)
 
 
 def eval_options(cfg: Config, greedy: bool | None = None) -> EvalOptions:
     return EvalOptions(prompts=cfg.eval_prompts, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
-                       greedy=cfg.eval_greedy if greedy is None else greedy, max_new_tokens=cfg.max_new_tokens,
+                       greedy=cfg.eval_greedy if greedy is None else greedy, max_new_tokens=cfg.max_completion_length,
                        batch_size=cfg.eval_batch_size)
 
 
