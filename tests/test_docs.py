@@ -158,10 +158,12 @@ def fresh_copy(target: Path) -> Path:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, target / name)
     # scripts/setup.sh in the copy must find the environment installed (its stamp is the
-    # hash of pyproject.toml), or it would reinstall podsrl into it from the temporary copy
+    # hash of pyproject.toml + requirements.lock), or it would reinstall podsrl into it
+    # from the temporary copy
     venv = Path(sys.prefix)
     stamp = venv / ".podsrl-installed"
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    digest = hashlib.sha256(b"".join((ROOT / name).read_bytes()
+                                     for name in ("pyproject.toml", "requirements.lock"))).hexdigest()
     assert stamp.is_file() and stamp.read_text().strip() == digest, \
         f"run the tests through scripts/test.sh (or scripts/setup.sh first): {venv} has no current install stamp"
     (target / ".venv").symlink_to(venv)

@@ -20,9 +20,9 @@ PROMPTS = ["What is 12 + 30? Answer in format: 'Answer: {result}'\n", "What is 7
 
 
 def _train(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, steps=1, prompts_per_step=2, num_generations=4, num_kept=2, max_new_tokens=6,
-                  eval_prompts=8, eval_samples=2, eval_every=0, checkpoint_every=0, progress=False,
-                  output_dir=str(output_dir), lr=1e-2, warmup_steps=0, task="parity")
+    values = dict(model=model_dir, max_steps=1, prompts_per_step=2, num_generations=4, num_kept=2,
+                  max_completion_length=6, eval_prompts=8, eval_samples=2, eval_steps=0, save_steps=0,
+                  progress=False, output_dir=str(output_dir), learning_rate=1e-2, warmup_steps=0, task="parity")
     values.update(overrides)
     return train(make_config(overrides={k: str(v) for k, v in values.items()})).run_dir
 
@@ -35,8 +35,8 @@ def full_run(random_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def lora_run(random_model_dir, tmp_path_factory):
     # two steps with a checkpoint at each: step 1 differs from the final model, step 2 is it
-    return _train(random_model_dir, tmp_path_factory.mktemp("export") / "lora", lora_rank=4, steps=2,
-                  checkpoint_every=1)
+    return _train(random_model_dir, tmp_path_factory.mktemp("export") / "lora", lora_rank=4, max_steps=2,
+                  save_steps=1)
 
 
 def logits(model, tokenizer):
