@@ -35,7 +35,7 @@ def activation_checkpointing(model: torch.nn.Module, enabled: bool):
         yield
         return
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.2x
+    if hasattr(model, "activation_checkpointing_enable"):  # new name (5.23 has it, 5.16.1 not)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         disable = model.activation_checkpointing_disable
     else:
