@@ -25,6 +25,7 @@ one runs in the test suite.
 
 import argparse
 
+import torch
 from datasets import Dataset, load_dataset
 
 from podsrl.trl import PODSConfig as GRPOConfig  # was: from trl import GRPOConfig, GRPOTrainer
@@ -96,6 +97,8 @@ def main() -> None:
                           train_dataset=dataset)
     trainer.train()
     trainer.save_model(args.output_dir)
+    if torch.distributed.is_initialized():  # tear the process group down before exit (see tests/test_trl.py)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -228,6 +228,9 @@ config = PODSConfig(output_dir=sys.argv[1] + "/out", max_steps=2, use_cpu=True, 
                     downsampling_rule="random", **batch)
 Recording(model=bundle.model, processing_class=bundle.tokenizer, reward_funcs=[reward], args=config,
           train_dataset=Dataset.from_list([{"prompt": ex.prompt} for ex in examples])).train()
+# tear gloo down before the interpreter exits: with accelerate 1.10 (the lower bound) the
+# exit otherwise sometimes aborts ("terminate called without an active exception")
+torch.distributed.destroy_process_group()
 '''
 
 
