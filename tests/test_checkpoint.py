@@ -147,13 +147,13 @@ def test_a_planted_pickle_is_refused_and_never_runs(tmp_path, file):
 
 def test_files_and_folders_are_synced_around_the_rename(tmp_path, monkeypatch):
     synced = []
-    real = ckpt._fsync
+    real = ckpt.fsync
 
     def record(path):
         synced.append((path.name, (tmp_path / "checkpoints" / "step_0000001").exists()))
         real(path)
 
-    monkeypatch.setattr(ckpt, "_fsync", record)
+    monkeypatch.setattr(ckpt, "fsync", record)
     save(tmp_path, make_state(0))
     assert synced == [("trainable.pt", False), ("optimizer.pt", False), ("trainer_state.json", False),
                       ("step_0000001.tmp", False), ("checkpoints", True)]

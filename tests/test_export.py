@@ -163,14 +163,14 @@ def test_a_failed_export_leaves_the_destination_as_it_was(full_run, tmp_path, mo
     def disk_full(path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export_module, "_fsync", disk_full)  # fails after the files are written
+    monkeypatch.setattr(export_module, "fsync", disk_full)  # fails after the files are written
     assert main(["export", str(full_run), str(tmp_path / "new")]) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [], "nothing half-written may remain"
     monkeypatch.undo()
     export(full_run, tmp_path / "hf")
     (tmp_path / "hf" / "marker.txt").write_text("the previous export")
-    monkeypatch.setattr(export_module, "_fsync", disk_full)
+    monkeypatch.setattr(export_module, "fsync", disk_full)
     assert main(["export", str(full_run), str(tmp_path / "hf"), "--overwrite"]) == 2
     assert (tmp_path / "hf" / "marker.txt").read_text() == "the previous export"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

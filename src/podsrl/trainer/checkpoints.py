@@ -60,7 +60,8 @@ def restore_rng(state: dict, generators: dict[str, torch.Generator]) -> None:
 
 
 # --- writing ----------------------------------------------------------------------------------
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """Flush a file or a folder (its entries, e.g. a rename) to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -85,11 +86,11 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
                 "engine": engine_states or []}, tmp / OPTIMIZER_FILE)
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=2))
     for name in (WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE):
-        _fsync(tmp / name)
-    _fsync(tmp)
+        fsync(tmp / name)
+    fsync(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    _fsync(directory)  # the rename itself reaches the disk
+    fsync(directory)  # the rename itself reaches the disk
     for old in list_checkpoints(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -113,6 +114,14 @@ def check_weights(path: Path, weights: dict, model) -> None:
     if wrong:
         raise ValueError(f"checkpoint {path}: its parameters do not match the model's trainable ones "
                          f"(e.g. {wrong[:3]}); was it written with another model or LoRA setting?")
+
+
+def copy_weights(model, weights: dict[str, torch.Tensor]) -> None:
+    """Copy ``weights`` (checked by :func:`check_weights`) into the model's parameters."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
 
 
 def _check_optimizer(path: Path, state: dict, optimizer) -> None:
@@ -163,23 +172,18 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict
     if engine_state is not None:
         engine.check_state(engine_state)
 
-    params = dict(model.named_parameters())
     before = {"weights": trainable_state(model), "optimizer": copy.deepcopy(optimizer.state_dict()),
               "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
               "engine": engine.state_dict() if engine is not None else None}
     try:
-        with torch.no_grad():
-            for name, value in weights.items():
-                params[name].copy_(value)
+        copy_weights(model, weights)
         optimizer.load_state_dict(rest["optimizer"])
         scheduler.load_state_dict(rest["scheduler"])
         restore_rng(rest["rng"], generators)
         if engine_state is not None:
             engine.load_state_dict(engine_state)
     except Exception:
-        with torch.no_grad():
-            for name, value in before["weights"].items():
-                params[name].copy_(value)
+        copy_weights(model, before["weights"])
         optimizer.load_state_dict(before["optimizer"])
         scheduler.load_state_dict(before["scheduler"])
         restore_rng(before["rng"], generators)

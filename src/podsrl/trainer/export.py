@@ -18,7 +18,8 @@ import torch
 
 from podsrl.config import split_list
 from podsrl.models import ModelBundle, load_model
-from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, check_weights, list_checkpoints
+from podsrl.trainer.checkpoints import (STATE_FILE, WEIGHTS_FILE, check_weights, copy_weights, fsync,
+                                        list_checkpoints)
 from podsrl.trainer.model_card import model_card
 from podsrl.trainer.run_info import RunInfo, Source, read_run_info
 
@@ -106,10 +107,7 @@ def _load_checkpoint(info: RunInfo, path: Path) -> ModelBundle:
     if not isinstance(weights, dict):
         raise ValueError(f"{path / WEIGHTS_FILE}: not a podsrl checkpoint's weights")
     check_weights(path, weights, bundle.model)
-    params = dict(bundle.model.named_parameters())
-    with torch.no_grad():
-        for name, value in weights.items():
-            params[name].copy_(value)
+    copy_weights(bundle.model, weights)
     return bundle
 
 
@@ -134,7 +132,7 @@ def _write_atomically(output: Path, write) -> None:
     try:
         write(tmp)
         for path in tmp.iterdir():  # on disk before the rename makes the folder visible as complete
-            _fsync(path)
+            fsync(path)
         if output.exists():
             os.replace(output, old)
         try:
@@ -147,12 +145,5 @@ def _write_atomically(output: Path, write) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
-    _fsync(output.parent)
+    fsync(output.parent)
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -2,8 +2,8 @@
 ``metrics.jsonl``, ``environment.json``, ``data.json``) for ``podsrl export`` and its
 model card.
 
-Config fields are read by name only through :data:`CONFIG_NAMES`, so a renamed field is
-one line here, and runs written under either name still read.
+Config fields are read by name only through :func:`config_names`, so runs written before a
+field was renamed (podsrl.config.RENAMED) still read.
 """
 
 from __future__ import annotations
@@ -12,19 +12,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from podsrl.config import RENAMED
 from podsrl.metrics import read_metrics
 from podsrl.provenance import read_environment
 
-# key -> the names runs have written it under, newest first (config.json is the Config as
-# the run saw it; older runs keep older names)
-CONFIG_NAMES: dict[str, tuple[str, ...]] = {
-    "num_generations": ("num_generations", "n"),
-    "num_kept": ("num_kept", "m"),
-    "downsampling_rule": ("downsampling_rule", "rule"),
-    "learning_rate": ("learning_rate", "lr"),
-    "max_steps": ("max_steps", "steps"),
-    "max_completion_length": ("max_completion_length", "max_new_tokens"),
-}
+
+def config_names(key: str) -> tuple[str, ...]:
+    """``key`` and the names it had before (podsrl.config.RENAMED): runs written under any of them read."""
+    return (key, *(old for old, new in RENAMED.items() if new == key))
+
+
 # the fields a model card lists as the run's key settings (the whole config follows them)
 CARD_KEYS = ("model", "task", "method", "num_generations", "num_kept", "downsampling_rule", "prompts_per_step",
              "learning_rate", "lr_scheduler_type", "max_steps", "beta", "temperature", "max_completion_length",
@@ -41,7 +38,7 @@ class RunInfo:
 
     def named(self, key: str) -> tuple[str, object] | None:
         """(the name the run wrote ``key`` under, its value), or None when absent."""
-        for name in CONFIG_NAMES.get(key, (key,)):
+        for name in config_names(key):
             if name in self.config:
                 return name, self.config[name]
         return None
