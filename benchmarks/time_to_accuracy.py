@@ -6,7 +6,9 @@ by seed, every run with the same training-time budget; finished runs are reused 
 1. methods:      grpo (n = m) vs grpo-ga (n, accumulated) vs pods (n -> m), max_variance;
 2. grpo-vs-pods: grpo (m) vs pods (n -> m) only (the quoted speedup);
 3. rules:        pods with max_variance vs random vs max_reward;
-4. nsweep:       pods n -> m at fixed m.
+4. nsweep:       pods n -> m at fixed m;
+5. msweep:       pods n -> m at fixed n (the paper's ablation: flat down to m = 4, worse at m = 2),
+                 against the default m = 4.
 
     python benchmarks/time_to_accuracy.py [--seeds 3] [--budget_minutes 1] [--output_dir runs/tta]
         [--experiments methods,rules,nsweep] [--figures benchmarks/figures] [--record NAME]
@@ -35,6 +37,7 @@ EXPERIMENTS = {
     "grpo-vs-pods": ["--methods", "grpo,pods"],
     "rules": ["--methods", "pods", "--rules", "max_variance,random,max_reward"],
     "nsweep": ["--methods", "pods", "--n_values", "8,16,32,64"],
+    "msweep": ["--methods", "pods", "--n_values", "16", "--m_values", "2,4,8", "--baseline", "pods 16->4 max_variance"],
 }
 
 
