@@ -17,7 +17,7 @@ from podsrl.trainer import train
 
 SETTINGS = [(0, "continuous", "fifo"), (1, "continuous", "fifo"), (3, "continuous", "fifo"),
             (4, "group", "fifo"), (5, "continuous", "shortest_first"), (7, "group", "longest_first"),
-            (6, "continuous", "longest_first")]
+            (6, "continuous", "longest_first"), (5, "continuous", "round_robin")]
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +170,16 @@ def test_length_predictor_learns_a_linear_length_law():
 def test_pending_samples_order():
     predictor = LengthPredictor()
     order = {}
-    for schedule in ("fifo", "shortest_first", "longest_first"):
+    for schedule in ("fifo", "round_robin", "shortest_first", "longest_first"):
         pending = PendingSamples(3, 2, schedule, [5.0, 1.0, 9.0], predictor)
         order[schedule] = [pending.pop() for _ in range(6)]
         assert len(pending) == 0
     assert order["fifo"] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert order["round_robin"] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    pending = PendingSamples(3, 3, "round_robin", [0.0] * 3, None)
+    assert [pending.pop() for _ in range(4)] == [(0, 0), (1, 0), (2, 0), (0, 1)]
+    assert pending.cancel(1) == [1, 2] and len(pending) == 3  # early stop drops a group's unstarted samples
+    assert [pending.pop() for _ in range(3)] == [(2, 1), (0, 2), (2, 2)]
     assert [p for p, _ in order["shortest_first"]] == [1, 1, 0, 0, 2, 2]
     assert [p for p, _ in order["longest_first"]] == [2, 2, 0, 0, 1, 1]
     # finished siblings update the guess: prompt 0's samples turn out long

@@ -110,8 +110,14 @@ class Config:
                                               "next pending sample at once; 'group' waits for the whole "
                                               "micro-group (naive micro-groups).")
     generation_schedule: str = _f("fifo", "slots engine: order of pending samples: 'fifo' (prompt by prompt), "
-                                          "'shortest_first' or 'longest_first' by a completion-length "
-                                          "predictor learned online.")
+                                          "'round_robin' (one sample of each prompt in turn), 'shortest_first' "
+                                          "or 'longest_first' by a completion-length predictor learned online.")
+    group_early_stop: bool = _f(False, "pods + max_variance on the slots engine: stop sampling a prompt once "
+                                       "the m rollouts PODS would keep already have the largest variance the "
+                                       "reward's declared bounds allow (lossless for the kept variance); its "
+                                       "slots go to other prompts. Needs bounded reward functions "
+                                       "(podsrl.rewards.bounded), generation_schedule round_robin (or a "
+                                       "length-aware one) and fewer slots than P*n.")
     generation_memory_mb: float = _f(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and "
                                           "logits, MiB; 0 = none): hf decodes fewer groups together and fails "
                                           "if one group exceeds it; slots sizes g to fit.")

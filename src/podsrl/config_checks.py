@@ -115,3 +115,19 @@ def _check_combinations(cfg) -> None:
     require(cfg.num_kept <= cfg.num_generations or not METHODS[cfg.method].generates_n,
              f"num_kept: must be <= num_generations (got {cfg.num_kept} > {cfg.num_generations}); PODS keeps m of "
              f"the n rollouts it generates")
+    if cfg.group_early_stop:
+        _check_early_stop(cfg)
+
+
+def _check_early_stop(cfg) -> None:
+    require(METHODS[cfg.method].selects and cfg.downsampling_rule == "max_variance",
+            f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
+            f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
+    require(cfg.num_kept >= 2, f"group_early_stop: with num_kept {cfg.num_kept} no kept set has any variance")
+    require(cfg.generation_engine == "slots", "group_early_stop: needs generation_engine slots (the hf engine "
+                                              "generates whole groups at once)")
+    require(cfg.generation_schedule != "fifo", "group_early_stop: generation_schedule fifo starts a prompt's "
+                                               "samples together, leaving nothing to cancel; use round_robin")
+    require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
+            "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
+            "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")

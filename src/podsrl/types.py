@@ -40,6 +40,8 @@ class Rollouts:
     texts            P lists of n decoded completions (special tokens removed)
     stats            engine counters: generated_tokens, decode_steps (model calls after the
                      prefill), and the engine's own (e.g. slots)
+    generated        [P, n] bool: False where a sample was never generated (early stop skipped
+                     it: its completion is empty, its mask 0, its text ""); None = all were
     """
 
     prompt_ids: torch.Tensor
@@ -48,10 +50,18 @@ class Rollouts:
     completion_mask: torch.Tensor
     texts: list[list[str]]
     stats: dict = field(default_factory=dict)
+    generated: torch.Tensor | None = None
 
     @property
     def group_size(self) -> int:
         return self.completion_ids.shape[1]
+
+    @property
+    def generated_mask(self) -> torch.Tensor:
+        """[P, n] bool, True where the sample exists (all True without early stop)."""
+        if self.generated is None:
+            return torch.ones(self.completion_ids.shape[:2], dtype=torch.bool)
+        return self.generated
 
     def completion_id_lists(self) -> list[list[int]]:
         """[P*n] each completion's token ids without padding (up to and including its first
@@ -70,6 +80,7 @@ class Rollouts:
             completion_mask=self.completion_mask[rows, keep],
             texts=[[self.texts[p][j] for j in row] for p, row in enumerate(keep.tolist())],
             stats=self.stats,
+            generated=None if self.generated is None else self.generated.gather(1, keep),
         )
 
     @staticmethod
@@ -89,11 +100,12 @@ class Rollouts:
             return pad(t, (0, completion_width - t.shape[2]), value=value)
 
         stats = {k: sum(r.stats[k] for r in parts) for k in ("generated_tokens", "decode_steps")}
+        generated = None if all(r.generated is None for r in parts) else torch.cat([r.generated_mask for r in parts])
         return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in parts]),  # [P, Lp]
                         prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in parts]),
                         completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in parts]),
                         completion_mask=torch.cat([right(r.completion_mask, 0) for r in parts]),  # [P, n, Lc]
-                        texts=[group for r in parts for group in r.texts], stats=stats)
+                        texts=[group for r in parts for group in r.texts], stats=stats, generated=generated)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from podsrl.rewards.functions import (arithmetic_correct, arithmetic_format, completion_text, extract_answer,
+from podsrl.rewards.functions import (arithmetic_correct, arithmetic_format, bounded, completion_text, extract_answer,
                                       gsm8k_correct, math_correct, reasoning_gym_correct, think_answer_format_soft,
                                       think_answer_format_strict)
 from podsrl.rewards.grading import grade
@@ -59,6 +59,6 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
-__all__ = ["REWARDS", "RewardError", "RewardFn", "RewardStack", "arithmetic_correct", "arithmetic_format",
+__all__ = ["REWARDS", "RewardError", "RewardFn", "RewardStack", "arithmetic_correct", "arithmetic_format", "bounded",
            "completion_text", "extract_answer", "grade", "gsm8k_correct", "load_reward_fn", "math_correct",
            "reasoning_gym_correct", "think_answer_format_soft", "think_answer_format_strict"]

@@ -22,12 +22,23 @@ _ANSWER = re.compile(r"Answer:\s*(-?\d+)", re.ASCII)
 _STRICT_FORMAT = re.compile(r"\s*Answer: -?\d+\s*", re.ASCII)
 
 
+def bounded(low: float, high: float):
+    """Declare that a reward function's values lie in [low, high] (its ``reward_bounds``
+    attribute). Early stop (``group_early_stop``) needs every reward function's bounds;
+    any function can declare them: ``my_reward.reward_bounds = (0.0, 1.0)``."""
+    def declare(fn):
+        fn.reward_bounds = (float(low), float(high))
+        return fn
+    return declare
+
+
 def extract_answer(completion: str) -> str | None:
     """The integer after the last ``Answer:`` in the completion, or None."""
     found = _ANSWER.findall(completion)
     return found[-1] if found else None
 
 
+@bounded(0.0, 1.0)
 def arithmetic_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any],
                        **_columns) -> list[float]:
     """1.0 when the extracted integer equals the gold answer exactly, else 0.0."""
@@ -38,6 +49,7 @@ def arithmetic_correct(prompts: Sequence[Any], completions: Sequence[Any], answe
     return rewards
 
 
+@bounded(0.0, 1.0)
 def arithmetic_format(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 when the completion is exactly ``Answer: <integer>``, else 0.0."""
     return [float(_STRICT_FORMAT.fullmatch(completion_text(c)) is not None) for c in completions]
@@ -57,6 +69,7 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
+@bounded(0.0, 1.0)
 def think_answer_format_strict(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 for exactly ``<think>...</think> <answer>...</answer>`` and nothing else.
 
@@ -72,6 +85,7 @@ def think_answer_format_strict(prompts: Sequence[Any], completions: Sequence[Any
     return rewards
 
 
+@bounded(0.0, 1.0)
 def think_answer_format_soft(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 when a complete ``<answer>...</answer>`` block exists anywhere; no partial credit,
     since a half tag is not something the extractor can use."""
@@ -87,6 +101,7 @@ def _correct(task: str, completions: Sequence[Any], answer: Sequence[Any]) -> li
     return [float(grade(completion_text(c), str(g), task)) for c, g in zip(completions, answer, strict=True)]
 
 
+@bounded(0.0, 1.0)
 def gsm8k_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
                   **_columns) -> list[float]:
     """1.0 when the final answer equals the GSM8K gold number. ``answer``: GSM8K's own
@@ -94,6 +109,7 @@ def gsm8k_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Se
     return _correct("gsm8k", completions, [gsm8k_gold(str(g)) for g in answer])
 
 
+@bounded(0.0, 1.0)
 def math_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any],
                  solution: Sequence[Any] | None = None, **_columns) -> list[float]:
     """1.0 when the final answer equals the MATH gold LaTeX: the ``answer`` column, or
@@ -110,6 +126,7 @@ def math_correct_on(column: str):
     if column == "answer":
         return math_correct
 
+    @bounded(0.0, 1.0)
     def correct(prompts, completions, **columns):
         return _correct("math", completions, columns[column])
 
@@ -122,6 +139,7 @@ def reasoning_gym_correct(dataset, name: str):
     scorer gives full marks to the extracted answer. Partial credit (some datasets give
     0.01 for a wrong answer) counts as wrong, so the metric stays an accuracy. The entry
     that generated each problem travels as the ``rg_entry`` column."""
+    @bounded(0.0, 1.0)
     def correct(prompts, completions, rg_entry, **_columns):
         return [float(dataset.score_answer(answer=extract_final_answer(completion_text(c)), entry=entry) >= 1.0)
                 for c, entry in zip(completions, rg_entry)]

@@ -63,12 +63,23 @@ class RewardInputs:
 def reward_inputs(split: PreparedSplit, rollouts: Rollouts, trainer_state: Any = None) -> RewardInputs:
     """What reward functions get for ``rollouts`` [P, n] of the P prompts of ``split``."""
     n = rollouts.group_size
-    texts = [text for group in rollouts.texts for text in group]  # [N]
+    return sample_reward_inputs(split, [p for p in range(len(split.examples)) for _ in range(n)],
+                                [text for group in rollouts.texts for text in group],
+                                rollouts.completion_id_lists(), trainer_state)
+
+
+def sample_reward_inputs(split: PreparedSplit, prompt_index: list[int], texts: list[str],
+                         completion_ids: list[list[int]], trainer_state: Any = None) -> RewardInputs:
+    """What reward functions get for N completions, the i-th of prompt ``prompt_index[i]`` of
+    ``split``: texts [N], completion_ids [N] (up to and including EOS)."""
     completions = [[{"role": "assistant", "content": text}] for text in texts] if split.chat else texts
-    columns = {"completion_ids": rollouts.completion_id_lists(), **reward_columns(split.examples, n)}
+    per_prompt = reward_columns(split.examples, 1)  # each [P]
+    columns = {"completion_ids": completion_ids,
+               **{name: [values[p] for p in prompt_index] for name, values in per_prompt.items()}}
     shared = {"trainer_state": trainer_state if trainer_state is not None else TrainerProgress(),
               "log_extra": _not_recorded, "log_metric": _not_recorded}
-    return RewardInputs([p for p in split.reward_prompts for _ in range(n)], completions, columns, shared)
+    prompts = split.reward_prompts
+    return RewardInputs([prompts[p] for p in prompt_index], completions, columns, shared)
 
 
 @dataclass(frozen=True)
@@ -102,13 +113,57 @@ class Scorer:
     def failures(self) -> int:
         return self.correct.failures + self.format.failures + (self.custom.failures if self.custom else 0)
 
+    def bounds(self) -> tuple[float, float] | None:
+        """[low, high] of the training reward when every function declares its bounds
+        (``reward_bounds``), else None; unverifiable samples score 0, inside the interval."""
+        if self.custom is not None:
+            return self.custom.bounds()
+        parts = (self.correct.bounds(), self.format.bounds())
+        if None in parts:
+            return None
+        (correct_low, correct_high), (format_low, format_high) = parts
+        return (self.correct_weight * correct_low + self.format_weight * format_low,
+                self.correct_weight * correct_high + self.format_weight * format_high)
+
     def __call__(self, split: PreparedSplit, rollouts: Rollouts, trainer_state: Any = None) -> Scores:
         """Rewards [P, n] of ``rollouts`` for the P prompts of ``split``, and their parts.
 
         Per sample, the weighted sum skips functions that return None / NaN (TRL's nansum);
-        where none applies the sample is unverifiable: it scores 0 and is counted.
+        where none applies the sample is unverifiable: it scores 0 and is counted. Samples
+        never generated (``rollouts.generated``) are not scored: NaN in every part.
         """
-        inputs = reward_inputs(split, rollouts, trainer_state)
+        shape = (len(split.examples), rollouts.group_size)
+        if rollouts.generated is None:
+            return self._score(reward_inputs(split, rollouts, trainer_state), shape)
+        where = rollouts.generated.flatten().nonzero().squeeze(1).tolist()  # [N'] prompt-major
+        n = rollouts.group_size
+        texts, ids = [t for group in rollouts.texts for t in group], rollouts.completion_id_lists()
+        inputs = sample_reward_inputs(split, [i // n for i in where], [texts[i] for i in where],
+                                      [ids[i] for i in where], trainer_state)
+        flat = self._score(inputs, (len(where),))
+        parts = {}
+        for name in ("reward", "correct", "format"):
+            parts[name] = torch.full((shape[0] * n,), float("nan")).index_copy(0, torch.tensor(where),
+                                                                               getattr(flat, name))
+        unverifiable = torch.zeros(shape[0] * n, dtype=torch.bool).index_copy(0, torch.tensor(where),
+                                                                               flat.unverifiable)
+        return Scores(**{name: t.view(shape) for name, t in parts.items()}, unverifiable=unverifiable.view(shape))
+
+    def sample_rewards(self, split: PreparedSplit, prompt_index: list[int], texts: list[str],
+                       completion_ids: list[list[int]], trainer_state: Any = None) -> torch.Tensor:
+        """The training reward [N] of N single completions (early stop scores samples as they
+        finish). Failures are not counted here: the reward stage scores these samples again
+        and counts them then."""
+        stacks = [stack for stack in (self.correct, self.format, self.custom) if stack is not None]
+        before = [stack.failures for stack in stacks]
+        try:
+            inputs = sample_reward_inputs(split, prompt_index, texts, completion_ids, trainer_state)
+            return self._score(inputs, (len(texts),)).reward
+        finally:
+            for stack, count in zip(stacks, before):
+                stack.failures = count
+
+    def _score(self, inputs: RewardInputs, shape: tuple[int, ...]) -> Scores:
         args = (inputs.prompts, inputs.completions, inputs.columns, inputs.shared)
         correct = self.correct(*args)  # [N], NaN where not verifiable
         if self.custom is None:
@@ -120,6 +175,5 @@ class Scorer:
             total = self.custom(*args)
             unverifiable = total.isnan()
             total = total.nan_to_num(0.0)
-        shape = (len(split.examples), rollouts.group_size)
         return Scores(reward=total.view(shape), correct=correct.view(shape), format=formatted.view(shape),
                       unverifiable=unverifiable.view(shape))

@@ -57,6 +57,19 @@ class RewardStack:
         total[~verifiable] = float("nan")
         return total.float()
 
+    def bounds(self) -> tuple[float, float] | None:
+        """[low, high] of the weighted sum when every function declares its ``reward_bounds``,
+        else None. A term can also be 0 (a function skipping a sample, or failing under the
+        'zero' policy), so each term's interval is widened to include 0."""
+        low = high = 0.0
+        for fn, weight in zip(self.fns, self.weights):
+            declared = getattr(fn, "reward_bounds", None)
+            if declared is None:
+                return None
+            terms = (weight * declared[0], weight * declared[1], 0.0)
+            low, high = low + min(terms), high + max(terms)
+        return low, high
+
     def _call(self, fn: RewardFn, prompts, completions, columns, shared) -> list[float | None]:
         try:
             return _checked(fn, self._run(fn, list(prompts), list(completions), {**columns, **shared}),

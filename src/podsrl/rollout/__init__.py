@@ -1,9 +1,10 @@
 """The generate stage: prompts [P] -> Rollouts [P, n, Lc], by an engine registered by name.
 
 ``ENGINES[name](options)`` builds an engine once per run from :class:`GenerationOptions`;
-an engine is ``engine(model, tokenizer, prompts, num_samples) -> Rollouts`` with the group
-axis kept, plus ``state_dict()`` / ``load_state_dict()`` / ``check_state()`` for what it
-learns across steps (checkpointed, so a resumed run generates exactly what an
+an engine is ``engine(model, tokenizer, prompts, num_samples, stopper=None) -> Rollouts``
+with the group axis kept (``stopper``: early stop of saturated groups, ``slots`` only),
+plus ``state_dict()`` / ``load_state_dict()`` / ``check_state()`` for what it learns
+across steps (checkpointed, so a resumed run generates exactly what an
 uninterrupted one would). Both engines honour ``memory_mb``, a cap on the estimated memory
 of what is decoded at once (:func:`podsrl.rollout.memory.generation_memory_bytes`).
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from podsrl.rollout.hf import generate, to_rollouts
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor
-from podsrl.rollout.slots import generate_in_slots
+from podsrl.rollout.slots import Stopper, generate_in_slots
 from podsrl.types import Rollouts
 
 MB = 2**20
@@ -59,7 +60,11 @@ class HFEngine:
     def __init__(self, options: GenerationOptions) -> None:
         self.options = options
 
-    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 stopper: Stopper | None = None) -> Rollouts:
+        if stopper is not None:
+            raise ValueError("group_early_stop: the 'hf' engine generates whole groups at once; use "
+                             "generation_engine: slots")
         options = self.options
         batch_size = options.batch_size or None
         if options.memory_mb:
@@ -95,7 +100,8 @@ class SlotsEngine:
         self.options = options
         self.predictor = LengthPredictor() if options.schedule != "fifo" else None
 
-    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int) -> Rollouts:
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 stopper: Stopper | None = None) -> Rollouts:
         options = self.options
         slots = options.micro_group
         if options.memory_mb:
@@ -108,7 +114,8 @@ class SlotsEngine:
             slots = slots or rows
         return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
                                  temperature=options.temperature, top_p=options.top_p, slots=slots,
-                                 refill=options.refill, schedule=options.schedule, predictor=self.predictor)
+                                 refill=options.refill, schedule=options.schedule, predictor=self.predictor,
+                                 stopper=stopper)
 
     def state_dict(self) -> dict:
         return {"length_predictor": self.predictor.state_dict()} if self.predictor is not None else {}
@@ -129,4 +136,4 @@ class SlotsEngine:
 ENGINES = {"hf": HFEngine, "slots": SlotsEngine}
 
 __all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationOptions", "HFEngine", "LengthPredictor", "SlotsEngine",
-           "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]
+           "Stopper", "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]

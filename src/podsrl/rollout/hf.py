@@ -69,13 +69,16 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
 
 
 def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                completion_ids: torch.Tensor) -> Rollouts:
-    """Rollouts from generated tokens [P, n, Lc] (anything after a row's first EOS is ignored)."""
+                completion_ids: torch.Tensor, generated: torch.Tensor | None = None) -> Rollouts:
+    """Rollouts from generated tokens [P, n, Lc] (anything after a row's first EOS is ignored);
+    ``generated`` [P, n]: False for samples never generated (masked out entirely)."""
     num_prompts, num_samples, width = completion_ids.shape
     completion_mask = completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)
+    if generated is not None:
+        completion_mask = completion_mask * generated.unsqueeze(-1)  # [P, n, Lc]
     rows = zip(completion_ids.view(-1, width).tolist(), completion_mask.view(-1, width).tolist())
     decoded = tokenizer.batch_decode([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows],
                                      skip_special_tokens=True)
     texts = [decoded[p * num_samples:(p + 1) * num_samples] for p in range(num_prompts)]
     return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, texts,
-                    stats={"generated_tokens": int(completion_mask.sum())})
+                    stats={"generated_tokens": int(completion_mask.sum())}, generated=generated)

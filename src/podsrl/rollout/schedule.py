@@ -13,7 +13,7 @@ from collections import deque
 import torch
 
 REFILLS = ("continuous", "group")
-SCHEDULES = ("fifo", "shortest_first", "longest_first")
+SCHEDULES = ("fifo", "round_robin", "shortest_first", "longest_first")
 
 
 class LengthPredictor:
@@ -51,11 +51,13 @@ class LengthPredictor:
         return features @ torch.linalg.solve(self.xtx, self.xty)
 
     def update(self, features: torch.Tensor, lengths: torch.Tensor) -> None:
-        """features [P, F], lengths [P, n]: every sample is one observation of its prompt."""
-        counts = torch.full((features.shape[0],), float(lengths.shape[1]), dtype=torch.float64)
+        """features [P, F], lengths [P, n] (NaN: a sample early stop skipped): every sample
+        is one observation of its prompt."""
+        observed = ~lengths.isnan()  # [P, n]
+        counts = observed.sum(dim=1).double()  # [P]
         self.xtx += features.T @ (features * counts[:, None])
-        self.xty += features.T @ lengths.double().sum(dim=1)
-        self.seen += lengths.numel()
+        self.xty += features.T @ lengths.double().nansum(dim=1)
+        self.seen += int(observed.sum())
 
     def state_dict(self) -> dict:
         return {"xtx": self.xtx.clone(), "xty": self.xty.clone(), "seen": self.seen}
@@ -76,7 +78,9 @@ class LengthPredictor:
 
 
 class PendingSamples:
-    """Which sample starts next: prompt by prompt (fifo) or by predicted length."""
+    """Which sample starts next: prompt by prompt (fifo), one sample of each prompt in turn
+    (round_robin: every group's first samples finish early, which is what lets early stop
+    cancel the rest of a saturated group), or by predicted length."""
 
     def __init__(self, num_prompts: int, num_samples: int, schedule: str, predicted: list[float],
                  predictor: LengthPredictor | None) -> None:
@@ -84,9 +88,17 @@ class PendingSamples:
         self.schedule, self.predicted, self.predictor = schedule, predicted, predictor
         self.finished_lengths: list[list[int]] = [[] for _ in range(num_prompts)]
         self.left = num_prompts * num_samples
+        self.next_prompt = 0  # round_robin: where the turn is
 
     def __len__(self) -> int:
         return self.left
+
+    def cancel(self, prompt: int) -> list[int]:
+        """Drop the prompt's samples that have not started; returns them."""
+        dropped = list(self.remaining[prompt])
+        self.remaining[prompt].clear()
+        self.left -= len(dropped)
+        return dropped
 
     def record(self, prompt: int, length: int) -> None:
         self.finished_lengths[prompt].append(length)
@@ -95,6 +107,9 @@ class PendingSamples:
         candidates = [p for p, queue in enumerate(self.remaining) if queue]
         if self.schedule == "fifo":
             prompt = candidates[0]
+        elif self.schedule == "round_robin":
+            prompt = next((p for p in candidates if p >= self.next_prompt), candidates[0])
+            self.next_prompt = prompt + 1
         else:
             guess = {p: self.predictor.blend(self.predicted[p], self.finished_lengths[p]) for p in candidates}
             pick = min if self.schedule == "shortest_first" else max

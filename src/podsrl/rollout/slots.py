@@ -12,7 +12,11 @@ generation memory:
   pending sample (of the same prompt or the next) at the following decode step, instead of
   idling until the whole micro-group is done (``refill="group"``, naive micro-groups);
 * length-aware scheduling (``schedule``): pending samples are taken shortest- or
-  longest-predicted-first (:mod:`podsrl.rollout.schedule`).
+  longest-predicted-first (:mod:`podsrl.rollout.schedule`);
+* early stop (``stopper``): finished samples are scored as they end; once a group is
+  saturated (:mod:`podsrl.algorithms.early_stop`: more samples cannot raise the variance
+  PODS keeps), its pending samples are cancelled and its running ones stopped, and their
+  slots go to other prompts. Those samples are absent from the result (``generated``).
 
 Sampling semantics are those of ``transformers`` ``generate`` (:mod:`podsrl.rollout.sampling`).
 Which random draw goes to which sample depends on the schedule, so samples differ from
@@ -28,6 +32,8 @@ g x (longest prompt + max_new_tokens).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -36,6 +42,10 @@ from podsrl.rollout.hf import to_rollouts
 from podsrl.rollout.sampling import next_tokens
 from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PendingSamples
 from podsrl.types import Rollouts
+
+# stopper(prompt_indices [N], completion_ids [N] token lists up to and including EOS) -> the
+# prompts whose groups are saturated after these N newly finished samples
+Stopper = Callable[[list[int], list[list[int]]], list[int]]
 
 
 def full_attention_layers(cache) -> list:
@@ -81,8 +91,11 @@ class SlotDecoder:
 
     def __init__(self, model, prompt_kv: list, prompt_logits: torch.Tensor, pending: PendingSamples,
                  num_samples: int, *, eos: int, pad: int, max_new_tokens: int, temperature: float,
-                 top_p: float) -> None:
+                 top_p: float, stopper: Stopper | None = None) -> None:
         self.model, self.prompt_kv, self.prompt_logits, self.pending = model, prompt_kv, prompt_logits, pending
+        self.stopper = stopper
+        self.unscored: list[tuple[int, int]] = []  # finished since the stopper last saw them
+        self.skipped: set[tuple[int, int]] = set()  # (prompt, sample) never generated (early stop)
         self.prompt_lengths = [kv[0][0].shape[1] for kv in prompt_kv]
         self.eos, self.pad, self.max_new_tokens = eos, pad, max_new_tokens
         self.temperature, self.top_p = temperature, top_p
@@ -102,6 +115,8 @@ class SlotDecoder:
 
     def _finish(self, prompt: int, sample: int) -> None:
         self.pending.record(prompt, len(self.completions[prompt][sample]))
+        if self.stopper is not None:
+            self.unscored.append((prompt, sample))
 
     # --- admission ----------------------------------------------------------------------------
     def open_rows(self, count: int) -> list[int]:
@@ -176,6 +191,33 @@ class SlotDecoder:
             self.fill(self.open_rows(min(slots, len(self.pending))))
             self.drop_idle_rows()  # samples that ended on their first token
 
+    # --- early stop ---------------------------------------------------------------------------
+    def stop_saturated(self) -> list[int]:
+        """Show the samples finished since the last call to the stopper; for every group it
+        reports saturated, cancel the pending samples and stop the running ones (their slots
+        idle until refilled). Returns the rows so freed."""
+        if not self.unscored:
+            return []
+        finished, self.unscored = self.unscored, []
+        saturated = set(self.stopper([p for p, _ in finished], [self.completions[p][s] for p, s in finished]))
+        for prompt in sorted(saturated):
+            self.skipped.update((prompt, sample) for sample in self.pending.cancel(prompt))
+        freed = []
+        for row, owner in enumerate(self.row_sample):
+            if owner is not None and owner[0] in saturated:
+                self.skipped.add(owner)
+                self.completions[owner[0]][owner[1]] = []
+                self.row_sample[row] = None
+                freed.append(row)
+        return freed
+
+    def generated(self) -> torch.Tensor:
+        """[P, n] bool: False for the samples early stop skipped."""
+        mask = torch.ones(len(self.completions), len(self.completions[0]), dtype=torch.bool)
+        for prompt, sample in self.skipped:
+            mask[prompt, sample] = False
+        return mask
+
     # --- compaction ---------------------------------------------------------------------------
     def keep_rows(self, keep: list[int]) -> None:
         index = torch.tensor(keep, dtype=torch.long, device=self.column_mask.device)
@@ -229,12 +271,14 @@ class SlotDecoder:
 @torch.no_grad()
 def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
                       temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
-                      schedule: str = "fifo", predictor: LengthPredictor | None = None) -> Rollouts:
+                      schedule: str = "fifo", predictor: LengthPredictor | None = None,
+                      stopper: Stopper | None = None) -> Rollouts:
     """Sample ``num_samples`` completions per prompt, decoding at most ``slots`` at once.
 
-    ``slots`` = 0 decodes every sample at once. Returns :class:`Rollouts` [P, n, Lc] like
-    the ``hf`` engine, with ``stats``: decode_steps (model calls after the prefill),
-    generated_tokens, slots.
+    ``slots`` = 0 decodes every sample at once. ``stopper``: early stop of saturated groups
+    (see the module docstring). Returns :class:`Rollouts` [P, n, Lc] like the ``hf`` engine,
+    with ``stats``: decode_steps (model calls after the prefill), generated_tokens, slots;
+    and ``generated`` [P, n] when a stopper was given.
     """
     if refill not in REFILLS:
         raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
@@ -254,10 +298,12 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     decoder = SlotDecoder(model, prompt_kv, prompt_logits,
                           PendingSamples(len(prompts), num_samples, schedule, predicted, predictor), num_samples,
                           eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p)
+                          temperature=temperature, top_p=top_p, stopper=stopper)
     decoder.start_group(slots)
     while decoder.live:
         ended = decoder.step()
+        if stopper is not None:
+            ended += decoder.stop_saturated()
         if refill == "continuous" and ended:
             decoder.fill([row for row, s in enumerate(decoder.row_sample) if s is None])
             decoder.drop_idle_rows()  # nothing left to start in them: stop decoding them
@@ -269,12 +315,15 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     model.train(was_training)
     completions = decoder.completions
     if predictor is not None:
-        predictor.update(features, torch.tensor([[len(c) for c in group] for group in completions]))
+        skipped = decoder.generated().logical_not()  # [P, n]: no length to learn from
+        lengths = torch.tensor([[len(c) for c in group] for group in completions], dtype=torch.float64)
+        predictor.update(features, lengths.masked_fill(skipped, float("nan")))
     width = max(len(c) for group in completions for c in group)
     completion_ids = torch.full((len(prompts), num_samples, width), tokenizer.pad_token_id, dtype=torch.long)
     for p, group in enumerate(completions):  # [P, n, Lc]
         for j, tokens in enumerate(group):
             completion_ids[p, j, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-    rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, completion_ids)
+    rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, completion_ids,
+                           generated=decoder.generated() if stopper is not None else None)
     rollouts.stats.update(decode_steps=decoder.decode_steps, slots=slots)
     return rollouts

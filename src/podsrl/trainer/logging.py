@@ -50,10 +50,18 @@ def progress_bar(total: int, step: int, desc: str, enabled: bool):
 
 
 def group_stats(prefix: str, rewards: torch.Tensor) -> dict[str, float]:
-    """Mean, mean within-group std and zero-variance fraction of rewards [P, k]."""
-    return {f"{prefix}_mean": float(rewards.mean()),
-            f"{prefix}_std": float(rewards.std(dim=1, correction=0).mean()),
-            f"{prefix}_zero_var_frac": float((rewards.amax(1) == rewards.amin(1)).float().mean())}
+    """Mean, mean within-group std and zero-variance fraction of rewards [P, k]; NaN entries
+    (samples early stop skipped) are left out."""
+    present = ~rewards.isnan()
+    if present.all():
+        return {f"{prefix}_mean": float(rewards.mean()),
+                f"{prefix}_std": float(rewards.std(dim=1, correction=0).mean()),
+                f"{prefix}_zero_var_frac": float((rewards.amax(1) == rewards.amin(1)).float().mean())}
+    mean = rewards.nanmean(dim=1, keepdim=True)  # [P, 1]
+    std = (rewards - mean).square().nanmean(dim=1).sqrt()  # [P]
+    filled = rewards.where(present, mean)  # the mean changes neither max nor min
+    return {f"{prefix}_mean": float(rewards.nanmean()), f"{prefix}_std": float(std.mean()),
+            f"{prefix}_zero_var_frac": float((filled.amax(1) == filled.amin(1)).float().mean())}
 
 
 def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rollouts, scores: Scores,
@@ -63,8 +71,8 @@ def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rol
     everywhere = {name: procs.gather(t) for name, t in (  # [P_all, ...]: the whole batch
         ("rewards", scores.reward), ("kept_rewards", kept_rewards), ("correct", scores.correct),
         ("format", scores.format), ("unverifiable", scores.unverifiable.float()),
-        ("length", rollouts.completion_mask.sum(-1).float()),
-        ("kept_length", kept.completion_mask.sum(-1).float()))}
+        ("length", rollouts.completion_mask.sum(-1).float().masked_fill(~rollouts.generated_mask, float("nan"))),
+        ("kept_length", kept.completion_mask.sum(-1).float()), ("generated", rollouts.generated_mask.float()))}
     decode_steps, failures = procs.sum([rollouts.stats["decode_steps"], reward_failures])
     record = {"step": step, "train_seconds": train_seconds, "lr": update["lr"],
               **group_stats("reward", everywhere["rewards"]),
@@ -72,10 +80,14 @@ def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rol
               "correct_rate": float(everywhere["correct"].nanmean()),
               "format_rate": float(everywhere["format"].nanmean()),  # NaN (null) when not scored
               "unverifiable": int(everywhere["unverifiable"].sum()), "reward_failures": int(failures),
-              "completion_len": float(everywhere["length"].mean()),
+              "completion_len": float(everywhere["length"].nanmean()),
               "kept_completion_len": float(everywhere["kept_length"].mean()),
               "decode_steps": int(decode_steps),
               **procs.mean({**update, **{f"time_{k}": v for k, v in seconds.items()}})}
+    if rollouts.generated is not None:  # early stop: how much generation it saved
+        generated = everywhere["generated"]  # [P_all, n]
+        record.update(rollouts_generated=int(generated.sum()),
+                      groups_stopped_early=float((generated < 1).any(dim=1).float().mean()))
     if procs.world_size > 1:
         record["skipped_step"] = int(record["skipped_step"])
     return record
@@ -87,9 +99,12 @@ def rollout_rows(step: int, examples: list[Example], rollouts: Rollouts, scores:
     (the prompt before templating, the gold answer), what it wrote, how it scored, and
     whether selection kept it for the update. ``keep`` [P, m] indexes the group axis."""
     kept = torch.zeros(scores.reward.shape, dtype=torch.bool).scatter_(1, keep, True)  # [P, n]
+    generated = rollouts.generated_mask
     rows = []
     for group in range(min(groups, len(examples))):
         for index, completion in enumerate(rollouts.texts[group]):
+            if not generated[group, index]:  # skipped by early stop: nothing to show
+                continue
             correct = float(scores.correct[group, index])
             rows.append({"step": step, "group": group, "index": index, "prompt": examples[group].prompt,
                          "answer": examples[group].answer, "completion": completion,

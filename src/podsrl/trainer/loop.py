@@ -17,10 +17,13 @@ from typing import Sequence
 import torch
 
 from podsrl.algorithms.advantages import group_advantages
+from podsrl.algorithms.early_stop import fill_skipped
 from podsrl.config import Config
 from podsrl.rewards import RewardFn
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.tasks import Example
+from podsrl.tasks.base import PreparedSplit
+from podsrl.trainer.early_stop import SaturationStopper
 from podsrl.trainer.logging import StageTimer, progress_bar, rollout_rows, step_record
 from podsrl.trainer.run import Run, RunResult
 from podsrl.trainer.setup import set_up
@@ -46,12 +49,15 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     indices = run.procs.block(run.sampler.take(cfg.prompts_per_step))  # this process's prompts
     step_prompts = run.train_split.select(indices)  # [P] examples and their rendered prompts
     with timer("generate"):
-        rollouts = generate_rollouts(run, step_prompts.prompts)  # [P, n, Lc]
+        rollouts = generate_rollouts(run, step_prompts)  # [P, n, Lc]
     with timer("reward"):
-        scores = run.scorer(step_prompts, rollouts, run.trainer_progress())  # [P, n]
+        scores = run.scorer(step_prompts, rollouts, run.trainer_progress())  # [P, n], NaN where skipped
     with timer("select"):
-        keep = method.keep(scores.reward, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
+        candidates = fill_skipped(scores.reward, rollouts.generated)  # [P, n]: early stop's skipped never win
+        keep = method.keep(candidates, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
         kept, kept_rewards = rollouts.select(keep), scores.reward.gather(1, keep)  # [P, m, Lc], [P, m]
+        if kept.generated is not None and not kept.generated.all():
+            raise RuntimeError("early stop: selection kept a sample that was never generated (a bug in podsrl)")
     with timer("advantages"):
         advantages = group_advantages(kept_rewards, scale_by_std=cfg.scale_rewards)  # [P, m]
         batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
@@ -66,18 +72,23 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     return StepOutcome(step_prompts.examples, rollouts, scores, keep, kept, kept_rewards, update)
 
 
-def generate_rollouts(run: Run, prompts: list[str]) -> Rollouts:
-    """n rollouts for each prompt, in chunks of ``generation_batch_size / n`` prompts, each
-    chunk seeded by its position in the step's batch (so the split over processes does not
-    change the samples)."""
+def generate_rollouts(run: Run, split: PreparedSplit) -> Rollouts:
+    """n rollouts for each prompt of ``split``, in chunks of ``generation_batch_size / n``
+    prompts, each chunk seeded by its position in the step's batch (so the split over
+    processes does not change the samples); with ``group_early_stop``, saturated groups stop
+    early (their skipped samples are marked in ``Rollouts.generated``)."""
     cfg, procs, tokenizer = run.cfg, run.procs, run.bundle.tokenizer
     per_prompt = run.method.generated(cfg.num_generations, cfg.num_kept)
-    chunk = max(1, cfg.generation_batch_size // per_prompt) if cfg.generation_batch_size else len(prompts)
+    total = len(split.prompts)
+    chunk = max(1, cfg.generation_batch_size // per_prompt) if cfg.generation_batch_size else total
     parts = []
     with procs.whole_weights(run.policy):
-        for start in range(0, len(prompts), chunk):
-            torch.manual_seed(sampling_seed(cfg.seed, run.step, procs.rank * len(prompts) + start))
-            parts.append(run.engine(run.policy, tokenizer, prompts[start:start + chunk], per_prompt))
+        for start in range(0, total, chunk):
+            part = split.select(list(range(start, min(start + chunk, total))))
+            stopper = (SaturationStopper(run.scorer, part, tokenizer, cfg.num_kept, run.reward_bounds,
+                                         run.trainer_progress()) if cfg.group_early_stop else None)
+            torch.manual_seed(sampling_seed(cfg.seed, run.step, procs.rank * total + start))
+            parts.append(run.engine(run.policy, tokenizer, part.prompts, per_prompt, stopper=stopper))
     return Rollouts.concat(parts, tokenizer.pad_token_id)
 
 

@@ -66,6 +66,7 @@ class Run:
     trackers: Trackers  # none but on the main process with report_to
     update_options: UpdateOptions
     eval_options: EvalOptions
+    reward_bounds: tuple[float, float] | None = None  # declared bounds of the reward (group_early_stop)
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
     step: int = 0
     train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded

@@ -20,6 +20,7 @@ from podsrl.models import load_model
 from podsrl.provenance import record_environment
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
+from podsrl.trainer.early_stop import reward_bounds
 from podsrl.rollout import ENGINES, GenerationOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.evaluate import EvalOptions
@@ -132,6 +133,8 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     task = build_task(task_options(cfg))
     if not task.test:  # before the model loads: data problems should cost no time
         raise ValueError(f"test_data: task {cfg.task!r} has no held-out prompts to evaluate on")
+    scorer = Scorer.build(task, scoring_options(cfg, fns))
+    bounds = reward_bounds(scorer) if cfg.group_early_stop else None  # fails before the model loads
     bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                         dtype=cfg.dtype, lora_target_modules=cfg.lora_targets)
     system_prompt = cfg.system_prompt_for(task)
@@ -145,7 +148,6 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
-    scorer = Scorer.build(task, scoring_options(cfg, fns))
     engine = ENGINES[cfg.generation_engine](generation_options(cfg))
     if procs.is_main:
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
@@ -163,4 +165,4 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
                rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
                trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
                                  run_name=str(run_dir)),
-               update_options=update_options(cfg), eval_options=eval_options(cfg))
+               update_options=update_options(cfg), eval_options=eval_options(cfg), reward_bounds=bounds)
