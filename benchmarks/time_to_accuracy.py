@@ -8,7 +8,9 @@ by seed, every run with the same training-time budget; finished runs are reused 
 3. rules:        pods with max_variance vs random vs max_reward;
 4. nsweep:       pods n -> m at fixed m;
 5. msweep:       pods n -> m at fixed n (the paper's ablation: flat down to m = 4, worse at m = 2),
-                 against the default m = 4.
+                 against the default m = 4;
+6. adaptive:     adaptive_n (n: auto) against fixed n = 8, 16, 32 (baseline: the default n = 16);
+7. adaptive-easy: the same with n = 16, 32, 64 (run it on an easier task: -- --task_level 1).
 
     python benchmarks/time_to_accuracy.py [--seeds 3] [--budget_minutes 1] [--output_dir runs/tta]
         [--experiments methods,rules,nsweep] [--figures benchmarks/figures] [--record NAME]
@@ -37,6 +39,8 @@ EXPERIMENTS = {
     "grpo-vs-pods": ["--methods", "grpo,pods"],
     "rules": ["--methods", "pods", "--rules", "max_variance,random,max_reward"],
     "nsweep": ["--methods", "pods", "--n_values", "8,16,32,64"],
+    "adaptive": ["--methods", "pods", "--n_values", "8,16,32,auto", "--baseline", "pods 16->4 max_variance"],
+    "adaptive-easy": ["--methods", "pods", "--n_values", "16,32,64,auto", "--baseline", "pods 16->4 max_variance"],
     "msweep": ["--methods", "pods", "--n_values", "16", "--m_values", "2,4,8", "--baseline", "pods 16->4 max_variance"],
 }
 

@@ -95,11 +95,13 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
-def _ints(name: str, text: str) -> list[int]:
+def _ints(name: str, text: str, words: tuple[str, ...] = ()) -> list:
+    """Comma-separated integers (and any of ``words`` as they are)."""
     try:
-        return [int(v) for v in split_list(text)]
+        return [v if v in words else int(v) for v in split_list(text)]
     except ValueError:
-        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
+        allowed = f" or {' / '.join(words)}" if words else ""
+        raise ValueError(f"{name}: expected comma-separated integers{allowed}, got {text!r}") from None
 
 
 def cmd_compare(argv: list[str]) -> int:
@@ -112,8 +114,9 @@ def cmd_compare(argv: list[str]) -> int:
                     "config; --output_dir is the comparison folder. Re-running reuses finished runs.")
     parser.add_argument("--methods", default="grpo,grpo-ga,pods")
     parser.add_argument("--rules", default="max_variance", help="downsampling rules of pods, comma-separated")
-    parser.add_argument("--n_values", default="", help="num_generations (n) values, comma-separated "
-                                                        "(default: the config's)")
+    parser.add_argument("--n_values", default="", help="num_generations (n) values, comma-separated; 'auto' = "
+                                                        "adaptive_n starting at the config's n (default: the "
+                                                        "config's)")
     parser.add_argument("--m_values", default="", help="num_kept (m) values, comma-separated (default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, required=True, help="training time per run")
@@ -127,7 +130,7 @@ def cmd_compare(argv: list[str]) -> int:
     try:
         if args.seeds < 1 or args.budget_minutes <= 0:
             raise ValueError("seeds and budget_minutes: must be positive")
-        n_values = _ints("n_values", args.n_values) or [cfg.num_generations]
+        n_values = _ints("n_values", args.n_values, ("auto",)) or [cfg.num_generations]
         m_values = _ints("m_values", args.m_values) or [cfg.num_kept]
         arms = arm_configs(cfg, split_list(args.methods), split_list(args.rules), n_values, m_values)
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))

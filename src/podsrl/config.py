@@ -50,7 +50,12 @@ class Config:
     # --- method --------------------------------------------------------------------------
     method: str = _f("pods", "'pods': generate n, train on m picked by `rule`; 'grpo': generate and "
                              "train m; 'grpo-ga': generate n, train on all n with gradient accumulation.")
-    num_generations: int = _f(16, "n: rollouts generated per prompt (pods, grpo-ga; TRL's name). Ignored by grpo.")
+    num_generations: int = _f(16, "n: rollouts generated per prompt (pods, grpo-ga; TRL's name). Ignored by grpo. "
+                                  "With adaptive_n, the n of the first step.")
+    adaptive_n: bool = _f(False, "pods: choose n every step, between num_kept and num_generations_max, for the "
+                                 "most non-constant groups per second, from the run's own timings and reward "
+                                 "statistics (podsrl.algorithms.rollout_budget); its decisions are logged.")
+    num_generations_max: int = _f(64, "adaptive_n: the largest n it may choose.")
     num_kept: int = _f(4, "m: rollouts kept per prompt and trained on (pods, grpo). Ignored by grpo-ga.")
     downsampling_rule: str = _f("max_variance", "Which m of the n rollouts pods keeps "
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")

@@ -89,9 +89,10 @@ def _check_data(cfg) -> None:
                                           f"problems; hold out fewer than that")
 
 
-POSITIVE = ("num_generations", "num_kept", "prompts_per_step", "max_steps", "micro_batch_size", "num_iterations",
-            "max_completion_length", "eval_prompts", "eval_samples", "save_total_limit", "max_prompt_tokens",
-            "max_consecutive_skips", "eval_batch_size", "reasoning_gym_size", "learning_rate", "lora_alpha")
+POSITIVE = ("num_generations", "num_generations_max", "num_kept", "prompts_per_step", "max_steps",
+            "micro_batch_size", "num_iterations", "max_completion_length", "eval_prompts", "eval_samples",
+            "save_total_limit", "max_prompt_tokens", "max_consecutive_skips", "eval_batch_size",
+            "reasoning_gym_size", "learning_rate", "lora_alpha")
 NON_NEGATIVE = ("warmup_steps", "eval_steps", "save_steps", "lora_rank", "generation_batch_size",
                 "generation_micro_group", "generation_memory_mb", "max_minutes", "checkpoint_minutes", "beta",
                 "weight_decay", "max_grad_norm", "temperature", "eval_temperature", "lora_dropout", "reward_timeout",
@@ -117,6 +118,12 @@ def _check_combinations(cfg) -> None:
              f"the n rollouts it generates")
     if cfg.group_early_stop:
         _check_early_stop(cfg)
+    if cfg.adaptive_n:
+        require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
+                                             f"{cfg.method} trains on what it generates")
+        require(cfg.num_kept <= cfg.num_generations <= cfg.num_generations_max,
+                f"num_generations_max: adaptive_n needs num_kept <= num_generations <= num_generations_max (got "
+                f"{cfg.num_kept}, {cfg.num_generations}, {cfg.num_generations_max})")
 
 
 def _check_early_stop(cfg) -> None:

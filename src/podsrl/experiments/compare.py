@@ -53,8 +53,11 @@ class Run:
     def arm(self) -> str:
         c = self.config
         # (runs written before the rename of n / m / rule still read)
-        return METHODS[c["method"]].arm_name(c.get("num_generations", c.get("n")), c.get("num_kept", c.get("m")),
-                                             c.get("downsampling_rule", c.get("rule")))
+        n = "auto" if c.get("adaptive_n") else c.get("num_generations", c.get("n"))
+        m, rule = c.get("num_kept", c.get("m")), c.get("downsampling_rule", c.get("rule"))
+        name = METHODS[c["method"]].arm_name(n, m, rule)
+        engine = " slots" if c.get("generation_engine") == "slots" else ""
+        return name + engine + (" early-stop" if c.get("group_early_stop") else "")
 
     @property
     def seed(self) -> int | None:
@@ -330,9 +333,10 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def arm_configs(base, methods: list[str], rules: list[str], n_values: list[int], m_values: list[int]) -> list[dict]:
+def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int]) -> list[dict]:
     """Config overrides of every arm: a method that generates m sweeps m; one that trains on
-    all n sweeps n; one that selects sweeps n x m x rules (m < n)."""
+    all n sweeps n; one that selects sweeps n x m x rules (m < n). An n of 'auto' is an
+    adaptive_n arm of pods starting at the config's n."""
     arms = []
     for name in methods:
         if name not in METHODS:
@@ -342,16 +346,21 @@ def arm_configs(base, methods: list[str], rules: list[str], n_values: list[int],
             arms += [{"method": name, "num_kept": m, "num_generations": max(base.num_generations, m)}
                      for m in m_values]
         elif not method.selects:
-            arms += [{"method": name, "num_generations": n, "num_kept": min(base.num_kept, n)} for n in n_values]
+            arms += [{"method": name, "num_generations": n, "num_kept": min(base.num_kept, n)}
+                     for n in n_values if n != "auto"]
         else:
             arms += [{"method": name, "num_generations": n, "num_kept": m, "downsampling_rule": rule}
-                     for n in n_values for m in m_values if m < n for rule in rules]
+                     for n in n_values if n != "auto" for m in m_values if m < n for rule in rules]
+            arms += [{"method": name, "num_generations": base.num_generations, "adaptive_n": True, "num_kept": m,
+                      "downsampling_rule": rule} for n in n_values if n == "auto" for m in m_values for rule in rules]
     return arms
 
 
 def arm_dir_name(overrides: dict) -> str:
-    return METHODS[overrides["method"]].dir_name(overrides["num_generations"], overrides["num_kept"],
-                                                 overrides.get("downsampling_rule", ""))
+    n = "auto" if overrides.get("adaptive_n") else overrides["num_generations"]
+    name = METHODS[overrides["method"]].dir_name(n, overrides["num_kept"], overrides.get("downsampling_rule", ""))
+    engine = "-slots" if overrides.get("generation_engine") == "slots" else ""
+    return name + engine + ("-early_stop" if overrides.get("group_early_stop") else "")
 
 
 def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:

@@ -48,8 +48,9 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     cfg, method = run.cfg, run.method
     indices = run.procs.block(run.sampler.take(cfg.prompts_per_step))  # this process's prompts
     step_prompts = run.train_split.select(indices)  # [P] examples and their rendered prompts
+    n = run.rollout_budget.choose(run.step) if run.rollout_budget is not None else cfg.num_generations
     with timer("generate"):
-        rollouts = generate_rollouts(run, step_prompts)  # [P, n, Lc]
+        rollouts = generate_rollouts(run, step_prompts, n)  # [P, n, Lc]
     with timer("reward"):
         scores = run.scorer(step_prompts, rollouts, run.trainer_progress())  # [P, n], NaN where skipped
     with timer("select"):
@@ -72,13 +73,13 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     return StepOutcome(step_prompts.examples, rollouts, scores, keep, kept, kept_rewards, update)
 
 
-def generate_rollouts(run: Run, split: PreparedSplit) -> Rollouts:
-    """n rollouts for each prompt of ``split``, in chunks of ``generation_batch_size / n``
+def generate_rollouts(run: Run, split: PreparedSplit, n: int) -> Rollouts:
+    """The method's rollouts for each prompt of ``split`` (n for pods), in chunks of ``generation_batch_size / n``
     prompts, each chunk seeded by its position in the step's batch (so the split over
     processes does not change the samples); with ``group_early_stop``, saturated groups stop
     early (their skipped samples are marked in ``Rollouts.generated``)."""
     cfg, procs, tokenizer = run.cfg, run.procs, run.bundle.tokenizer
-    per_prompt = run.method.generated(cfg.num_generations, cfg.num_kept)
+    per_prompt = run.method.generated(n, cfg.num_kept)
     total = len(split.prompts)
     chunk = max(1, cfg.generation_batch_size // per_prompt) if cfg.generation_batch_size else total
     parts = []
@@ -137,6 +138,11 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
                              run.scorer.failures)
         if run.procs.world_size > 1 and not run.procs.sharded:
             record["rank_param_spread"] = run.procs.parameter_spread(run.model)
+        if run.rollout_budget is not None:  # what it chose for this step and why; then it learns from the step
+            record.update(run.rollout_budget.decision)
+            generation = run.procs.max([timer.seconds["generate"] + timer.seconds["reward"]])[0]
+            run.rollout_budget.observe(run.procs.gather(outcome.scores.reward), generation,
+                                       run.procs.max([timer.total])[0] - generation)
         if (cfg.eval_steps and run.step % cfg.eval_steps == 0) or run.step == cfg.max_steps or run.out_of_time():
             eval_start = time.perf_counter()
             latest_eval = run.evaluate()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from podsrl.algorithms.rollout_budget import RolloutBudget
 from podsrl.config import Config
 from podsrl.distributed import Processes
 from podsrl.experiments.plots import plot_accuracy
@@ -67,6 +68,7 @@ class Run:
     update_options: UpdateOptions
     eval_options: EvalOptions
     reward_bounds: tuple[float, float] | None = None  # declared bounds of the reward (group_early_stop)
+    rollout_budget: RolloutBudget | None = None  # adaptive_n's controller (checkpointed)
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
     step: int = 0
     train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded
@@ -141,6 +143,8 @@ class Run:
                 continue
             self.step, self.train_seconds = state["step"], state["train_seconds"]
             self.sampler.epoch, self.sampler.position = state["sampler"]["epoch"], state["sampler"]["position"]
+            if self.rollout_budget is not None and "rollout_budget" in state:
+                self.rollout_budget.load_state_dict(state["rollout_budget"])
             if not state["engine_restored"] and self.engine.state_dict():
                 say(f"resume: {candidate} holds no generation-engine state for process {self.procs.rank} "
                     f"(written by fewer processes): the length predictor starts afresh, so rollouts differ "
@@ -156,7 +160,9 @@ class Run:
             save_checkpoint(self.checkpoints, step=self.step, weights=weights, optimizer_state=optimizer_state,
                             scheduler=self.scheduler, generators=self.generators, keep=self.cfg.save_total_limit,
                             engine_states=engine_states,
-                            trainer_state={"train_seconds": self.train_seconds, "sampler": self.sampler.state()})
+                            trainer_state={"train_seconds": self.train_seconds, "sampler": self.sampler.state(),
+                                           **({"rollout_budget": self.rollout_budget.state_dict()}
+                                              if self.rollout_budget is not None else {})})
         self.procs.barrier()
         self.last_checkpoint_time = time.time()
 

@@ -19,6 +19,7 @@ from podsrl.methods import METHODS
 from podsrl.models import load_model
 from podsrl.provenance import record_environment
 from podsrl.rewards import RewardFn, load_reward_fn
+from podsrl.algorithms.rollout_budget import RolloutBudget
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.trainer.early_stop import reward_bounds
 from podsrl.rollout import ENGINES, GenerationOptions
@@ -165,4 +166,6 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
                rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
                trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
                                  run_name=str(run_dir)),
-               update_options=update_options(cfg), eval_options=eval_options(cfg), reward_bounds=bounds)
+               update_options=update_options(cfg), eval_options=eval_options(cfg), reward_bounds=bounds,
+               rollout_budget=(RolloutBudget(cfg.num_kept, cfg.num_generations, cfg.num_generations_max,
+                                             cfg.prompts_per_step) if cfg.adaptive_n else None))
