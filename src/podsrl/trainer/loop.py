@@ -74,10 +74,11 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
 
 
 def generate_rollouts(run: Run, split: PreparedSplit, n: int) -> Rollouts:
-    """The method's rollouts for each prompt of ``split`` (n for pods), in chunks of ``generation_batch_size / n``
-    prompts, each chunk seeded by its position in the step's batch (so the split over
-    processes does not change the samples); with ``group_early_stop``, saturated groups stop
-    early (their skipped samples are marked in ``Rollouts.generated``)."""
+    """The method's rollouts for each prompt of ``split`` (n of them for pods), in chunks of
+    ``generation_batch_size / n`` prompts, each chunk seeded by its position in the step's
+    batch (so the split over processes does not change the samples); with
+    ``group_early_stop``, saturated groups stop early (``Rollouts.generated`` marks what
+    they skipped)."""
     cfg, procs, tokenizer = run.cfg, run.procs, run.bundle.tokenizer
     per_prompt = run.method.generated(n, cfg.num_kept)
     total = len(split.prompts)
