@@ -137,7 +137,7 @@ def test_scoring_skips_samples_never_generated(tiny, arithmetic_split):
     assert torch.equal(one_by_one, full.reward[generated])
 
 
-def test_slots_engine_cancels_and_stops_a_saturated_group(tiny, arithmetic_split):
+def test_slots_engine_cancels_the_unstarted_samples_of_a_saturated_group(tiny, arithmetic_split):
     _, split = arithmetic_split
     seen = []
 

@@ -294,3 +294,26 @@ def test_compaction_drops_rows_and_unused_columns_without_changing_what_live_row
     decoder.trim_columns()
     assert decoder.column_mask.shape[1] < width_before and bool(decoder.column_mask[:, 0].any())
     assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(attended(0), short_row_view))
+
+
+def test_early_stop_cancels_unstarted_samples_and_lets_running_ones_finish(tiny):
+    prompts = ["What is 1 + 2?\n", "What is 3 + 4?\n"]
+    reports = []
+
+    def saturate_prompt_0(prompt_index, completion_ids):
+        reports.append(list(prompt_index))
+        return [0]
+
+    decoder, _ = make_decoder(tiny, prompts, 4, max_new_tokens=50, eos=-1, stopper=saturate_prompt_0)
+    torch.manual_seed(0)
+    decoder.start_group(2)  # fifo: prompt 0's samples 0 and 1 run, 2 and 3 and prompt 1's wait
+    decoder.step()
+    decoder._finish(0, 0)  # sample (0, 0) ends; (0, 1) is still running
+    decoder.row_sample[0] = None
+    decoder.stop_saturated()
+    assert reports == [[0]]
+    assert len(decoder.pending) == 4 and decoder.skipped == {(0, 2), (0, 3)}  # only unstarted ones cancelled
+    assert decoder.row_sample[1] == (0, 1)  # the running sample keeps decoding (no bias to short ones)
+    decoder.fill([0])
+    assert decoder.row_sample[0] == (1, 0)  # the freed slot goes to the next prompt
+    assert decoder.generated().tolist() == [[True, True, False, False], [True] * 4]
