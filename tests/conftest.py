@@ -1,13 +1,21 @@
-"""Shared fixtures: a tiny *random* model (built in seconds, saved as an HF folder)."""
+"""Shared fixtures: the shipped tiny model, and a tiny *random* model (built in seconds,
+saved as an HF folder)."""
 
 import zlib
 
 import pytest
 import torch
 
+from podsrl.models import load_model
 from podsrl.tasks import TASKS, Task
 from podsrl.tasks.arithmetic import build_arithmetic
 from podsrl.build.tiny import make_model, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The shipped tiny model, loaded once per test module (tests may switch it to eval)."""
+    return load_model("tiny")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ import torch
 from podsrl.algorithms.early_stop import fill_skipped, max_kept_variance, saturated
 from podsrl.algorithms.select import max_variance
 from podsrl.config import Config, validate
-from podsrl.models import load_model
 from podsrl.rewards import bounded
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import ENGINES, GenerationOptions, generate_in_slots
@@ -103,11 +102,6 @@ def test_scorer_bounds_from_declared_functions():
     scorer = Scorer.build(task, ScoringOptions(reward_funcs=(signed, task.correct_fn), reward_weights=(-0.5, 2.0)))
     # -0.5 * [-1, 2] = [-1, 0.5]; 2 * [0, 1] = [0, 2]
     assert scorer.bounds() == pytest.approx((-1.0, 2.5))
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny")
 
 
 @pytest.fixture(scope="module")

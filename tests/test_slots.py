@@ -21,11 +21,6 @@ SETTINGS = [(0, "continuous", "fifo"), (1, "continuous", "fifo"), (3, "continuou
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny")
-
-
-@pytest.fixture(scope="module")
 def tiny_prompts(tiny):
     task = build_task(TaskOptions())
     return task, [render_prompt(tiny.tokenizer, ex) for ex in task.train[:64]]

@@ -55,9 +55,7 @@ class Run:
         # (runs written before the rename of n / m / rule still read)
         n = "auto" if c.get("adaptive_n") else c.get("num_generations", c.get("n"))
         m, rule = c.get("num_kept", c.get("m")), c.get("downsampling_rule", c.get("rule"))
-        name = METHODS[c["method"]].arm_name(n, m, rule)
-        engine = " slots" if c.get("generation_engine") == "slots" else ""
-        return name + engine + (" early-stop" if c.get("group_early_stop") else "")
+        return " ".join([METHODS[c["method"]].arm_name(n, m, rule), *arm_variants(c)])
 
     @property
     def seed(self) -> int | None:
@@ -356,11 +354,16 @@ def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_va
     return arms
 
 
+def arm_variants(fields: dict) -> list[str]:
+    """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto')."""
+    return [label for label, on in (("slots", fields.get("generation_engine") == "slots"),
+                                    ("early-stop", fields.get("group_early_stop"))) if on]
+
+
 def arm_dir_name(overrides: dict) -> str:
     n = "auto" if overrides.get("adaptive_n") else overrides["num_generations"]
     name = METHODS[overrides["method"]].dir_name(n, overrides["num_kept"], overrides.get("downsampling_rule", ""))
-    engine = "-slots" if overrides.get("generation_engine") == "slots" else ""
-    return name + engine + ("-early_stop" if overrides.get("group_early_stop") else "")
+    return "-".join([name, *(v.replace("-", "_") for v in arm_variants(overrides))])
 
 
 def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:

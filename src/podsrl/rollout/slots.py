@@ -311,16 +311,16 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
         decoder.trim_columns()
     model.train(was_training)
     completions = decoder.completions
+    generated = decoder.generated()  # [P, n]: all True without a stopper
     if predictor is not None:
-        skipped = decoder.generated().logical_not()  # [P, n]: no length to learn from
         lengths = torch.tensor([[len(c) for c in group] for group in completions], dtype=torch.float64)
-        predictor.update(features, lengths.masked_fill(skipped, float("nan")))
+        predictor.update(features, lengths.masked_fill(~generated, float("nan")))  # skipped: no length to learn
     width = max(len(c) for group in completions for c in group)
     completion_ids = torch.full((len(prompts), num_samples, width), tokenizer.pad_token_id, dtype=torch.long)
     for p, group in enumerate(completions):  # [P, n, Lc]
         for j, tokens in enumerate(group):
             completion_ids[p, j, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
     rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, completion_ids,
-                           generated=decoder.generated() if stopper is not None else None)
+                           generated=generated if stopper is not None else None)
     rollouts.stats.update(decode_steps=decoder.decode_steps, slots=slots)
     return rollouts
