@@ -13,7 +13,7 @@ different samples (a cancelled group changes which draw goes to which sample), s
 comparison is statistical, over P x seeds groups.
 
     python benchmarks/early_stop_lengths.py [--prompts 8] [--n 16] [--m 4] [--slots 32] [--seeds 3]
-        [--max_new_tokens 96] [--record NAME]
+        [--max_new_tokens 96] [--schedule round_robin|length_aware] [--record NAME]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from podsrl.models import load_model
 from podsrl.rewards import bounded, completion_text
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import generate_in_slots
+from podsrl.rollout.schedule import PrefixLengthPredictor
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.early_stop import SaturationStopper, reward_bounds
 
@@ -47,13 +48,13 @@ def contains_sum(prompts, completions, answer, **_columns) -> list[float]:
             for c, gold in zip(completions, answer)]
 
 
-def one_arm(bundle, split, scorer, args, seed: int, stop: bool) -> dict:
+def one_arm(bundle, split, scorer, args, seed: int, stop: bool, predictor) -> dict:
     stopper = (SaturationStopper(scorer, split, bundle.tokenizer, args.m, reward_bounds(scorer)) if stop else None)
     torch.manual_seed(seed)
     start = time.perf_counter()
     rollouts = generate_in_slots(bundle.model, bundle.tokenizer, split.prompts, args.n,
-                                 max_new_tokens=args.max_new_tokens, slots=args.slots, schedule="round_robin",
-                                 stopper=stopper)
+                                 max_new_tokens=args.max_new_tokens, slots=args.slots, schedule=args.schedule,
+                                 stopper=stopper, predictor=predictor)
     seconds = time.perf_counter() - start
     scores = scorer(split, rollouts)  # [P, n], NaN where skipped
     keep = max_variance(fill_skipped(scores.reward.double(), rollouts.generated), args.m)  # [P, m]
@@ -73,20 +74,23 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max_new_tokens", type=int, default=96)
+    parser.add_argument("--schedule", default="round_robin", choices=("round_robin", "length_aware"),
+                        help="length_aware: each arm's length predictor learns across seeds (none at seed 0)")
     parser.add_argument("--record", default="")
     args = parser.parse_args()
     bundle = load_model("smollm2-135m-instruct")
     task = build_task(TaskOptions(task_level=1))
     scorer = Scorer.build(task, ScoringOptions(reward_funcs=(contains_sum,), reward_weights=(1.0,)))
     results = {False: [], True: []}
+    predictors = {stop: PrefixLengthPredictor() if args.schedule == "length_aware" else None for stop in results}
     for seed in range(args.seeds):
         examples = task.train[seed * args.prompts:(seed + 1) * args.prompts]
         split = prepare_split(examples, bundle.tokenizer, system_prompt="", use_chat_template=True,
                               max_prompt_tokens=512)
         for stop in ((False, True) if seed % 2 == 0 else (True, False)):  # alternate the order
-            results[stop].append(one_arm(bundle, split, scorer, args, 1000 + seed, stop))
+            results[stop].append(one_arm(bundle, split, scorer, args, 1000 + seed, stop, predictors[stop]))
     lines = [f"SmolLM2-135M-Instruct, {args.prompts} prompts x {args.seeds} seeds, n = {args.n}, m = {args.m}, "
-             f"{args.slots} slots (round_robin), up to {args.max_new_tokens} new tokens, torch threads "
+             f"{args.slots} slots ({args.schedule}), up to {args.max_new_tokens} new tokens, torch threads "
              f"{torch.get_num_threads()}", "",
              "| arm | kept completion length (mean, tokens) | all generated completions' length | rollouts "
              "generated | decode steps | generation s | kept reward variance (mean over groups) |",

@@ -10,14 +10,16 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 from podsrl.config import Config, validate
 from podsrl.models import load_model
 from podsrl.rollout import ENGINES, GenerationOptions, generate, generate_in_slots, generation_memory_bytes
+from podsrl.rollout.lanes import balance_lanes, makespan
 from podsrl.rollout.sampling import warp_logits
-from podsrl.rollout.schedule import LengthPredictor, PendingSamples
+from podsrl.rollout.schedule import LaneQueue, LengthPredictor, PendingSamples, PrefixLengthPredictor
 from podsrl.tasks import TaskOptions, build_task, render_prompt, reward_columns
 from podsrl.trainer import train
 
 SETTINGS = [(0, "continuous", "fifo"), (1, "continuous", "fifo"), (3, "continuous", "fifo"),
             (4, "group", "fifo"), (5, "continuous", "shortest_first"), (7, "group", "longest_first"),
-            (6, "continuous", "longest_first"), (5, "continuous", "round_robin")]
+            (6, "continuous", "longest_first"), (5, "continuous", "round_robin"), (3, "continuous", "length_aware"),
+            (7, "continuous", "length_aware"), (0, "continuous", "length_aware")]
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +182,102 @@ def test_pending_samples_order():
     # finished siblings update the guess: prompt 0's samples turn out long
     pending = PendingSamples(2, 3, "shortest_first", [2.0, 4.0], predictor)
     assert pending.pop() == (0, 0)
-    pending.record(0, 20)
+    pending.record(0, 0, 20)
     assert pending.pop()[0] == 1
+
+
+def run_lanes(queue: LaneQueue, lengths: dict, slots: int) -> int:
+    """Brute-force engine for a LaneQueue: every step each busy slot decodes one token; a
+    freed slot reports its sample and takes the next at once. Returns the steps."""
+    rows, steps = [], 0
+    while len(queue) and len(rows) < slots:
+        sample = queue.pop()
+        rows.append([sample, lengths[sample]])
+    while rows:
+        steps += 1
+        for row in rows:
+            row[1] -= 1
+        for row in [r for r in rows if r[1] == 0]:
+            queue.record(*row[0], 0)
+            if len(queue):
+                row[0] = queue.pop()
+                row[1] = lengths[row[0]]
+        rows = [r for r in rows if r[1] > 0]
+    return steps
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lane_queue_keeps_the_plan_and_steals_when_predictions_are_wrong(seed):
+    gen = torch.Generator().manual_seed(seed)
+    samples = [(p, s) for p in range(3) for s in range(7)]
+    true = {x: int(v) for x, v in zip(samples, torch.randint(1, 40, (len(samples),), generator=gen))}
+    slots = 4
+    exact = [float(true[x]) for x in samples]
+    plan = balance_lanes(exact, slots)
+    # exact predictions: the run takes exactly the planned makespan, each lane shortest first
+    assert run_lanes(LaneQueue(samples, exact, plan, slots), true, slots) == makespan(exact, plan, slots)
+    queue = LaneQueue(samples, exact, plan, slots)
+    first = [queue.pop() for _ in range(slots)]
+    for lane, sample in enumerate(first):
+        own = [x for x, a in zip(samples, plan) if a == lane]
+        assert true[sample] == min(true[x] for x in own)  # SJF within the lane
+    # wrong predictions: no slot idles while work is left, whatever the plan
+    noisy = [float(v) for v in torch.randint(1, 40, (len(samples),), generator=gen)]
+    steps = run_lanes(LaneQueue(samples, noisy, balance_lanes(noisy, slots), slots), true, slots)
+    total = sum(true.values())
+    assert steps <= total / slots + max(true.values())  # list scheduling's bound: no idle slot
+    queue = LaneQueue(samples, exact, plan, slots)
+    assert sorted(queue.cancel(1)) == list(range(7)) and len(queue) == 14
+    assert all(queue.pop()[0] != 1 for _ in range(14))
+
+
+def test_prefix_length_predictor_orders_samples_of_one_prompt_by_their_first_tokens():
+    """Samples of one prompt differ only in their prefix: a law on the first token is learned."""
+    predictor = PrefixLengthPredictor()
+    gen = torch.Generator().manual_seed(0)
+    prompt = [5, 6, 7]
+    for _ in range(10):
+        prefixes = torch.randint(0, 200, (16, 4), generator=gen).tolist()
+        remaining = torch.tensor([40.0 if p[0] % 2 else 4.0 for p in prefixes])
+        predictor.update(predictor.features(prompt, prefixes, [0.0] * 16), remaining)
+    predicted = predictor.predict(predictor.features(prompt, [[3, 1, 1, 1], [8, 1, 1, 1]], [0.0, 0.0]))
+    assert abs(predicted[0] - 40) < 4 and abs(predicted[1] - 4) < 4, predicted
+    state = predictor.state_dict()
+    with pytest.raises(ValueError, match="PrefixLengthPredictor"):
+        PrefixLengthPredictor(prefix_buckets=8).check_state(state)
+
+
+def test_length_aware_probe_pauses_and_resumes_and_early_stop_drops_paused_prefixes(tiny, tiny_prompts):
+    _, prompts = tiny_prompts
+    prompts = prompts[:3]
+    stopped = []
+
+    def stop_prompt_one(prompt_indices, completions):  # prompt 1 is saturated by its first finished sample
+        if 1 in prompt_indices and not stopped:
+            stopped.append(1)
+            return [1]
+        return []
+
+    torch.manual_seed(0)
+    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 6, max_new_tokens=8, temperature=1.0, slots=4,
+                            schedule="length_aware", probe_tokens=3, stopper=stop_prompt_one)
+    lengths = out.completion_mask.sum(-1)  # [P, n]
+    assert stopped and not out.generated[1].all() and out.generated[[0, 2]].all()
+    assert (lengths[~out.generated] == 0).all() and (lengths[out.generated] > 0).all()
+    assert out.stats["probe_steps"] > 0 and out.stats["decode_steps"] > out.stats["probe_steps"]
+
+
+def test_length_aware_engine_state_and_a_training_run(tmp_path, tiny):
+    options = GenerationOptions(schedule="length_aware", micro_group=8)
+    engine = ENGINES["slots"](options)
+    assert set(engine.state_dict()) == {"length_predictor"}
+    with pytest.raises(ValueError, match="length predictor state"):
+        engine.load_state_dict(ENGINES["slots"](dataclasses.replace(options, schedule="shortest_first")).state_dict())
+    cfg = Config(model="tiny", method="pods", num_generations=8, num_kept=4, prompts_per_step=2, max_steps=2,
+                 eval_steps=0, eval_prompts=4, eval_samples=1, save_steps=0, progress=False,
+                 generation_engine="slots", generation_micro_group=6, generation_schedule="length_aware",
+                 output_dir=str(tmp_path / "run"))
+    assert train(cfg).steps == 2
 
 
 def test_memory_cap_hf_refuses_a_group_that_does_not_fit_and_slots_fits_it(tiny, tiny_prompts):
@@ -221,6 +317,12 @@ def test_config_names_bad_slots_fields():
         validate(dataclasses.replace(Config(), generation_schedule="random"))
     with pytest.raises(ValueError, match="generation_memory_mb"):
         validate(dataclasses.replace(Config(), generation_memory_mb=-1))
+    with pytest.raises(ValueError, match="generation_refill group"):
+        validate(dataclasses.replace(Config(), generation_engine="slots", generation_schedule="length_aware",
+                                     generation_refill="group"))
+    with pytest.raises(ValueError, match="generation_probe_tokens"):
+        validate(dataclasses.replace(Config(), generation_engine="slots", generation_schedule="length_aware",
+                                     generation_probe_tokens=1))
 
 
 # --- the SlotDecoder's parts, each alone ---------------------------------------------------------

@@ -116,7 +116,13 @@ class Config:
                                               "micro-group (naive micro-groups).")
     generation_schedule: str = _f("fifo", "slots engine: order of pending samples: 'fifo' (prompt by prompt), "
                                           "'round_robin' (one sample of each prompt in turn), 'shortest_first' "
-                                          "or 'longest_first' by a completion-length predictor learned online.")
+                                          "or 'longest_first' by a prompt-level length predictor learned online, "
+                                          "'length_aware' (Infinite Sampling's plan: probe, token-conditioned "
+                                          "length prediction, lanes balanced by predicted length, shortest first "
+                                          "within a lane; continuous refill only).")
+    generation_probe_tokens: int = _f(4, "generation_schedule length_aware: tokens every sample decodes before "
+                                         "its remaining length is predicted from them (>= 2); their keys and "
+                                         "values wait outside the slots until the sample resumes.")
     group_early_stop: bool = _f(False, "pods + max_variance on the slots engine: stop sampling a prompt once "
                                        "the m rollouts PODS would keep already have the largest variance the "
                                        "reward's declared bounds allow (lossless for the kept variance); its "

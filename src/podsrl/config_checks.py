@@ -51,6 +51,12 @@ def _check_names(cfg) -> None:
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     require(cfg.generation_schedule in SCHEDULES,
              f"generation_schedule: unknown {cfg.generation_schedule!r}; known: {', '.join(SCHEDULES)}")
+    if cfg.generation_schedule == "length_aware":
+        require(cfg.generation_engine == "slots" and cfg.generation_refill == "continuous",
+                f"generation_schedule length_aware: plans lanes for continuous refill on the slots engine (got "
+                f"generation_engine {cfg.generation_engine}, generation_refill {cfg.generation_refill})")
+        require(cfg.generation_probe_tokens >= 2, f"generation_probe_tokens: the probe decodes at least 2 tokens "
+                                                  f"(got {cfg.generation_probe_tokens})")
     require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
                                                   f"known: {', '.join(SCHEDULERS)}")
     require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")

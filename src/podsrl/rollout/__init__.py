@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from podsrl.rollout.hf import generate, to_rollouts
 from podsrl.rollout.memory import generation_memory_bytes
-from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor
+from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor
 from podsrl.rollout.slots import Stopper, generate_in_slots
 from podsrl.types import Rollouts
 
@@ -38,7 +38,8 @@ class GenerationOptions:
     share_prefill: bool = True  # hf: each prompt's KV cache computed once for its n samples
     micro_group: int = 0  # slots: sequences decoded at once (0 = what memory_mb allows, or all)
     refill: str = "continuous"  # slots: "continuous" or "group"
-    schedule: str = "fifo"  # slots: "fifo", "shortest_first" or "longest_first"
+    schedule: str = "fifo"  # slots: a name in SCHEDULES
+    probe_tokens: int = 4  # slots, schedule length_aware: tokens decoded before the length prediction
 
 
 def _longest_prompt(tokenizer, prompts: list[str]) -> int:
@@ -46,10 +47,10 @@ def _longest_prompt(tokenizer, prompts: list[str]) -> int:
 
 
 def _rows_within(options: GenerationOptions, model, prompt_len: int, prompts: int = 0,
-                 stored_prompt_len: int = 0) -> int:
+                 stored_prompt_len: int = 0, stored_tokens: int = 0) -> int:
     """Most sequences decoded at once whose estimated memory fits ``memory_mb``."""
     seq_len = prompt_len + options.max_new_tokens
-    fixed = generation_memory_bytes(model.config, 0, seq_len, prompts, stored_prompt_len)
+    fixed = generation_memory_bytes(model.config, 0, seq_len, prompts, stored_prompt_len, stored_tokens)
     per_row = generation_memory_bytes(model.config, 1, seq_len)
     return max(0, int((options.memory_mb * MB - fixed) // per_row))
 
@@ -98,7 +99,8 @@ class SlotsEngine:
 
     def __init__(self, options: GenerationOptions) -> None:
         self.options = options
-        self.predictor = LengthPredictor() if options.schedule != "fifo" else None
+        self.predictor = (PrefixLengthPredictor() if options.schedule == "length_aware" else
+                          LengthPredictor() if options.schedule != "fifo" else None)
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
@@ -106,7 +108,9 @@ class SlotsEngine:
         slots = options.micro_group
         if options.memory_mb:
             longest = _longest_prompt(tokenizer, prompts)
-            rows = _rows_within(options, model, longest, prompts=len(prompts), stored_prompt_len=longest)
+            probe = options.probe_tokens - 1 if options.schedule == "length_aware" else 0
+            rows = _rows_within(options, model, longest, prompts=len(prompts), stored_prompt_len=longest,
+                                stored_tokens=len(prompts) * num_samples * probe)
             if rows < 1 or (slots and slots > rows):
                 raise MemoryError(
                     f"generation_memory_mb: {slots or 1} decoding slot(s) need more than the cap of "
@@ -115,7 +119,7 @@ class SlotsEngine:
         return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
                                  temperature=options.temperature, top_p=options.top_p, slots=slots,
                                  refill=options.refill, schedule=options.schedule, predictor=self.predictor,
-                                 stopper=stopper)
+                                 stopper=stopper, probe_tokens=options.probe_tokens)
 
     def state_dict(self) -> dict:
         return {"length_predictor": self.predictor.state_dict()} if self.predictor is not None else {}

@@ -19,12 +19,14 @@ def kv_bytes_per_token(model_config) -> int:
     return text.num_hidden_layers * 2 * kv_heads * head_dim * element
 
 
-def generation_memory_bytes(model_config, rows: int, seq_len: int, prompts: int = 0, prompt_len: int = 0) -> int:
+def generation_memory_bytes(model_config, rows: int, seq_len: int, prompts: int = 0, prompt_len: int = 0,
+                            stored_tokens: int = 0) -> int:
     """Estimated peak of the memory that grows with what is decoded: the KV cache of ``rows``
     sequences of ``seq_len`` tokens, their float32 logits and sampling probabilities, and
-    (slots engine) the stored prefills of ``prompts`` prompts with their last logits.
+    (slots engine) the stored prefills of ``prompts`` prompts with their last logits and
+    ``stored_tokens`` more cached tokens held outside the slots (the length-aware probe's).
     Weights and activations of one decode step are not counted (they do not grow with n)."""
     vocab = model_config.get_text_config(decoder=True).vocab_size
     per_token = kv_bytes_per_token(model_config)
     return (rows * seq_len * per_token + rows * vocab * 4 * 2
-            + prompts * prompt_len * per_token + prompts * vocab * 4)
+            + (prompts * prompt_len + stored_tokens) * per_token + prompts * vocab * 4)

@@ -40,7 +40,8 @@ from transformers.cache_utils import DynamicLayer
 
 from podsrl.rollout.hf import to_rollouts
 from podsrl.rollout.sampling import next_tokens
-from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PendingSamples
+from podsrl.rollout.schedule import (REFILLS, SCHEDULES, LengthPredictor, PendingSamples, PrefixLengthPredictor,
+                                     plan_lanes, predict_remaining, predictor_for)
 from podsrl.types import Rollouts
 
 # stopper(prompt_indices [N], completion_ids [N] token lists up to and including EOS) -> the
@@ -96,6 +97,11 @@ class SlotDecoder:
         self.stopper = stopper
         self.unscored: list[tuple[int, int]] = []  # finished since the stopper last saw them
         self.skipped: set[tuple[int, int]] = set()  # (prompt, sample) never generated (early stop)
+        # the length-aware schedule's probe: a sample that reaches ``pause_at`` tokens leaves its
+        # slot; ``paused`` keeps, per layer, the keys and values [H, pause_at - 1, d] of its
+        # tokens fed so far (its last token is fed when it resumes)
+        self.pause_at = 0
+        self.paused: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.prompt_lengths = [kv[0][0].shape[1] for kv in prompt_kv]
         self.eos, self.pad, self.max_new_tokens = eos, pad, max_new_tokens
         self.temperature, self.top_p = temperature, top_p
@@ -114,7 +120,7 @@ class SlotDecoder:
         return any(s is not None for s in self.row_sample)
 
     def _finish(self, prompt: int, sample: int) -> None:
-        self.pending.record(prompt, len(self.completions[prompt][sample]))
+        self.pending.record(prompt, sample, len(self.completions[prompt][sample]))
         if self.stopper is not None:
             self.unscored.append((prompt, sample))
 
@@ -145,6 +151,10 @@ class SlotDecoder:
         started = []
         while len(started) < count and len(self.pending):
             batch = [self.pending.pop() for _ in range(min(count - len(started), len(self.pending)))]
+            started += [(p, s, self.completions[p][s][-1]) for p, s in batch if (p, s) in self.paused]
+            batch = [(p, s) for p, s in batch if (p, s) not in self.paused]
+            if not batch:
+                continue
             firsts = next_tokens(self.prompt_logits[[p for p, _ in batch]], self.temperature, self.top_p).tolist()
             for (prompt, sample), token in zip(batch, firsts):
                 self.completions[prompt][sample].append(token)
@@ -154,9 +164,15 @@ class SlotDecoder:
                     started.append((prompt, sample, token))
         return started
 
+    def context_length(self, prompt: int, sample: int) -> int:
+        """Cache columns a starting sample needs: its prompt's, and those of a paused prefix."""
+        prefix = self.paused.get((prompt, sample))
+        return self.prompt_lengths[prompt] + (prefix[0][0].shape[1] if prefix else 0)
+
     def place(self, rows: list[int], started: list[tuple[int, int, int]]) -> None:
-        """Put each started sample's prompt cache into its row, right-aligned at the current width."""
-        need = max(self.prompt_lengths[p] for p, _, _ in started)
+        """Put each started sample's prompt cache (and a resumed sample's own prefix after it)
+        into its row, right-aligned at the current width."""
+        need = max(self.context_length(p, s) for p, s, _ in started)
         width = self.column_mask.shape[1]
         if need > width:  # widen every row on the left; the new columns are masked out
             grow = need - width
@@ -166,10 +182,13 @@ class SlotDecoder:
                 layer.values = torch.nn.functional.pad(layer.values, (0, 0, grow, 0))
             width = need
         for row, (prompt, sample, token) in zip(rows, started):
-            length = self.prompt_lengths[prompt]
+            length = self.context_length(prompt, sample)
+            prefix = self.paused.pop((prompt, sample), None) or [(None, None)] * len(self.layers)
             self.column_mask[row] = 0
             self.column_mask[row, width - length:] = 1
-            for layer, (keys, values) in zip(self.layers, self.prompt_kv[prompt]):
+            for layer, (keys, values), (prefix_keys, prefix_values) in zip(self.layers, self.prompt_kv[prompt], prefix):
+                if prefix_keys is not None:
+                    keys, values = torch.cat([keys, prefix_keys], dim=1), torch.cat([values, prefix_values], dim=1)
                 layer.keys[row, :, :width - length] = 0
                 layer.keys[row, :, width - length:] = keys
                 layer.values[row, :, :width - length] = 0
@@ -206,7 +225,10 @@ class SlotDecoder:
         finished, self.unscored = self.unscored, []
         saturated = self.stopper([p for p, _ in finished], [self.completions[p][s] for p, s in finished])
         for prompt in sorted(set(saturated)):
-            self.skipped.update((prompt, sample) for sample in self.pending.cancel(prompt))
+            for sample in self.pending.cancel(prompt):
+                self.skipped.add((prompt, sample))
+                if self.paused.pop((prompt, sample), None) is not None:  # its probe tokens are dropped
+                    self.completions[prompt][sample] = []
 
     def generated(self) -> torch.Tensor:
         """[P, n] bool: False for the samples early stop skipped."""
@@ -262,44 +284,22 @@ class SlotDecoder:
                 self._finish(prompt, sample)
                 self.row_sample[row] = None
                 ended.append(row)
+            elif len(self.completions[prompt][sample]) == self.pause_at:
+                fed = self.pause_at - 1  # this row's last columns hold its fed tokens
+                self.paused[(prompt, sample)] = [
+                    (layer.keys[row, :, -fed:].clone(), layer.values[row, :, -fed:].clone()) for layer in self.layers]
+                self.row_sample[row] = None
+                ended.append(row)
         return ended
 
 
-@torch.no_grad()
-def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
-                      schedule: str = "fifo", predictor: LengthPredictor | None = None,
-                      stopper: Stopper | None = None) -> Rollouts:
-    """Sample ``num_samples`` completions per prompt, decoding at most ``slots`` at once.
-
-    ``slots`` = 0 decodes every sample at once. ``stopper``: early stop of saturated groups
-    (see the module docstring). Returns :class:`Rollouts` [P, n, Lc] like the ``hf`` engine,
-    with ``stats``: decode_steps (model calls after the prefill), generated_tokens, slots;
-    and ``generated`` [P, n] when a stopper was given.
-    """
-    if refill not in REFILLS:
-        raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"generation_schedule: unknown {schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if schedule != "fifo" and predictor is None:
-        predictor = LengthPredictor()
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] on the CPU, like the result
-    slots = min(slots or len(prompts) * num_samples, len(prompts) * num_samples)
-    was_training = model.training
-    model.eval()
-    prompt_kv, prompt_logits = prefill(model, prompt_ids, prompt_mask, slots)
-    features = (predictor.features([ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)])
-                if predictor is not None else None)
-    predicted = predictor.predict(features).tolist() if predictor is not None else [0.0] * len(prompts)
-    decoder = SlotDecoder(model, prompt_kv, prompt_logits,
-                          PendingSamples(len(prompts), num_samples, schedule, predicted, predictor), num_samples,
-                          eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p, stopper=stopper)
+def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
+    """Decode until nothing is pending or running: refill freed slots at once (continuous)
+    or micro-group by micro-group (group)."""
     decoder.start_group(slots)
     while decoder.live:
         ended = decoder.step()
-        if stopper is not None:
+        if decoder.stopper is not None:
             decoder.stop_saturated()
         if refill == "continuous" and ended:
             decoder.fill([row for row, s in enumerate(decoder.row_sample) if s is None])
@@ -309,18 +309,84 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
             decoder.start_group(slots)
         # (naive micro-groups keep decoding rows whose sample ended until the whole group is done)
         decoder.trim_columns()
+
+
+def check_options(refill: str, schedule: str, probe_tokens: int) -> None:
+    if refill not in REFILLS:
+        raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"generation_schedule: unknown {schedule!r}; use one of {', '.join(SCHEDULES)}")
+    if schedule == "length_aware" and (refill != "continuous" or probe_tokens < 2):
+        raise ValueError(f"generation_schedule length_aware needs generation_refill continuous and "
+                         f"generation_probe_tokens >= 2 (got {refill!r}, {probe_tokens})")
+
+
+def pack(completions: list[list[list[int]]], pad: int) -> torch.Tensor:
+    """P x n token lists -> completion_ids [P, n, Lc], right-padded with ``pad``."""
+    width = max(len(c) for group in completions for c in group)
+    completion_ids = torch.full((len(completions), len(completions[0]), width), pad, dtype=torch.long)
+    for p, group in enumerate(completions):
+        for j, tokens in enumerate(group):
+            completion_ids[p, j, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return completion_ids
+
+
+@torch.no_grad()
+def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
+                      temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
+                      schedule: str = "fifo", predictor: LengthPredictor | PrefixLengthPredictor | None = None,
+                      stopper: Stopper | None = None, probe_tokens: int = 4) -> Rollouts:
+    """Sample ``num_samples`` completions per prompt, decoding at most ``slots`` at once.
+
+    ``slots`` = 0 decodes every sample at once. ``stopper``: early stop of saturated groups
+    (see the module docstring). ``schedule`` "length_aware" (continuous refill only) first
+    decodes ``probe_tokens`` tokens of every sample (round robin), predicts each one's
+    remaining length from its prompt and those tokens, balances the samples into ``slots``
+    lanes and resumes them shortest first within each lane. Returns :class:`Rollouts`
+    [P, n, Lc] like the ``hf`` engine, with ``stats``: decode_steps (model calls after the
+    prefill), generated_tokens, slots (length_aware adds probe_steps and length_mae, the mean
+    absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
+    stopper was given.
+    """
+    check_options(refill, schedule, probe_tokens)
+    predictor = predictor_for(schedule, predictor)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] on the CPU, like the result
+    prompt_tokens = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+    slots = min(slots or len(prompts) * num_samples, len(prompts) * num_samples)
+    was_training = model.training
+    model.eval()
+    prompt_kv, prompt_logits = prefill(model, prompt_ids, prompt_mask, slots)
+    prompt_level = isinstance(predictor, LengthPredictor)
+    features = predictor.features(prompt_tokens) if prompt_level else None
+    predicted = predictor.predict(features).tolist() if prompt_level else [0.0] * len(prompts)
+    pending = PendingSamples(len(prompts), num_samples, "round_robin" if schedule == "length_aware" else schedule,
+                             predicted, predictor if prompt_level else None)
+    decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, eos=tokenizer.eos_token_id,
+                          pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, stopper=stopper)
+    stats = {}
+    if schedule == "length_aware":  # stage 0: the probe; stage 1: the plan
+        decoder.pause_at = probe_tokens
+        decode(decoder, slots, refill)
+        stats["probe_steps"] = decoder.decode_steps
+        samples = sorted(decoder.paused)
+        features, predicted = predict_remaining(predictor, prompt_tokens, decoder.completions, samples,
+                                                max_new_tokens - probe_tokens)
+        decoder.pending = plan_lanes(samples, predicted, slots)
+        decoder.pause_at = 0
+    decode(decoder, slots, refill)  # stage 2: runtime refill
     model.train(was_training)
     completions = decoder.completions
     generated = decoder.generated()  # [P, n]: all True without a stopper
-    if predictor is not None:
+    if prompt_level:
         lengths = torch.tensor([[len(c) for c in group] for group in completions], dtype=torch.float64)
         predictor.update(features, lengths.masked_fill(~generated, float("nan")))  # skipped: no length to learn
-    width = max(len(c) for group in completions for c in group)
-    completion_ids = torch.full((len(prompts), num_samples, width), tokenizer.pad_token_id, dtype=torch.long)
-    for p, group in enumerate(completions):  # [P, n, Lc]
-        for j, tokens in enumerate(group):
-            completion_ids[p, j, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-    rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, completion_ids,
+    elif schedule == "length_aware":
+        remaining = torch.tensor([len(completions[p][s]) - probe_tokens if generated[p, s] else float("nan")
+                                  for p, s in samples], dtype=torch.float64)  # [N]
+        stats["length_mae"] = predictor.learn(features, predicted, remaining)
+    rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, pack(completions, tokenizer.pad_token_id),
                            generated=generated if stopper is not None else None)
-    rollouts.stats.update(decode_steps=decoder.decode_steps, slots=slots)
+    rollouts.stats.update(decode_steps=decoder.decode_steps, slots=slots, **stats)
     return rollouts

@@ -44,7 +44,8 @@ def generation_options(cfg: Config) -> GenerationOptions:
     return GenerationOptions(max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p,
                              memory_mb=cfg.generation_memory_mb, batch_size=cfg.generation_batch_size,
                              share_prefill=cfg.share_prefill, micro_group=cfg.generation_micro_group,
-                             refill=cfg.generation_refill, schedule=cfg.generation_schedule)
+                             refill=cfg.generation_refill, schedule=cfg.generation_schedule,
+                             probe_tokens=cfg.generation_probe_tokens)
 
 
 def reward_functions(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> list[RewardFn]:
