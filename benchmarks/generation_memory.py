@@ -114,7 +114,8 @@ def worker(workload: str, mode: str, n: int, slots: int, seed: int, train_batche
     longest = int(out.prompt_mask.sum(-1).max())
     rows = len(prompts) * n if options["engine"] == "hf" else min(slots, len(prompts) * n)
     stored = (len(prompts), longest) if options["engine"] == "slots" else (0, 0)
-    estimate = generation_memory_bytes(model.config, rows, longest + max_new_tokens, *stored) / 2**20
+    probe = len(prompts) * n * (probe_tokens - 1) if schedule == "length_aware" else 0  # parked prefixes
+    estimate = generation_memory_bytes(model.config, rows, longest + max_new_tokens, *stored, probe) / 2**20
     return {"estimated_mb": estimate, "workload": workload, "mode": mode, "n": n, "prompts": len(prompts),
             "slots": slots, "seconds": seconds, "tokens": out.stats["generated_tokens"],
             "decode_steps": out.stats["decode_steps"], "tokens_per_second": out.stats["generated_tokens"] / seconds,

@@ -179,6 +179,7 @@ def test_config_names_what_early_stop_needs():
     validate(Config(**EARLY_STOP))
     for change, message in [(dict(generation_engine="hf"), "generation_engine slots"),
                             (dict(generation_schedule="fifo"), "round_robin"),
+                            (dict(generation_schedule="length_aware"), "predicted-long"),
                             (dict(generation_micro_group=0), "generation_micro_group"),
                             (dict(downsampling_rule="random"), "max_variance"),
                             (dict(method="grpo"), "method pods"),

@@ -414,3 +414,19 @@ def test_early_stop_cancels_unstarted_samples_and_lets_running_ones_finish(tiny)
     decoder.fill([0])
     assert decoder.row_sample[0] == (1, 0)  # the freed slot goes to the next prompt
     assert decoder.generated().tolist() == [[True, True, False, False], [True] * 4]
+
+
+def test_early_stop_drops_a_groups_samples_parked_after_the_probe(tiny):
+    prompts = ["What is 1 + 2?\n", "What is 3 + 4?\n"]
+    decoder, _ = make_decoder(tiny, prompts, 3, max_new_tokens=50, eos=-1, stopper=lambda p, c: [0])
+    decoder.pause_at = 3
+    torch.manual_seed(0)
+    decoder.start_group(6)
+    while decoder.live:  # the probe: every sample decodes 3 tokens and parks
+        decoder.step()
+    assert set(decoder.paused) == {(p, s) for p in range(2) for s in range(3)}
+    decoder._finish(0, 0)  # as if (0, 0) had resumed and ended: its group saturates
+    decoder.paused.pop((0, 0))
+    decoder.stop_saturated()
+    assert decoder.skipped == {(0, 1), (0, 2)} and set(decoder.paused) == {(1, 0), (1, 1), (1, 2)}
+    assert decoder.completions[0][1] == [] and len(decoder.completions[1][0]) == 3  # dropped with its tokens

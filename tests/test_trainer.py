@@ -117,8 +117,10 @@ RESUME_CASES = {
     "lora_dropout": {"lora_rank": 4, "lora_dropout": 0.1},  # dropout draws from the global RNG
     "kl": {"beta": 0.1},  # the reference policy must stay the initial one
     "two_iterations": {"num_iterations": 2},
+    "slots_shortest_first": {"generation_engine": "slots", "generation_micro_group": 8,
+                             "generation_schedule": "shortest_first"},  # the learned length predictor
     "slots_length_aware": {"generation_engine": "slots", "generation_micro_group": 8,
-                           "generation_schedule": "shortest_first"},  # the learned length predictor
+                           "generation_schedule": "length_aware"},  # the token-conditioned predictor
 }
 
 

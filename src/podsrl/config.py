@@ -127,8 +127,8 @@ class Config:
                                        "the m rollouts PODS would keep already have the largest variance the "
                                        "reward's declared bounds allow (lossless for the kept variance); its "
                                        "slots go to other prompts. Needs bounded reward functions "
-                                       "(podsrl.rewards.bounded), generation_schedule round_robin (or a "
-                                       "length-aware one) and fewer slots than P*n.")
+                                       "(podsrl.rewards.bounded), generation_schedule round_robin (or "
+                                       "shortest/longest_first) and fewer slots than P*n.")
     generation_memory_mb: float = _f(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and "
                                           "logits, MiB; 0 = none): hf decodes fewer groups together and fails "
                                           "if one group exceeds it; slots sizes g to fit.")

@@ -141,6 +141,10 @@ def _check_early_stop(cfg) -> None:
                                               "generates whole groups at once)")
     require(cfg.generation_schedule != "fifo", "group_early_stop: generation_schedule fifo starts a prompt's "
                                                "samples together, leaving nothing to cancel; use round_robin")
+    require(cfg.generation_schedule != "length_aware",
+            "group_early_stop: with generation_schedule length_aware the parked samples resume shortest-predicted "
+            "first, so early stop cancels the predicted-long ones: kept completions were 19% shorter than plain "
+            "PODS's on SmolLM2 chat (benchmarks/RESULTS.md); use round_robin")
     require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
             "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
             "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")

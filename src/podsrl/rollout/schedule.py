@@ -1,9 +1,13 @@
 """Which sample the slots engine starts next: prompt by prompt, or by predicted length.
 
 Infinite Sampling (Wang et al., arXiv 2506.22950) orders samples by their predicted
-completion length so that slots free up evenly. The predictor here is learned online from
-the run's own completions; the order it gives is part of a run's state (checkpointed),
-because which random draw goes to which sample depends on it.
+completion length so that slots free up evenly. Two levels here: shortest/longest-first
+from a prompt-level predictor (:class:`LengthPredictor`), and the paper's two-stage plan
+(``length_aware``): after a probe of every sample's first tokens, a token-conditioned
+prediction (:class:`PrefixLengthPredictor`), lanes balanced by predicted length
+(:func:`plan_lanes`) and shortest-first refill within them (:class:`LaneQueue`). The
+predictors are learned online from the run's own completions; the order they give is part
+of a run's state (checkpointed), because which random draw goes to which sample depends on it.
 """
 
 from __future__ import annotations

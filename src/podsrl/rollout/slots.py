@@ -12,7 +12,10 @@ generation memory:
   pending sample (of the same prompt or the next) at the following decode step, instead of
   idling until the whole micro-group is done (``refill="group"``, naive micro-groups);
 * length-aware scheduling (``schedule``): pending samples are taken shortest- or
-  longest-predicted-first (:mod:`podsrl.rollout.schedule`);
+  longest-predicted-first, or (``length_aware``, the paper's plan) every sample first
+  decodes a short probe and leaves its slot (``pause_at``: its prefix's keys and values are
+  kept and placed back after its prompt's when it resumes), then samples resume in lanes
+  balanced by the length predicted from their prefix (:mod:`podsrl.rollout.schedule`);
 * early stop (``stopper``): finished samples are scored as they end; once a group is
   saturated (:mod:`podsrl.algorithms.early_stop`: more samples cannot raise the variance
   PODS keeps), its samples that have not started are cancelled, and the slots they would
@@ -218,16 +221,20 @@ class SlotDecoder:
         Samples already running are decoded to the end: stopping them too saved more decode
         steps but biased the kept set toward short completions (the first to finish; on
         SmolLM2 chat completions the kept ones were 22% shorter than plain PODS's, see
-        benchmarks/RESULTS.md). Which samples start does not depend on their lengths, so
-        the generated set stays a fair draw."""
+        benchmarks/RESULTS.md). Under fifo and round_robin which samples start does not
+        depend on their lengths, so the generated set stays a fair draw. Under length_aware
+        the parked samples resume shortest-predicted first, so those cancelled are the ones
+        predicted long: a bias as large as the predictor's skill (measured in RESULTS.md)."""
         if not self.unscored:
             return
         finished, self.unscored = self.unscored, []
         saturated = self.stopper([p for p, _ in finished], [self.completions[p][s] for p, s in finished])
         for prompt in sorted(set(saturated)):
-            for sample in self.pending.cancel(prompt):
+            # unstarted samples, and (length_aware) those parked after the probe, whose tokens are dropped
+            cancelled = set(self.pending.cancel(prompt)) | {s for p, s in self.paused if p == prompt}
+            for sample in sorted(cancelled):
                 self.skipped.add((prompt, sample))
-                if self.paused.pop((prompt, sample), None) is not None:  # its probe tokens are dropped
+                if self.paused.pop((prompt, sample), None) is not None:
                     self.completions[prompt][sample] = []
 
     def generated(self) -> torch.Tensor:
