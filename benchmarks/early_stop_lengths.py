@@ -10,7 +10,9 @@ task's ``Answer:`` format, so the task's own reward would be constant). Reported
 over all groups: mean length of the kept completions and of all generated ones, rollouts
 generated, decode steps, generation seconds, kept reward variance. The two arms draw
 different samples (a cancelled group changes which draw goes to which sample), so the
-comparison is statistical, over P x seeds groups.
+comparison is statistical, over P x seeds groups: the last line is the paired difference of
+the kept length (early stop minus plain, per group: same prompt, same seed) with its 95% t
+interval over groups.
 
     python benchmarks/early_stop_lengths.py [--prompts 8] [--n 16] [--m 4] [--slots 32] [--seeds 3]
         [--max_new_tokens 96] [--schedule round_robin|length_aware] [--record NAME]
@@ -29,6 +31,7 @@ import torch
 
 from podsrl.algorithms.early_stop import fill_skipped
 from podsrl.algorithms.select import max_variance
+from podsrl.experiments.stats import mean_ci
 from podsrl.models import load_model
 from podsrl.rewards import bounded, completion_text
 from podsrl.rewards.scorer import Scorer, ScoringOptions
@@ -61,7 +64,9 @@ def one_arm(bundle, split, scorer, args, seed: int, stop: bool, predictor) -> di
     lengths = rollouts.completion_mask.sum(-1).float()  # [P, n]
     generated = rollouts.generated_mask
     kept_rewards = scores.reward.gather(1, keep)
-    return {"kept_length": lengths.gather(1, keep).flatten().tolist(), "all_length": lengths[generated].tolist(),
+    kept_lengths = lengths.gather(1, keep)  # [P, m]
+    return {"kept_length": kept_lengths.flatten().tolist(), "group_kept_length": kept_lengths.mean(1).tolist(),
+            "all_length": lengths[generated].tolist(),
             "generated": int(generated.sum()), "decode_steps": rollouts.stats["decode_steps"], "seconds": seconds,
             "kept_variance": kept_rewards.var(dim=1, correction=0).tolist()}
 
@@ -103,6 +108,12 @@ def main() -> int:
                      f"{statistics.fmean(flat['all_length']):.1f} | {sum(r['generated'] for r in rows)} of {total} | "
                      f"{sum(r['decode_steps'] for r in rows)} | {sum(r['seconds'] for r in rows):.1f} | "
                      f"{statistics.fmean(flat['kept_variance']):.4f} |")
+    plain = [v for r in results[False] for v in r["group_kept_length"]]  # [seeds * P], same order in both arms
+    stopped = [v for r in results[True] for v in r["group_kept_length"]]
+    difference, half_width = mean_ci([b - a for a, b in zip(plain, stopped)])
+    lines += ["", f"Kept length, early stop minus plain PODS, paired by group ({len(plain)} groups): "
+              f"{difference:+.1f} +- {half_width:.1f} tokens (95% t interval), "
+              f"{difference / statistics.fmean(plain):+.1%} of plain PODS's mean"]
     table = "\n".join(lines)
     print(table)
     if args.record:
