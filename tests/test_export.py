@@ -1,9 +1,11 @@
 """Hand-off commands: ``podsrl export`` (a run as a standalone Hugging Face folder, LoRA
 merged, with a model card) and ``podsrl env`` (versions for bug reports), called in-process."""
 
+import json
 import shutil
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,6 +91,41 @@ def test_a_checkpoint_exports_the_model_of_its_step(lora_run, tmp_path):
     assert not torch.allclose(step1, final, atol=1e-4)
     card = (tmp_path / "step1" / "README.md").read_text()
     assert "checkpoint step_0000001 (step 1)" in card and "| training steps | 1 of 2 |" in card
+
+
+def test_a_moved_lora_run_whose_base_folder_is_gone_names_the_field_to_fix(lora_run, random_model_dir, tmp_path,
+                                                                         capsys):
+    adapter_config = lora_run / "model" / "adapter_config.json"
+    config = json.loads(adapter_config.read_text())
+    assert config["base_model_name_or_path"] == str(Path(random_model_dir).resolve())  # a local base: its path
+    moved = shutil.copytree(lora_run, tmp_path / "moved")
+    adapter_config = moved / "model" / "adapter_config.json"
+    adapter_config.write_text(json.dumps({**config, "base_model_name_or_path": str(tmp_path / "gone")}))
+    assert main(["export", str(moved), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert f"{adapter_config}: base_model_name_or_path {str(tmp_path / 'gone')!r} is not a folder here" in err
+    run_config = json.loads((moved / "config.json").read_text())
+    (moved / "config.json").write_text(json.dumps({**run_config, "model": str(tmp_path / "gone")}))
+    assert main(["export", str(moved), str(tmp_path / "hf"), "--checkpoint", "step_0000001"]) == 2
+    assert f"{moved / 'config.json'}: model {str(tmp_path / 'gone')!r}" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_an_adapter_on_a_builtin_model_names_it_and_loads_on_another_machine(tmp_path):
+    run = _train("tiny", tmp_path / "run", lora_rank=4, task="arithmetic")
+    adapter_config = run / "model" / "adapter_config.json"
+    config = json.loads(adapter_config.read_text())
+    assert config["base_model_name_or_path"] == "tiny"  # not this machine's path to it
+    export(run, tmp_path / "before")
+    # adapters saved by podsrl before the name was recorded hold the built-in's folder,
+    # which another machine does not have
+    elsewhere = "/elsewhere/lib/python3.11/site-packages/podsrl/assets/tiny"
+    adapter_config.write_text(json.dumps({**config, "base_model_name_or_path": elsewhere}))
+    export(run, tmp_path / "after")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "before")
+    before, after = (logits(AutoModelForCausalLM.from_pretrained(tmp_path / name), tokenizer)
+                     for name in ("before", "after"))
+    assert torch.equal(before, after)
 
 
 def test_model_card_states_accuracies_method_and_provenance(lora_run, tmp_path):

@@ -93,17 +93,7 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
     """Load a causal LM and its tokenizer; wrap the model in a LoRA adapter when
     ``lora_rank > 0`` (otherwise every parameter is trained)."""
     hf_logging.disable_progress_bar()  # podsrl shows one progress bar: its own
-    path = resolve_model_path(name)
-    try:
-        with _without_peft_deprecation_warning():  # a run's model/ folder may hold a LoRA adapter
-            tokenizer, model = _load_pretrained(path, dtype)
-    except OSError as err:
-        if name not in OFFLINE_FALLBACKS:
-            raise OSError(f"model: could not load {name!r} ({err}). Offline, use a local folder or "
-                          f"a built-in model ({', '.join(BUILTIN_MODELS)}).") from err
-        print(f"model: {name} unreachable on the hub; using the built-in {OFFLINE_FALLBACKS[name]}",
-              file=sys.stderr, flush=True)
-        tokenizer, model = _load_pretrained(resolve_model_path(OFFLINE_FALLBACKS[name]), dtype)
+    tokenizer, model = _load_with_fallback(name, dtype)
     if tokenizer.pad_token is None:
         # Left padding only needs some id under the attention mask; EOS is the usual choice.
         tokenizer.pad_token = tokenizer.eos_token
@@ -118,7 +108,62 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
             model = get_peft_model(model, LoraConfig(
                 r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                 target_modules=targets, task_type="CAUSAL_LM"))
+        # peft records the folder the base was loaded from; for a built-in or hub model that
+        # path is this machine's (a cache, a site-packages), so the saved adapter records the
+        # name instead, which resolves wherever the run is loaded again
+        model.peft_config["default"].base_model_name_or_path = _portable_name(name)
     return ModelBundle(model=model, tokenizer=tokenizer, name=name)
+
+
+class MissingBaseModel(FileNotFoundError):
+    """A LoRA adapter folder names a base model that is not there."""
+
+
+def _load_with_fallback(name: str, dtype: str):
+    """Tokenizer and model for ``name``; a hub id that cannot be reached falls back to its
+    built-in copy (``OFFLINE_FALLBACKS``)."""
+    try:
+        with _without_peft_deprecation_warning():  # a run's model/ folder may hold a LoRA adapter
+            return _load_pretrained(resolve_model_path(name), dtype)
+    except MissingBaseModel:
+        raise
+    except OSError as err:
+        if name not in OFFLINE_FALLBACKS:
+            raise OSError(f"model: could not load {name!r} ({err}). Offline, use a local folder or "
+                          f"a built-in model ({', '.join(BUILTIN_MODELS)}).") from err
+        print(f"model: {name} unreachable on the hub; using the built-in {OFFLINE_FALLBACKS[name]}",
+              file=sys.stderr, flush=True)
+        return _load_pretrained(resolve_model_path(OFFLINE_FALLBACKS[name]), dtype)
+
+
+def _portable_name(name: str) -> str:
+    """A built-in or hub name as given; a local folder as its absolute path."""
+    if name in BUILTIN_MODELS or not Path(name).expanduser().is_dir():
+        return name
+    return str(Path(name).expanduser().resolve())
+
+
+# Where the built-in models lie, as the tail of a path: adapters saved before their base was
+# recorded by name hold such a path, which is gone once the run moves to another machine.
+BUILTIN_PATH_TAILS = {"tiny": ("podsrl", "assets", "tiny"), SMOLLM2: ("models", SMOLLM2)}
+
+
+def _adapter_base(adapter_dir: str) -> str:
+    """The base model named by the adapter in ``adapter_dir``, as a name ``load_model``
+    accepts; a missing folder is an error naming the file and field to fix."""
+    from peft import PeftConfig
+
+    base = PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path
+    if base in BUILTIN_MODELS or HUB_ID.fullmatch(base) or Path(base).expanduser().is_dir():
+        return base
+    for builtin, tail in BUILTIN_PATH_TAILS.items():
+        if Path(base).parts[-len(tail):] == tail:
+            print(f"model: the adapter's base {base} is gone; it is the built-in {builtin!r}: using it",
+                  file=sys.stderr, flush=True)
+            return builtin
+    raise MissingBaseModel(
+        f"{Path(adapter_dir) / 'adapter_config.json'}: base_model_name_or_path {base!r} is not a folder here "
+        f"(was the run moved?); set it to the base model's folder or hub id")
 
 
 def _load_pretrained(path: str, dtype: str):
@@ -126,9 +171,8 @@ def _load_pretrained(path: str, dtype: str):
     podsrl run's ``model/``) loads its base model, then the adapter on top."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     if (Path(path) / "adapter_config.json").exists():
-        from peft import PeftConfig, PeftModel
+        from peft import PeftModel
 
-        base_name = PeftConfig.from_pretrained(path).base_model_name_or_path
-        base = AutoModelForCausalLM.from_pretrained(resolve_model_path(base_name), dtype=getattr(torch, dtype))
+        _, base = _load_with_fallback(_adapter_base(path), dtype)
         return tokenizer, PeftModel.from_pretrained(base, path, is_trainable=True)
     return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))

@@ -96,10 +96,14 @@ def _dtype(info: RunInfo) -> str:
 def _load_checkpoint(info: RunInfo, path: Path) -> ModelBundle:
     """The run's model as training built it (base model, LoRA settings), then the
     checkpoint's trainable weights (all of them, or the adapter) copied in."""
-    bundle = load_model(info.value("model"), lora_rank=info.value("lora_rank", 0),
-                        lora_alpha=info.value("lora_alpha", 16.0), lora_dropout=info.value("lora_dropout", 0.0),
-                        lora_target_modules=tuple(split_list(info.value("lora_target_modules", ""))),
-                        dtype=_dtype(info))
+    try:
+        bundle = load_model(info.value("model"), lora_rank=info.value("lora_rank", 0),
+                            lora_alpha=info.value("lora_alpha", 16.0), lora_dropout=info.value("lora_dropout", 0.0),
+                            lora_target_modules=tuple(split_list(info.value("lora_target_modules", ""))),
+                            dtype=_dtype(info))
+    except OSError as err:  # e.g. a local base folder that did not move with the run
+        raise OSError(f"{info.run_dir / 'config.json'}: model {info.value('model')!r}: the checkpoint's base "
+                      f"could not be loaded ({err})") from err
     try:
         weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
     except Exception as err:  # a truncated or foreign file fails in many ways (unpickler errors of all kinds)

@@ -176,7 +176,10 @@ class Run:
                            train_seconds=self.train_seconds, plot=self.run_dir / "accuracy.png", is_main=procs.is_main)
         weights = procs.full_state(self.policy, self.optimizer)[0] if procs.sharded else None  # every process
         if procs.is_main:
-            self.policy.save_pretrained(self.run_dir / "model", state_dict=weights)
+            # podsrl never resizes the vocabulary, so the adapter needs no embedding weights;
+            # peft's default ("auto") would look the base's config up on the hub to check
+            lora = {"save_embedding_layers": False} if self.bundle.uses_lora else {}
+            self.policy.save_pretrained(self.run_dir / "model", state_dict=weights, **lora)
             self.bundle.tokenizer.save_pretrained(self.run_dir / "model")
             plot_accuracy([self.run_dir], result.plot, title=f"{cfg.method} on {cfg.task} ({cfg.model})")
             (self.run_dir / "summary.json").write_text(json.dumps({
