@@ -163,3 +163,19 @@ def test_training_with_adaptive_n_logs_its_decisions(tmp_path):
     assert steps[1]["n"] != 16  # the second step explores another size
     state = json.loads(next((tmp_path / "checkpoints").glob("step_*/trainer_state.json")).read_text())
     assert len(state["rollout_budget"]["costs"]) == 5
+
+
+def test_training_with_adaptive_n_and_early_stop(tmp_path):
+    """Both on: early stop skips rollouts of the sizes adaptive_n picks; the cost fit regresses
+    seconds on the requested P x n, so its slope includes early stop's saving."""
+    cfg = Config(adaptive_n=True, group_early_stop=True, generation_engine="slots", generation_schedule="round_robin",
+                 generation_micro_group=32, correct_weight=1.0, format_weight=0.0, prompts_per_step=8,
+                 num_generations=8, num_generations_max=16, max_steps=4, eval_steps=0, eval_prompts=8,
+                 eval_samples=1, save_steps=0, progress=False, output_dir=str(tmp_path))
+    train(cfg)
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(steps) == 4
+    generated = [r["rollouts_generated"] for r in steps]
+    requested = [8 * r["n"] for r in steps]
+    assert sum(generated) < sum(requested)  # at 59% accuracy some groups saturate
+    assert all(r["n"] in candidate_sizes(4, 16) for r in steps) and len({r["n"] for r in steps}) > 1
