@@ -11,19 +11,13 @@ of unit scale whatever its variance. The controller picks the n that maximises
 
 from the run's own measurements:
 
-* how often groups of a given size are constant: each prompt's rewards are modelled as a
-  draw from a Dirichlet process whose concentration lambda is shared by the run's prompts
-  and fitted to the recent groups (empirical Bayes: the maximum-likelihood lambda of the
-  Ewens sampling formula, Ewens 1972, which makes the expected number of distinct values
-  per group equal the observed). A group's posterior over its prompt's reward distribution
-  is then Dirichlet(counts of its observed values, lambda for a value not seen yet); the
-  chance that s fresh samples all land on one value has a closed form (Dirichlet moments).
-  This extrapolates beyond the n observed: a group seen all-correct 16 times still has a
-  chance to show a wrong answer in 64 samples, as large as the run's groups say such
-  chances are. (A fixed per-group prior, Jeffreys 1/2, overstated it: on an easy task it
-  expected 43-46% informative groups where 26-30% were, benchmarks/RESULTS.md.) Averaged over
-  the recent groups (the step's next prompts are new ones drawn from the same data), it is
-  the expected fraction of informative groups at each size;
+* how often groups of a given size are constant: each recent group's reward values give a
+  Dirichlet posterior over the prompt's reward distribution (the observed values plus one
+  "unseen value" category, Jeffreys prior 1/2 each); the chance that s fresh samples all
+  land on one value has a closed form (Dirichlet moments). This extrapolates beyond the n
+  observed: a group seen all-correct 16 times still has a chance to show a wrong answer in
+  64 samples. Averaged over the recent groups (the step's next prompts are new ones drawn
+  from the same data), it is the expected fraction of informative groups at each size;
 * what a rollout costs: generation + reward seconds regressed on rollouts generated
   (a fixed part per step and a part per rollout), over a window of recent steps; the rest
   of the step (selection, update) does not depend on n. Every ``explore_every`` steps the
@@ -40,9 +34,7 @@ from collections import deque
 
 import torch
 
-PRIOR = 0.5  # Jeffreys: constant_probability's default pseudo-count of each value, seen or not
-CONCENTRATION_RANGE = (0.01, 100.0)  # lambda's clamp: with lambda >= 0.01, a group seen constant 16 times keeps
-# a ~1.4% chance of a new value in 48 more samples even when no recent group varied
+PRIOR = 0.5  # Jeffreys: pseudo-count of each observed value and of the unseen-value category
 GRID = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidate n as multiples of m
 
 
@@ -63,20 +55,18 @@ def value_counts(rewards: torch.Tensor) -> torch.Tensor:
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.float64)
 
 
-def constant_probability(counts: torch.Tensor, sizes: torch.Tensor, *, seen_prior: float = PRIOR,
-                         unseen: float = PRIOR) -> torch.Tensor:
+def constant_probability(counts: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
     """counts [G, V] (0 = no such value), sizes [S] -> [G, S]: the posterior probability that
     s fresh samples of the group's prompt all have the same reward.
 
-    Dirichlet(counts + seen_prior, unseen) over the observed values and one unseen category
-    (the controller uses seen_prior 0 and unseen = the fitted concentration: the Dirichlet
-    process posterior); the probability that all s samples fall in category j is E[q_j^s] =
+    Dirichlet(counts + PRIOR, PRIOR) over the observed values and one unseen category; the
+    probability that all s samples fall in category j is E[q_j^s] =
     Gamma(a_j + s) Gamma(A) / (Gamma(a_j) Gamma(A + s)) with A the sum of the parameters.
     (Counting the unseen category as one value slightly overstates constancy when it hides
     several values; it matters only while a group has few samples.)"""
     observed = counts > 0  # [G, V]
-    alphas = torch.cat([torch.where(observed, counts + seen_prior, torch.zeros_like(counts)),
-                        torch.full_like(counts[:, :1], unseen)], dim=1)  # [G, V+1]
+    alphas = torch.cat([torch.where(observed, counts + PRIOR, torch.zeros_like(counts)),
+                        torch.full_like(counts[:, :1], PRIOR)], dim=1)  # [G, V+1]
     present = torch.cat([observed, torch.ones_like(observed[:, :1])], dim=1)
     total = alphas.sum(dim=1, keepdim=True)  # [G, 1]
     s = sizes.double().view(1, 1, -1)  # [1, 1, S]
@@ -85,31 +75,6 @@ def constant_probability(counts: torch.Tensor, sizes: torch.Tensor, *, seen_prio
                   - torch.lgamma(total.unsqueeze(-1) + s))  # [G, V+1, S]
     moment = torch.where(present.unsqueeze(-1), log_moment.exp(), torch.zeros_like(log_moment))
     return moment.sum(dim=1).clamp(0.0, 1.0)  # [G, S]
-
-
-def fit_concentration(counts: torch.Tensor) -> float:
-    """counts [G, V] -> the maximum-likelihood Dirichlet-process concentration lambda shared by
-    the groups, clamped to CONCENTRATION_RANGE. The Ewens likelihood of a group of n samples
-    with K distinct values is proportional to lambda^K Gamma(lambda) / Gamma(lambda + n); its
-    maximum solves sum_g K_g = sum_g sum_{i<n_g} lambda / (lambda + i) (observed = expected
-    distinct values), whose right side grows with lambda: bisection on log lambda."""
-    sizes = counts.sum(dim=1)  # [G]
-    distinct = float((counts > 0).sum())
-    steps = torch.arange(int(sizes.max()), dtype=torch.float64)  # i = 0 .. n_max - 1
-    below = (steps.unsqueeze(0) < sizes.unsqueeze(1)).double()  # [G, n_max]: the i < n_g
-
-    def expected_distinct(lam: float) -> float:
-        return float((below * lam / (lam + steps)).sum())
-
-    low, high = (math.log(bound) for bound in CONCENTRATION_RANGE)
-    if expected_distinct(math.exp(low)) >= distinct:
-        return CONCENTRATION_RANGE[0]
-    if expected_distinct(math.exp(high)) <= distinct:
-        return CONCENTRATION_RANGE[1]
-    for _ in range(60):
-        middle = (low + high) / 2
-        low, high = (middle, high) if expected_distinct(math.exp(middle)) < distinct else (low, middle)
-    return math.exp((low + high) / 2)
 
 
 def generation_cost(rollouts: list[float], seconds: list[float]) -> tuple[float, float]:
@@ -141,7 +106,6 @@ class RolloutBudget:
         self.costs: deque = deque(maxlen=window)  # (rollouts, generation s, rest s) per step
         self.groups: deque = deque(maxlen=signal_steps)  # per step: value counts [G, V]
         self.decision: dict = {}
-        self.concentration = PRIOR  # the fitted lambda, set by informative()
 
     def choose(self, step: int) -> int:
         """n for ``step`` (1-based); ``decision`` says why."""
@@ -172,21 +136,18 @@ class RolloutBudget:
         return next((index for index in candidates if self.sizes[index] not in avoid), order[0])
 
     def informative(self) -> torch.Tensor:
-        """[S] the expected fraction of non-constant groups at each candidate size (and sets
-        ``concentration``, the fitted lambda)."""
+        """[S] the expected fraction of non-constant groups at each candidate size."""
         counts = [c for c in self.groups]
         width = max(c.shape[1] for c in counts)
         stacked = torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in counts])  # [G, V]
-        self.concentration = fit_concentration(stacked)
-        constant = constant_probability(stacked, torch.tensor(self.sizes), seen_prior=0.0, unseen=self.concentration)
-        return 1.0 - constant.mean(dim=0)
+        return 1.0 - constant_probability(stacked, torch.tensor(self.sizes)).mean(dim=0)
 
     def _decide(self, n: int, informative: float | None, costs: tuple | None, explore: bool) -> int:
         self.decision = {"n": n, "n_explore": int(explore)}
         if informative is not None:
             fixed, per_rollout, rest = costs
-            self.decision.update(n_informative=informative, n_concentration=self.concentration,
-                                 n_generation_fixed_s=fixed, n_generation_per_rollout_s=per_rollout, n_rest_s=rest)
+            self.decision.update(n_informative=informative, n_generation_fixed_s=fixed,
+                                 n_generation_per_rollout_s=per_rollout, n_rest_s=rest)
         return n
 
     def observe(self, rewards: torch.Tensor, generation_seconds: float, rest_seconds: float) -> None:
