@@ -1,0 +1,110 @@
+"""What one more generated rollout costs against what one more trained rollout costs, from
+finished runs of grpo (m), pods (n -> m) and grpo-ga (n) with the same model and settings.
+
+PODS pays for n - m extra rollouts per prompt at generation and trains on m; GRPO-GA trains
+on all n. So, per prompt group and per step (medians over steps, warm-up steps dropped):
+
+    extra generated rollout = (generate_s[pods] - generate_s[grpo]) / (P * (n - m))
+    extra trained rollout   = (update_s[grpo-ga] - update_s[pods])  / (P * (n - m))
+
+Their ratio says where PODS can win at equal time: the larger it is, the more rollouts PODS
+can generate for the price of training on one (docs/reproducing.md, "Where the gain comes from").
+
+    python benchmarks/rollout_costs.py RUN_DIR [RUN_DIR ...] [--record NAME]
+
+RUN_DIR is a `podsrl train` output folder (config.json + metrics.jsonl), or any folder
+holding such folders (a `podsrl compare` output); runs of one method are pooled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_md import record  # noqa: E402 (benchmarks/ is not a package)
+
+WARMUP_STEPS = 2  # the first steps pay for CUDA / allocator warm-up; they are not the steady cost
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    runs = []
+    for path in paths:
+        runs += sorted(p.parent for p in path.rglob("metrics.jsonl") if (p.parent / "config.json").exists())
+    if not runs:
+        raise SystemExit(f"rollout_costs: no run folder (config.json + metrics.jsonl) under {', '.join(map(str, paths))}")
+    return runs
+
+
+def step_seconds(run: Path) -> tuple[dict, list[float], list[float]]:
+    """(config, generate seconds per step, update seconds per step) of a run, warm-up dropped."""
+    config = json.loads((run / "config.json").read_text())
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in records if r.get("step", 0) > WARMUP_STEPS and "time_generate" in r]
+    return config, [r["time_generate"] for r in steps], [r["time_update"] for r in steps]
+
+
+def pooled(runs: list[Path]) -> dict[str, dict]:
+    """Per method: the shared settings, and the median generate / update seconds per step."""
+    by_method: dict[str, dict] = {}
+    for run in runs:
+        config, generate, update = step_seconds(run)
+        entry = by_method.setdefault(config["method"], {"config": config, "generate": [], "update": [], "runs": 0})
+        for field in ("num_generations", "num_kept", "prompts_per_step", "model"):
+            if entry["config"][field] != config[field]:
+                raise SystemExit(f"rollout_costs: {run} has {field}={config[field]!r}, another "
+                                 f"{config['method']} run has {entry['config'][field]!r}")
+        entry["generate"] += generate
+        entry["update"] += update
+        entry["runs"] += 1
+        environment = json.loads((run / "environment.json").read_text())[0] if (run / "environment.json").exists() else {}
+        entry.setdefault("measured", set()).add(f"{environment.get('machine', 'unknown machine')}, "
+                                                f"torch {environment.get('torch', '?')}, code {environment.get('commit', '?')}")
+    missing = {"grpo", "pods", "grpo-ga"} - set(by_method)
+    if missing:
+        raise SystemExit(f"rollout_costs: needs runs of grpo, pods and grpo-ga; none of {', '.join(sorted(missing))}")
+    return by_method
+
+
+def table(by_method: dict[str, dict]) -> str:
+    pods = by_method["pods"]["config"]
+    n, m, prompts = pods["num_generations"], pods["num_kept"], pods["prompts_per_step"]
+    median = {method: (statistics.median(e["generate"]), statistics.median(e["update"]))
+              for method, e in by_method.items()}
+    extra = prompts * (n - m)
+    generated = (median["pods"][0] - median["grpo"][0]) / extra
+    trained = (median["grpo-ga"][1] - median["pods"][1]) / extra
+    measured = sorted(set().union(*(e["measured"] for e in by_method.values())))
+    lines = [f"Runs measured on: {'; '.join(measured)}.", "",
+             f"model {pods['model']}, {prompts} prompts per step, n = {n}, m = {m}, "
+             f"{pods['max_completion_length']} completion tokens at most; medians over steps > {WARMUP_STEPS}",
+             "",
+             "| method | runs | steps | generate s/step | update s/step |",
+             "| --- | --- | --- | --- | --- |"]
+    for method in ("grpo", "pods", "grpo-ga"):
+        e = by_method[method]
+        lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {median[method][0]:.3f} | {median[method][1]:.3f} |")
+    ratio = f"{trained / generated:.1f}x" if generated > 0 else "n/a (extra rollouts measured free)"
+    lines += ["",
+              f"- one extra generated rollout: {1000 * generated:.2f} ms; one extra trained rollout: "
+              f"{1000 * trained:.2f} ms; trained / generated: {ratio}"]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--record", default="", help="write the table into RESULTS.md as block NAME")
+    args = parser.parse_args()
+    body = table(pooled(find_runs(args.run_dirs)))
+    print(body)
+    if args.record:
+        record(args.record, body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
