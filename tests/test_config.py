@@ -60,6 +60,14 @@ def test_method_decides_generated_and_trained_counts():
     ({"device": "gpu"}, "device:"),
     ({"reward_funcs": "arithmetic_correct", "reward_weights": "heavy"}, "reward_weights: expected comma-separated"),
     ({"reward_funcs": "arithmetic_correct", "reward_weights": "1,2"}, "reward_weights: 2 weights for 1"),
+    ({"learning_rate": "nan"}, "learning_rate: must be a finite number, got nan"),
+    ({"max_grad_norm": "inf"}, "max_grad_norm: must be a finite number, got inf"),
+    ({"lora_dropout": "1"}, "lora_dropout: must be in [0, 1), got 1.0"),
+    ({"seed": "-1"}, "seed: must be in [0, 4294967295]"),
+    ({"num_kept": "1"}, "num_kept: must be at least 2 for method pods"),
+    ({"method": "grpo", "num_kept": "1"}, "num_kept: must be at least 2 for method grpo"),
+    ({"method": "grpo-ga", "num_generations": "1"}, "num_generations: must be at least 2 for method grpo-ga"),
+    ({"dtype": "float16"}, "dtype: float16 weights are not supported"),
 ])
 def test_invalid_values_name_the_field(overrides, field):
     with pytest.raises(ValueError) as err:
@@ -124,6 +132,20 @@ def test_yaml_errors_name_file_and_line(tmp_path):
         make_config(path)
     with pytest.raises(FileNotFoundError, match="config: file not found"):
         make_config(tmp_path / "nope.yaml")
+
+
+def test_yaml_values_that_fail_validation_name_file_and_line(tmp_path):
+    """validate's errors name a field; when the YAML file set it, its file and line lead, as
+    parse_value's do; a command-line value replaces the file's, and its error has neither."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("method: pods\nnum_generations: 4\n\nnum_kept: 8\n")
+    with pytest.raises(ValueError, match=r"^\S*bad.yaml line 4: num_kept: must be <= num_generations"):
+        make_config(path)
+    with pytest.raises(ValueError, match=r"^num_kept: must be <= num_generations"):
+        make_config(path, {"num_kept": "6"})
+    path.write_text("top_p: 0\n")
+    with pytest.raises(ValueError, match=r"^\S*bad.yaml line 1: top_p: must be in \(0, 1\], got 0.0$"):
+        make_config(path)
 
 
 def test_config_is_frozen():

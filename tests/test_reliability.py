@@ -1,6 +1,7 @@
 """Reliability: exact resume after SIGKILL, clean stop on SIGINT/SIGTERM, corrupt
 checkpoints, non-finite steps, degenerate groups, tokenizers without a pad token."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -202,11 +203,21 @@ def test_accuracy_comes_from_the_task_when_reward_funcs_replace_the_reward(rando
     assert 0.0 < records[-1]["eval_accuracy"] < 1.0
 
 
-@pytest.mark.parametrize("n, m, method", [(1, 1, "pods"), (4, 4, "pods"), (1, 1, "grpo-ga")])
+@pytest.mark.parametrize("n, m, method", [(4, 4, "pods"), (2, 2, "pods"), (2, 2, "grpo-ga")])
 def test_degenerate_groups_give_finite_losses(random_model_dir, tmp_path, n, m, method):
     result = train(quick(random_model_dir, tmp_path / "run", num_generations=n, num_kept=m, method=method, max_steps=2))
     for record in read_metrics(result.run_dir / "metrics.jsonl")[1:]:
         assert record["loss"] is not None and record["skipped_step"] == 0
+
+
+@pytest.mark.parametrize("method", ["pods", "grpo", "grpo-ga"])
+def test_a_group_of_one_is_refused_from_python_too(random_model_dir, tmp_path, method):
+    # a group of one trained rollout has advantage 0 always (the command line refuses it too)
+    cfg = dataclasses.replace(quick(random_model_dir, tmp_path / "run"), method=method, num_generations=1,
+                              num_kept=1)
+    with pytest.raises(ValueError, match="must be at least 2"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
 
 
 def test_all_none_rewards_are_unverifiable_not_nan(random_model_dir, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from podsrl.config_checks import require, validate
+from podsrl.config_ranges import check_reward_weights
 from podsrl.methods import METHODS
 
 __all__ = ["Config", "FIELDS", "RENAMED", "load_yaml", "make_config", "parse_value", "split_list", "validate"]
@@ -33,7 +35,8 @@ class Config:
     model: str = _f("tiny", "Built-in model name ('tiny'), a local folder, or a Hugging Face hub id.")
     task: str = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = _f(3, "Arithmetic difficulty level (1-5; see podsrl.tasks.arithmetic.LEVELS).")
-    data_seed: int = _f(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' data_seed).")
+    data_seed: int = _f(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' "
+                           "data_seed), in [0, 2**32 - 1].")
     train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "
                              "hub dataset 'name' or 'name:config' (empty = the task's hub default); both load "
                              "through `datasets`.")
@@ -50,13 +53,14 @@ class Config:
     # --- method --------------------------------------------------------------------------
     method: str = _f("pods", "'pods': generate n, train on m picked by `rule`; 'grpo': generate and "
                              "train m; 'grpo-ga': generate n, train on all n with gradient accumulation.")
-    num_generations: int = _f(16, "n: rollouts generated per prompt (pods, grpo-ga; TRL's name). Ignored by grpo. "
-                                  "With adaptive_n, the n of the first step.")
+    num_generations: int = _f(16, "n: rollouts generated per prompt (pods, grpo-ga, where it is >= 2; TRL's name). "
+                                  "Ignored by grpo. With adaptive_n, the n of the first step.")
     adaptive_n: bool = _f(False, "pods: choose n every step, between num_kept and num_generations_max, for the "
                                  "most non-constant groups per second, from the run's own timings and reward "
                                  "statistics (podsrl.algorithms.rollout_budget); its decisions are logged.")
     num_generations_max: int = _f(64, "adaptive_n: the largest n it may choose.")
-    num_kept: int = _f(4, "m: rollouts kept per prompt and trained on (pods, grpo). Ignored by grpo-ga.")
+    num_kept: int = _f(4, "m: rollouts kept per prompt and trained on (pods, grpo; >= 2: advantages are "
+                          "normalised over the group). Ignored by grpo-ga.")
     downsampling_rule: str = _f("max_variance", "Which m of the n rollouts pods keeps "
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
@@ -96,13 +100,15 @@ class Config:
                                "**columns) (e.g. trl.rewards:accuracy_reward). Python callables go to "
                                "train(cfg, reward_funcs=[...]) instead.")
     reward_weights: str = _f("", "Comma-separated weights of the reward functions (reward_funcs, or those "
-                                 "passed to train()); empty = 1 each.")
+                                 "passed to train()), finite numbers; empty = 1 each.")
     reward_error_policy: str = _f("raise", "A reward function that raises, times out or returns a bad "
                                            "value: 'raise' stops the run naming it; 'zero' scores 0, counted.")
-    reward_timeout: float = _f(0.0, "Seconds a reward call may take (0 = no limit).")
+    reward_timeout: float = _f(300.0, "Seconds a call of a user reward function may take; past it, its worker "
+                                      "process is killed and reward_error_policy applies (0 = the default, 300 s). "
+                                      "podsrl's built-in reward functions run in the trainer, without a limit.")
     # --- generation ----------------------------------------------------------------------
-    temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
-    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts.")
+    temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0: they are sampled).")
+    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts, in (0, 1].")
     max_completion_length: int = _f(8, "Maximum completion length in tokens (TRL's field).")
     generation_engine: str = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
                                       "on whole prompt groups; 'slots' = decoding slots refilled sample by sample "
@@ -140,10 +146,11 @@ class Config:
     # --- LoRA (rank 0 = full fine-tuning) ------------------------------------------------
     lora_rank: int = _f(0, "LoRA rank; 0 trains every parameter.")
     lora_alpha: float = _f(16.0, "LoRA alpha.")
-    lora_dropout: float = _f(0.0, "LoRA dropout.")
+    lora_dropout: float = _f(0.0, "LoRA dropout probability, in [0, 1).")
     lora_target_modules: str = _f("", "Comma-separated module names for LoRA; empty = all linear layers.")
-    dtype: str = _f("float32", "Model weights dtype: float32 | bfloat16 | float16. For low-precision speed "
-                               "keep float32 and set bf16: small updates vanish in bfloat16 weights.")
+    dtype: str = _f("float32", "Model weights dtype: float32 or bfloat16. For low-precision speed keep float32 and "
+                               "set bf16: small updates vanish in bfloat16 weights. float16 is refused: without "
+                               "loss scaling training turns float16 weights to NaN (on the CPU at once).")
     bf16: bool = _f(False, "Mixed precision (TRL's field): forward passes under torch.autocast in bfloat16, "
                            "weights, gradients and optimizer state in float32 (needs dtype float32).")
     fp16: bool = _f(False, "float16 mixed precision (TRL's field): not supported yet (it needs loss scaling); "
@@ -160,11 +167,11 @@ class Config:
     eval_steps: int = _f(25, "Evaluate every this many steps, at step 0 and at the end (0 = only those; TRL's field).")
     eval_prompts: int = _f(300, "Held-out prompts per evaluation.")
     eval_samples: int = _f(4, "Samples per held-out prompt for sampled accuracy.")
-    eval_temperature: float = _f(0.9, "Temperature of sampled evaluation (paper: 0.9).")
+    eval_temperature: float = _f(0.9, "Temperature of sampled evaluation (paper: 0.9; 0 = greedy, one sample).")
     eval_greedy: bool = _f(True, "Also log greedy accuracy at each evaluation.")
     eval_batch_size: int = _f(512, "Max sequences generated at once during evaluation.")
     # --- run bookkeeping ----------------------------------------------------------------
-    seed: int = _f(0, "Seed of every random stream of the run (python, numpy, torch).")
+    seed: int = _f(0, "Seed of every random stream of the run (python, numpy, torch), in [0, 2**32 - 1].")
     output_dir: str = _f("runs/podsrl", "Run directory: config, metrics.jsonl, checkpoints, plot.")
     save_steps: int = _f(50, "Checkpoint every this many steps; 0 = off (TRL's field; a count, no fraction).")
     checkpoint_minutes: float = _f(0.0, "Also checkpoint after this many wall-clock minutes (0 = off).")
@@ -201,13 +208,10 @@ class Config:
 
     @property
     def reward_weight_values(self) -> list[float]:
-        """``reward_weights`` as floats (1 per function when empty)."""
+        """``reward_weights`` as finite floats (1 per function when empty)."""
         if not self.reward_weights:
             return [1.0] * len(self.reward_specs)
-        try:
-            return [float(w) for w in split_list(self.reward_weights)]
-        except ValueError:
-            raise ValueError(f"reward_weights: expected comma-separated numbers, got {self.reward_weights!r}") from None
+        return check_reward_weights(self.reward_weights)
 
     @property
     def lora_targets(self) -> tuple[str, ...]:
@@ -261,7 +265,7 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
         if kind is int and isinstance(raw, float) and not raw.is_integer():
             raise ValueError
         return kind(raw)  # int("1.5") raises too
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # float(10**400) overflows
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}") from None
 
 
@@ -280,7 +284,9 @@ def _as_text(name: str, raw: Any, source: str) -> str:
     return str(raw)
 
 
-def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+def load_yaml(path: str | os.PathLike, sources: dict[str, str] | None = None) -> dict[str, Any]:
+    """The fields of a YAML file, parsed; ``sources`` (when given) gets each field's
+    ``"FILE line N: "``, the prefix of its errors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config: file not found: {path}")
@@ -300,16 +306,28 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
         line = next((i + 1 for i, text in enumerate(lines) if text.lstrip().startswith(f"{key}:")), None)
         where = f"{path} line {line}: " if line else f"{path}: "
         out[key] = parse_value(str(key), raw, where)
+        if sources is not None:
+            sources[str(key)] = where
     return out
 
 
 def make_config(yaml_path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides, then validated."""
+    """Defaults <- YAML file <- overrides, then validated. An error of ``validate`` that names a
+    field set by the YAML file (first word of the message) gets its file and line, as the
+    errors of ``parse_value`` do."""
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}  # field -> "FILE line N: " for the values the YAML file set
     if yaml_path:
-        values.update(load_yaml(yaml_path))
+        values.update(load_yaml(yaml_path, sources))
     for key, raw in (overrides or {}).items():
         values[key] = parse_value(key, raw, "")
+        sources.pop(key, None)
     cfg = Config(**values)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except (ValueError, FileNotFoundError) as err:
+        name = re.match(r"\w*", str(err)).group()
+        if name not in sources or type(err) not in (ValueError, FileNotFoundError):
+            raise
+        raise type(err)(f"{sources[name]}{err}") from None
     return cfg

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from podsrl.algorithms.loss import LOSS_TYPES
 from podsrl.algorithms.select import RULES
+from podsrl.config_ranges import check_numbers
 from podsrl.methods import METHODS
 from podsrl.models import check_model_name
+from podsrl.models.loading import check_dtype
 from podsrl.rewards import load_reward_fn
 from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
 from podsrl.tasks import is_known_task
@@ -31,10 +33,12 @@ def require(ok: bool, message: str) -> None:
 
 
 def validate(cfg) -> None:
-    """Reject invalid values and combinations before any work, naming the field."""
+    """Reject invalid values and combinations before any work, naming the field: numbers
+    first (types, finiteness and ranges: podsrl.config_ranges), then names, data and
+    combinations."""
+    check_numbers(cfg)
     _check_names(cfg)
     _check_data(cfg)
-    _check_ranges(cfg)
     _check_combinations(cfg)
 
 
@@ -55,14 +59,12 @@ def _check_names(cfg) -> None:
         require(cfg.generation_engine == "slots" and cfg.generation_refill == "continuous",
                 f"generation_schedule length_aware: plans lanes for continuous refill on the slots engine (got "
                 f"generation_engine {cfg.generation_engine}, generation_refill {cfg.generation_refill})")
-        require(cfg.generation_probe_tokens >= 2, f"generation_probe_tokens: the probe decodes at least 2 tokens "
-                                                  f"(got {cfg.generation_probe_tokens})")
     require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
                                                   f"known: {', '.join(SCHEDULERS)}")
     require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
     require(cfg.loss_type in LOSS_TYPES, f"loss_type: {cfg.loss_type!r} is not implemented; podsrl has "
                                           f"{' and '.join(LOSS_TYPES)} (TRL's others run in podsrl.trl)")
-    require(cfg.dtype in ("float32", "bfloat16", "float16"), f"dtype: unknown dtype {cfg.dtype!r}")
+    check_dtype(cfg.dtype)
     require(not cfg.fp16, "fp16: float16 mixed precision is not supported yet (it needs loss scaling); use bf16 "
                            "(GPUs since Ampere, and CPUs) or float32")
     require(not cfg.bf16 or cfg.dtype == "float32",
@@ -95,30 +97,10 @@ def _check_data(cfg) -> None:
                                           f"problems; hold out fewer than that")
 
 
-POSITIVE = ("num_generations", "num_generations_max", "num_kept", "prompts_per_step", "max_steps",
-            "micro_batch_size", "num_iterations", "max_completion_length", "eval_prompts", "eval_samples",
-            "save_total_limit", "max_prompt_tokens", "max_consecutive_skips", "eval_batch_size",
-            "reasoning_gym_size", "learning_rate", "lora_alpha")
-NON_NEGATIVE = ("warmup_steps", "eval_steps", "save_steps", "lora_rank", "generation_batch_size",
-                "generation_micro_group", "generation_memory_mb", "max_minutes", "checkpoint_minutes", "beta",
-                "weight_decay", "max_grad_norm", "temperature", "eval_temperature", "lora_dropout", "reward_timeout",
-                "log_rollouts")
-
-
-def _check_ranges(cfg) -> None:
-    for name in POSITIVE:
-        require(getattr(cfg, name) > 0, f"{name}: must be positive, got {getattr(cfg, name)}")
-    for name in NON_NEGATIVE:
-        require(getattr(cfg, name) >= 0, f"{name}: must be >= 0, got {getattr(cfg, name)}")
-    require(0 < cfg.top_p <= 1, f"top_p: must be in (0, 1], got {cfg.top_p}")
-    require(cfg.temperature > 0, "temperature: training rollouts must be sampled (temperature > 0)")
-    require(0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1, "adam_beta1/adam_beta2: must be in [0, 1)")
-    require(0 <= cfg.epsilon < 1 and cfg.epsilon_high >= 0, "epsilon/epsilon_high: out of range")
-    require(cfg.correct_weight >= 0 and cfg.format_weight >= 0 and cfg.correct_weight + cfg.format_weight > 0,
-             "correct_weight/format_weight: must be >= 0 and not both 0")
-
-
 def _check_combinations(cfg) -> None:
+    _check_groups(cfg)
+    require(cfg.correct_weight + cfg.format_weight > 0,
+            "correct_weight/format_weight: must not both be 0 (the task's reward would be 0 for every rollout)")
     require(cfg.num_kept <= cfg.num_generations or not METHODS[cfg.method].generates_n,
              f"num_kept: must be <= num_generations (got {cfg.num_kept} > {cfg.num_generations}); PODS keeps m of "
              f"the n rollouts it generates")
@@ -132,11 +114,20 @@ def _check_combinations(cfg) -> None:
                 f"{cfg.num_kept}, {cfg.num_generations}, {cfg.num_generations_max})")
 
 
+def _check_groups(cfg) -> None:
+    """Every method normalises advantages over the group of rollouts it trains on per prompt
+    (m for pods and grpo, n for grpo-ga): a group of one has advantage 0, and training nothing."""
+    method = METHODS[cfg.method]
+    name = "num_kept" if method.trained(0, 1) == 1 else "num_generations"  # the count that sets the group
+    require(getattr(cfg, name) >= 2, f"{name}: must be at least 2 for method {cfg.method} (an advantage needs a "
+                                     f"group: with 1 rollout per prompt trained on, every group-normalised "
+                                     f"advantage is 0 and training does nothing), got {getattr(cfg, name)}")
+
+
 def _check_early_stop(cfg) -> None:
     require(METHODS[cfg.method].selects and cfg.downsampling_rule == "max_variance",
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    require(cfg.num_kept >= 2, f"group_early_stop: with num_kept {cfg.num_kept} no kept set has any variance")
     require(cfg.generation_engine == "slots", "group_early_stop: needs generation_engine slots (the hf engine "
                                               "generates whole groups at once)")
     require(cfg.generation_schedule != "fifo", "group_early_stop: generation_schedule fifo starts a prompt's "
