@@ -16,6 +16,7 @@ import torch
 import podsrl
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
+from podsrl.rewards import in_process
 from podsrl.rewards.scorer import Scorer, ScoringOptions, TrainerProgress, reward_inputs
 from podsrl.tasks import Example, PreparedSplit, Task
 from podsrl.tasks.jsonl import build_jsonl
@@ -68,6 +69,7 @@ def trl_reward_kwargs(inputs: list[dict], prompts, completions, completion_ids) 
 def podsrl_reward_kwargs(split: PreparedSplit, batch: Rollouts, trainer_state=None) -> dict:
     seen = {}
 
+    @in_process  # it records into this process's memory; a worker's would be lost
     def record(**kwargs):
         seen.update(kwargs)
         return [0.0] * len(kwargs["prompts"])
@@ -134,6 +136,7 @@ def small_run(tmp_path, **overrides):
 def test_python_callables_are_reward_functions(random_model_dir, tmp_path):
     steps_seen = []
 
+    @in_process  # records into this process's memory
     def progress_aware(prompts, completions, completion_ids, trainer_state, answer, **columns):
         steps_seen.append((trainer_state.global_step, trainer_state.max_steps, len(completion_ids)))
         return [float(c.strip().endswith(a)) for c, a in zip(completions, answer)]
@@ -183,6 +186,7 @@ def test_every_trl_reward_function_runs_unchanged_in_a_podsrl_run(chat_model_dir
                                    "get_soft_overlong_punishment"}, "a new trl.rewards function: add it here"
     seen = []
 
+    @in_process  # records into this process's memory
     def spy(prompts, completions, completion_ids, solution, **columns):
         seen.append((prompts[0], completions[0], completion_ids[0], solution[0]))
         return [None] * len(completions)  # applies to no sample: adds nothing

@@ -2,8 +2,8 @@
 and a TRL-style reward function running unchanged in a training run."""
 
 import math
-import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,11 +14,14 @@ from podsrl.trainer import train
 
 # Written exactly as for TRL's GRPOTrainer: keyword arguments, dataset columns in **kwargs.
 TRL_STYLE = '''
-CALLS = []
+from pathlib import Path
+
+CALLS = Path(__file__).with_suffix(".calls")  # it runs in a worker process: what it records is there
 
 def digit_count_reward(prompts, completions, answer, **kwargs):
     """Rewards completions by how many digits they contain."""
-    CALLS.append(len(completions))
+    with CALLS.open("a") as calls:
+        calls.write(f"{len(completions)}\\n")
     return [float(sum(ch.isdigit() for ch in completion)) for completion in completions]
 
 def flaky(completions, **kwargs):
@@ -30,8 +33,7 @@ def flaky(completions, **kwargs):
 def reward_file(tmp_path):
     path = tmp_path / "my_rewards.py"
     path.write_text(TRL_STYLE)
-    yield str(path)
-    sys.modules.pop("my_rewards", None)
+    return str(path)
 
 
 def test_load_by_name_module_and_file(reward_file):
@@ -54,8 +56,8 @@ def test_trl_style_reward_runs_unchanged_in_training(random_model_dir, tmp_path,
         "eval_prompts": "8", "eval_samples": "1", "progress": "false", "output_dir": str(tmp_path / "run"),
         "reward_funcs": f"{reward_file}:digit_count_reward,arithmetic_format", "reward_weights": "0.5,2"})
     train(cfg)
-    module = sys.modules["my_rewards"]
-    assert module.CALLS == [8, 8], "called once per step on all P*n completions"
+    calls = Path(reward_file).with_suffix(".calls").read_text().split()
+    assert calls == ["8", "8"], "called once per step on all P*n completions"
     record = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert math.isfinite(record["reward_mean"]) and record["reward_failures"] == 0
 

@@ -89,7 +89,7 @@ class ScoringOptions:
     reward_funcs: tuple[RewardFn, ...] = ()  # replace the task's reward when given
     reward_weights: tuple[float, ...] = ()  # one per reward_funcs
     error_policy: str = "raise"  # or "zero": a failing function scores 0 there, counted
-    timeout: float = 0.0  # seconds a reward call may take (0 = no limit)
+    timeout: float = 0.0  # seconds a call of a user function may take (<= 0: DEFAULT_REWARD_TIMEOUT, 300 s)
 
 
 @dataclass

@@ -1,36 +1,68 @@
-"""A weighted sum of reward functions with a policy for functions that raise, hang or
-return malformed values.
+"""A weighted sum of reward functions with a policy for functions that raise, hang, exit or
+return malformed values: none of them can take the trainer down.
 
-None or NaN from a function means "not applicable to this sample" (TRL's convention):
-the weighted sum skips it, like TRL's ``torch.nansum(rewards_per_func * weights, dim=1)``,
-and a sample no function applies to is NaN (unverifiable). +/-inf is an error.
+Where functions run: podsrl's own (``podsrl.*``: REWARDS, the tasks' graders) run in the
+trainer's process, fast, and bound their own work (the math grader's timeouts). User
+functions run in a worker process per stack, forked when the stack is built (before the
+model loads, so it shares little memory with the trainer) and reused call after call: one
+that hangs past the timeout (``timeout``, or :data:`DEFAULT_REWARD_TIMEOUT` when it is <= 0)
+is killed with whatever it started, and a fresh worker serves the next call; one that
+raises, calls ``sys.exit`` / ``os._exit`` or crashes ends only the worker. The worker gets
+the inputs pickled (equal values: rewards do not change) and sends back checked floats, so
+state the function keeps lives in the worker, not in the trainer. :func:`in_process` marks a
+function that must run in the trainer (a reward model on the trainer's GPU: CUDA does not
+survive fork; state shared with the caller); it then has no timeout.
+
+Return values: a list or tuple (or a 1-D array / tensor) of numbers or None, one per
+completion. None or NaN means "not applicable to this sample" (TRL's convention): the
+weighted sum skips it, like TRL's ``torch.nansum(rewards_per_func * weights, dim=1)``, and a
+sample no function applies to is NaN (unverifiable). +/-inf, bools, strings, and a weighted
+sum that overflows are errors. Under ``error_policy="raise"`` every failure is a one-line
+:class:`RewardError` naming the function.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from podsrl.rewards.worker import (CallFailed, CallTimedOut, RewardError, RewardFn, RewardWorker, checked_values,
+                                   error_line, reward_name)
 
-RewardFn = Callable[..., list]
+
+DEFAULT_REWARD_TIMEOUT = 300.0  # seconds a call of a user function may take when the stack's timeout is <= 0
 
 
-class RewardError(RuntimeError):
-    """A reward function failed under the ``raise`` policy."""
+def in_process(fn: RewardFn) -> RewardFn:
+    """Run ``fn`` in the trainer's process, as podsrl's own functions run, instead of a worker
+    process: for a function that needs the trainer's GPU (CUDA does not survive fork) or state
+    shared with its caller. It then has no timeout, and a hang or ``os._exit`` there stops the
+    trainer: use it for code you trust."""
+    fn.reward_in_process = True
+    return fn
+
+
+def runs_in_worker(fn: RewardFn) -> bool:
+    """User code runs in a worker process; podsrl's own functions and :func:`in_process` ones
+    run in the trainer."""
+    module = getattr(fn, "__module__", None) or ""
+    return not (module == "podsrl" or module.startswith("podsrl.") or getattr(fn, "reward_in_process", False))
 
 
 @dataclass
 class RewardStack:
     """Weighted sum of reward functions with an error policy.
 
-    ``error_policy="raise"``: a function that raises, hangs past ``timeout`` seconds or
-    returns a malformed value stops the run with its name and the failing prompt index.
-    ``"zero"``: the failing samples score 0 from that function and are counted in
-    ``failures`` (logged in metrics as ``reward_failures``).
+    ``error_policy="raise"``: a function that raises (SystemExit and a KeyboardInterrupt of its
+    own included), hangs past the timeout, ends its worker process or returns a malformed value
+    stops the run with a :class:`RewardError` naming it and the failing prompt index.
+    ``"zero"``: the failing samples score 0 from that function and are counted in ``failures``
+    (logged in metrics as ``reward_failures``). ``timeout``: seconds a call of a user function
+    may take; <= 0 means :data:`DEFAULT_REWARD_TIMEOUT`. podsrl's own functions have none.
     """
 
     fns: list[RewardFn]
@@ -38,6 +70,13 @@ class RewardStack:
     error_policy: str = "raise"
     timeout: float = 0.0
     failures: int = field(default=0, init=False)
+    _worker: RewardWorker | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if any(runs_in_worker(fn) for fn in self.fns):
+            self._worker = RewardWorker(self.fns)
+            weakref.finalize(self, self._worker.stop)  # a stack no longer used leaves no process behind
+            self._worker.start(next(fn for fn in self.fns if runs_in_worker(fn)))
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list],
                  shared: dict[str, Any] | None = None) -> torch.Tensor:
@@ -47,15 +86,27 @@ class RewardStack:
         dataset columns), each [N]; ``shared``: keyword arguments passed as they are
         (``trainer_state``, ``log_extra``, ``log_metric``).
         """
-        total = torch.zeros(len(completions), dtype=torch.float64)
-        verifiable = torch.zeros(len(completions), dtype=torch.bool)
-        for fn, weight in zip(self.fns, self.weights):
-            for i, value in enumerate(self._call(fn, prompts, completions, columns, shared or {})):
+        n = len(completions)
+        total, verifiable, per_fn = [0.0] * n, [False] * n, []
+        for index, (fn, weight) in enumerate(zip(self.fns, self.weights)):
+            values = self._call(index, fn, prompts, completions, columns, shared or {})
+            per_fn.append(values)
+            for i, value in enumerate(values):
                 if value is not None:
-                    total[i] += weight * value
+                    total[i] += weight * value  # float64, function after function, as TRL's sum
                     verifiable[i] = True
-        total[~verifiable] = float("nan")
-        return total.float()
+        rewards = torch.tensor([t if v else math.nan for t, v in zip(total, verifiable)], dtype=torch.float64)
+        return self._finite(rewards.float(), verifiable, per_fn)
+
+    @property
+    def user_timeout(self) -> float:
+        return self.timeout if self.timeout > 0 else DEFAULT_REWARD_TIMEOUT
+
+    def close(self) -> None:
+        """Stop the worker process now (it also stops when the stack is garbage-collected, and
+        at exit)."""
+        if self._worker is not None:
+            self._worker.stop()
 
     def bounds(self) -> tuple[float, float] | None:
         """[low, high] of the weighted sum when every function declares its ``reward_bounds``,
@@ -70,61 +121,61 @@ class RewardStack:
             low, high = low + min(terms), high + max(terms)
         return low, high
 
-    def _call(self, fn: RewardFn, prompts, completions, columns, shared) -> list[float | None]:
+    def _call(self, index: int, fn: RewardFn, prompts, completions, columns, shared) -> list[float | None]:
+        n = len(completions)
         try:
-            return _checked(fn, self._run(fn, list(prompts), list(completions), {**columns, **shared}),
-                            len(completions))
-        except concurrent.futures.TimeoutError:
+            return self._run(index, fn, list(prompts), list(completions), {**columns, **shared}, n)
+        except CallTimedOut as timeout:
             if self.error_policy == "raise":
-                raise RewardError(f"reward function {_name(fn)} timed out after {self.timeout}s "
-                                  f"on a batch of {len(completions)} completions") from None
-            self.failures += len(completions)  # retrying one by one could hang N times
-            return [0.0] * len(completions)
-        except Exception as batch_error:  # find which sample fails, then apply the policy
-            values = []
-            for i in range(len(completions)):
-                one = {**{k: v[i:i + 1] for k, v in columns.items()}, **shared}
-                try:
-                    values += _checked(fn, self._run(fn, [prompts[i]], [completions[i]], one), 1)
-                except Exception as err:
-                    if self.error_policy == "raise":
-                        raise RewardError(f"reward function {_name(fn)} failed on prompt index {i} "
-                                          f"({type(err).__name__}: {err})") from err
-                    self.failures += 1
-                    values.append(0.0)
-            if self.error_policy == "raise":  # every sample passes alone: the batch call is at fault
-                raise RewardError(f"reward function {_name(fn)} failed on the batch: {batch_error}") from batch_error
-            return values
+                raise RewardError(f"reward function {reward_name(fn)} {timeout} on a batch of {n} completions") from None
+            self.failures += n  # retrying one by one could hang n times
+            return [0.0] * n
+        except CallFailed as batch_error:  # find which sample fails, then apply the policy
+            return self._one_by_one(index, fn, prompts, completions, columns, shared, batch_error)
 
-    def _run(self, fn, prompts, completions, columns):
-        if not self.timeout:
-            return fn(prompts=prompts, completions=completions, **columns)
-        # A thread, not SIGALRM: the math grader uses signals itself. A hung function's
-        # thread cannot be killed; it is abandoned (daemon) and the policy applies.
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        try:
-            return pool.submit(fn, prompts=prompts, completions=completions, **columns).result(self.timeout)
-        finally:
-            pool.shutdown(wait=False)
+    def _one_by_one(self, index, fn, prompts, completions, columns, shared, batch_error) -> list[float | None]:
+        values = []
+        for i in range(len(completions)):
+            one = {**{k: v[i:i + 1] for k, v in columns.items()}, **shared}
+            try:
+                values += self._run(index, fn, [prompts[i]], [completions[i]], one, 1)
+            except CallFailed as err:
+                if self.error_policy == "raise":
+                    raise RewardError(f"reward function {reward_name(fn)} failed on prompt index {i} ({err})") from None
+                self.failures += 1
+                values.append(0.0)
+        if self.error_policy == "raise":  # every sample passes alone: the batch call is at fault
+            raise RewardError(f"reward function {reward_name(fn)} failed on the batch ({batch_error})") from None
+        return values
+
+    def _run(self, index, fn, prompts, completions, kwargs, expected) -> list[float | None]:
+        if not runs_in_worker(fn):
+            return _in_trainer(fn, prompts, completions, kwargs, expected)
+        if self._worker is None:  # a user function put in ``fns`` after the stack was built
+            self._worker = RewardWorker(self.fns)
+            weakref.finalize(self, self._worker.stop)
+        return self._worker.call(fn, index, (prompts, completions, kwargs, expected), self.user_timeout)
+
+    def _finite(self, rewards: torch.Tensor, verifiable: list[bool], per_fn: list[list]) -> torch.Tensor:
+        """Finite values can still sum past float32's range (1e308 * 10, or 3e38 + 3e38): an
+        error naming the functions that contributed, never a silent inf / NaN reward."""
+        bad = [i for i, v in enumerate(verifiable) if v and not math.isfinite(rewards[i])]
+        if not bad:
+            return rewards
+        if self.error_policy == "raise":
+            names = [reward_name(fn) for fn, values in zip(self.fns, per_fn) if values[bad[0]] is not None]
+            raise RewardError(f"reward function{'s' * (len(names) > 1)} {', '.join(names)}: the weighted sum is "
+                              f"{rewards[bad[0]].item()} on prompt index {bad[0]} (values too large for float32 "
+                              f"rewards)")
+        self.failures += len(bad)
+        rewards[bad] = 0.0
+        return rewards
 
 
-def _name(fn) -> str:
-    return getattr(fn, "__name__", repr(fn))
+def _in_trainer(fn, prompts, completions, kwargs, expected) -> list[float | None]:
+    try:
+        return checked_values(fn, fn(prompts=prompts, completions=completions, **kwargs), expected)
+    except (Exception, SystemExit) as err:  # not KeyboardInterrupt: here it may be the user's Ctrl-C
+        raise CallFailed(error_line(err)) from err
 
 
-def _checked(fn, values, expected: int) -> list[float | None]:
-    """Reject wrong lengths and infinite values, naming the function; NaN becomes None
-    (not applicable), as TRL treats them alike."""
-    values = list(values) if values is not None else []
-    if len(values) != expected:
-        raise ValueError(f"reward function {_name(fn)} returned {len(values)} values for {expected} completions")
-    out = []
-    for v in values:
-        if v is None:
-            out.append(None)
-            continue
-        v = float(v)
-        if math.isinf(v):
-            raise ValueError(f"reward function {_name(fn)} returned {v!r}")
-        out.append(None if math.isnan(v) else v)
-    return out
