@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 
@@ -28,8 +29,7 @@ class MetricsLog:
         """On resume, drop records of steps after the checkpoint (they will be redone)."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
+        kept = [json.dumps(r) for r in read_metrics(self.path) if r["step"] <= step]
         partial = self.path.with_suffix(".jsonl.partial")  # replaced in one step: a crash keeps the old log
         partial.write_text("".join(line + "\n" for line in kept))
         partial.replace(self.path)
@@ -43,4 +43,23 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a JSONL log. A cut-off last line (a crash mid-write) is dropped with a
+    warning naming the file and line; a bad line before the last is corruption: an error
+    naming them."""
+    lines = Path(path).read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        except ValueError as err:
+            if number == len(lines):
+                print(f"warning: {path}, line {number}: cut off ({err}); dropped (a run stopped mid-write)",
+                      file=sys.stderr)
+                break
+            raise ValueError(f"{path}, line {number}: not a JSON record ({err})") from None
+        records.append(record)
+    return records

@@ -31,6 +31,7 @@ from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
 from podsrl.provenance import read_environment
 from podsrl.trainer import train
+from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.metrics import read_metrics
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
@@ -195,6 +196,7 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     horizon = max(r.budget_seconds for r in runs)
     grid = [horizon * i / (GRID_POINTS - 1) for i in range(GRID_POINTS)]
     for arm in arms.values():
+        warn_unlike_seeds(arm.name, arm.runs)
         arm.fill_curve(grid)
     names = list(arms)
     base_name = next((n for n in names if n == baseline or n.split()[0] == baseline), None) if baseline else None

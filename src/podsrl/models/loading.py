@@ -79,6 +79,21 @@ def check_model_name(name: str) -> None:
                      f"an existing local folder, nor a hub id like 'org/name'")
 
 
+# Weight dtypes podsrl trains in. float16 is not one: without loss scaling its updates and
+# gradients under- and overflow, and on the CPU the tiny model's float16 forward passes already
+# give NaN probabilities at the first sampling step.
+WEIGHT_DTYPES = ("float32", "bfloat16")
+
+
+def check_dtype(dtype: str) -> None:
+    """Refuse a weights dtype podsrl cannot train in, before anything loads (one line, naming the field)."""
+    if dtype == "float16":
+        raise ValueError("dtype: float16 weights are not supported (no loss scaling: training turns them to NaN, on "
+                         "the CPU at once); use dtype float32 with bf16 true (mixed precision), or dtype bfloat16")
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype: unknown dtype {dtype!r}; known: {', '.join(WEIGHT_DTYPES)}")
+
+
 @contextlib.contextmanager
 def _without_peft_deprecation_warning():
     """peft 0.21 reads transformers' deprecated ``is_gradient_checkpointing``: not ours to fix."""
@@ -92,6 +107,7 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
                dtype: str = "float32") -> ModelBundle:
     """Load a causal LM and its tokenizer; wrap the model in a LoRA adapter when
     ``lora_rank > 0`` (otherwise every parameter is trained)."""
+    check_dtype(dtype)
     hf_logging.disable_progress_bar()  # podsrl shows one progress bar: its own
     tokenizer, model = _load_with_fallback(name, dtype)
     if tokenizer.pad_token is None:
@@ -119,13 +135,17 @@ class MissingBaseModel(FileNotFoundError):
     """A LoRA adapter folder names a base model that is not there."""
 
 
+class ModelFolderError(OSError):
+    """A local model folder that cannot be loaded; the message names the file."""
+
+
 def _load_with_fallback(name: str, dtype: str):
     """Tokenizer and model for ``name``; a hub id that cannot be reached falls back to its
     built-in copy (``OFFLINE_FALLBACKS``)."""
     try:
         with _without_peft_deprecation_warning():  # a run's model/ folder may hold a LoRA adapter
             return _load_pretrained(resolve_model_path(name), dtype)
-    except MissingBaseModel:
+    except (MissingBaseModel, ModelFolderError):
         raise
     except OSError as err:
         if name not in OFFLINE_FALLBACKS:
@@ -166,13 +186,60 @@ def _adapter_base(adapter_dir: str) -> str:
         f"(was the run moved?); set it to the base model's folder or hub id")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+SAFE_WEIGHTS = ("*.safetensors",)
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+def check_model_folder(folder: Path) -> None:
+    """Refuse, naming the file, a local model folder podsrl cannot or will not load: no
+    tokenizer, or weights only as a pickle (``torch.load`` of a stranger's file can run code;
+    safetensors cannot)."""
+    if not any((folder / name).exists() for name in TOKENIZER_FILES):
+        raise ModelFolderError(f"model: {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
+                      f"tokenizer into the folder (tokenizer.save_pretrained)")
+    if (folder / "adapter_config.json").exists() or any(any(folder.glob(pattern)) for pattern in SAFE_WEIGHTS):
+        return
+    pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
+    if pickled:
+        raise ModelFolderError(f"model: {folder / pickled[0]} is a pickled weights file, refused for safety (loading a "
+                      f"pickle can run code); convert it to safetensors (model.save_pretrained(folder)) and retry")
+
+
 def _load_pretrained(path: str, dtype: str):
     """Tokenizer and model from a folder or hub id. A folder holding a LoRA adapter (a
-    podsrl run's ``model/``) loads its base model, then the adapter on top."""
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if (Path(path) / "adapter_config.json").exists():
-        from peft import PeftModel
+    podsrl run's ``model/``) loads its base model, then the adapter on top. A broken file in
+    a local folder is an error naming the folder."""
+    folder = Path(path)
+    if folder.is_dir():
+        check_model_folder(folder)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if (folder / "adapter_config.json").exists():
+            from peft import PeftModel
 
-        _, base = _load_with_fallback(_adapter_base(path), dtype)
-        return tokenizer, PeftModel.from_pretrained(base, path, is_trainable=True)
-    return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+            _, base = _load_with_fallback(_adapter_base(path), dtype)
+            return tokenizer, PeftModel.from_pretrained(base, path, is_trainable=True, use_safetensors=True)
+        return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), use_safetensors=True)
+    except OSError:
+        raise
+    except Exception as err:  # safetensors' header errors, truncated files, bad JSON: not OSErrors
+        if not folder.is_dir():
+            raise
+        message = " ".join(str(err).split())[:300]
+        raise ModelFolderError(f"model: could not load {_damaged_file(folder)} ({type(err).__name__}: {message}); "
+                               f"the file is damaged or truncated") from None
+
+
+def _damaged_file(folder: Path) -> Path:
+    """The first weights file in ``folder`` whose safetensors header does not read (else the folder)."""
+    from safetensors import safe_open
+
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt") as handle:
+                for key in handle.keys():
+                    handle.get_slice(key)  # the header's offsets must lie inside the file
+        except Exception:  # noqa: BLE001 (any failure to read marks the file)
+            return weights
+    return folder

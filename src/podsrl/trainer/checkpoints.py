@@ -80,20 +80,31 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
     final = directory / f"step_{step:07d}"
     tmp = directory / f"step_{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(weights, tmp / WEIGHTS_FILE)
-    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
-                "engine": engine_states or []}, tmp / OPTIMIZER_FILE)
-    (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=2))
-    for name in (WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE):
-        fsync(tmp / name)
-    fsync(tmp)
+    try:
+        tmp.mkdir()
+        torch.save(weights, tmp / WEIGHTS_FILE)
+        torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
+                    "engine": engine_states or []}, tmp / OPTIMIZER_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=2))
+        for name in (WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE):
+            fsync(tmp / name)
+        fsync(tmp)
+    except (OSError, RuntimeError) as err:  # a full disk: torch.save raises RuntimeError from its writer
+        shutil.rmtree(tmp, ignore_errors=True)  # no partial folder left to fill the disk further
+        good = list_checkpoints(directory)
+        raise OSError(f"checkpoint: could not write {final} ({_one_line(err)}); removed the partial folder; "
+                      f"last good checkpoint: {good[-1] if good else 'none'}") from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsync(directory)  # the rename itself reaches the disk
     for old in list_checkpoints(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}"
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

@@ -19,7 +19,7 @@ import torch
 from podsrl.algorithms.advantages import group_advantages
 from podsrl.algorithms.early_stop import fill_skipped
 from podsrl.config import Config
-from podsrl.rewards import RewardFn
+from podsrl.rewards import RewardError, RewardFn
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.tasks import Example
 from podsrl.tasks.base import PreparedSplit
@@ -52,7 +52,7 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     with timer("generate"):
         rollouts = generate_rollouts(run, step_prompts, n)  # [P, n, Lc]
     with timer("reward"):
-        scores = run.scorer(step_prompts, rollouts, run.trainer_progress())  # [P, n], NaN where skipped
+        scores = score_on_every_process(run, step_prompts, rollouts)  # [P, n], NaN where skipped
     with timer("select"):
         candidates = fill_skipped(scores.reward, rollouts.generated)  # [P, n]: early stop's skipped never win
         keep = method.keep(candidates, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
@@ -71,6 +71,20 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
             update = update_policy(run.model, run.optimizer, run.scheduler, batch, run.update_options, run.procs,
                                    tokens_per_process)
     return StepOutcome(step_prompts.examples, rollouts, scores, keep, kept, kept_rewards, update)
+
+
+def score_on_every_process(run: Run, split: PreparedSplit, rollouts: Rollouts) -> Scores:
+    """The rollouts' scores; a reward failure (the 'raise' policy) on any process stops every
+    process here, so none is left waiting for the others in a later collective."""
+    failure = None
+    try:
+        scores = run.scorer(split, rollouts, run.trainer_progress())
+    except RewardError as err:
+        failure = err
+    if run.procs.max([float(failure is not None)])[0]:
+        raise failure or RewardError("a reward function failed on another process (its error is in that "
+                                     "process's output)")
+    return scores
 
 
 def generate_rollouts(run: Run, split: PreparedSplit, n: int) -> Rollouts:
@@ -119,6 +133,8 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
             return run_steps(run, stop)
         finally:
             run.trackers.finish()  # flushed and closed however the run ends
+            if run.lock:
+                run.lock.release()
 
 
 def run_steps(run: Run, stop: StopSignals) -> RunResult:
@@ -126,13 +142,18 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
     checkpointing on the way."""
     cfg = run.cfg
     initial, latest_eval = run.resume_or_start()
+    first_step = run.step
     progress = progress_bar(cfg.max_steps, run.step, cfg.method, enabled=cfg.progress and run.procs.is_main)
     run.last_checkpoint_time, consecutive_skips = time.time(), 0
     while run.step < cfg.max_steps and not run.out_of_time():
         run.step += 1
-        timer = StageTimer()
-        with run.autocast():
-            outcome = training_step(run, timer)
+        timer, step_start = StageTimer(), run.step_state()
+        try:
+            with run.autocast():
+                outcome = training_step(run, timer)
+        except RewardError as err:  # the 'raise' policy: stop with the last finished step checkpointed
+            progress.close()
+            raise run.abandon_step(step_start, err) from None
         run.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
         record = step_record(run.procs, run.step, run.train_seconds, outcome.rollouts, outcome.scores,
                              outcome.kept, outcome.kept_rewards, outcome.update, timer.seconds,
@@ -161,7 +182,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
             progress.close()
             raise
     progress.close()
-    return run.finish(initial, latest_eval)
+    return run.finish(initial, latest_eval, first_step)
 
 
 def checkpoint_or_stop(run: Run, stop: StopSignals, consecutive_skips: int) -> None:

@@ -3,7 +3,10 @@ resume-or-start, checkpoints, the time budget, and the files written at the end.
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +18,7 @@ from podsrl.config import Config
 from podsrl.distributed import Processes
 from podsrl.experiments.plots import plot_accuracy
 from podsrl.methods import Method
+from podsrl.provenance import record_environment
 from podsrl.models import ModelBundle
 from podsrl.rewards.scorer import Scorer, TrainerProgress
 from podsrl.tasks import PreparedSplit, Task
@@ -23,7 +27,8 @@ from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_c
 from podsrl.trainer.evaluate import EvalOptions, evaluate
 from podsrl.metrics import MetricsLog
 from podsrl.trainer.logging import logged_evals, say
-from podsrl.trainer.state import PromptSampler
+from podsrl.trainer.run_dir import RunDirError, RunLock
+from podsrl.trainer.state import PromptSampler, TrainingStopped
 from podsrl.tracking import Trackers
 from podsrl.update import UpdateOptions
 
@@ -70,6 +75,7 @@ class Run:
     reward_bounds: tuple[float, float] | None = None  # declared bounds of the reward (group_early_stop)
     rollout_budget: RolloutBudget | None = None  # adaptive_n's controller (checkpointed)
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
+    lock: RunLock | None = None  # the run folder's lock, held by the main process until the run ends
     step: int = 0
     train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded
     last_checkpoint_time: float = field(default_factory=time.time)
@@ -100,24 +106,38 @@ class Run:
 
     def resume_or_start(self) -> tuple[dict[str, float], dict[str, float]]:
         """Restore the newest usable checkpoint (with --resume) or evaluate the initial
-        model; wrap the policy for the update. Returns the first and the latest evaluation."""
-        resumed = self._restore() if self.cfg.resume else None
-        if self.cfg.resume and resumed is None and self.procs.is_main:
-            say(f"resume: no usable checkpoint in {self.checkpoints}; starting from scratch")
+        model; wrap the policy for the update. Returns the first and the latest evaluation.
+        A resume that finds no usable checkpoint refuses, leaving the run's files as they were."""
+        if self.cfg.resume:
+            resumed = self._restore()
+            if resumed is None:
+                raise RunDirError(f"resume: no usable checkpoint in {self.checkpoints} "
+                                  f"({self._checkpoints_found()}); nothing was changed. Resume with the settings "
+                                  f"that wrote it, or start a new run in another --output_dir")
         self.model, self.optimizer = self.procs.prepare(self.policy, self.optimizer)  # DDP / FSDP
-        last_step = self.step if resumed is not None else -1  # -1: a resume that found no checkpoint starts afresh
-        for log in (self.metrics, self.rollout_log):
-            if log:
-                log.truncate_after(last_step)  # the steps after the checkpoint are redone
-        self.trackers.start(self.cfg.to_dict(), first_step=last_step + 1)
-        if resumed is not None:
-            self.procs.barrier()  # the other processes read the log only once it is rewritten
-            if self.procs.is_main:
-                say(f"resumed from {resumed} at step {self.step}")
-            return logged_evals(self.run_dir / "metrics.jsonl")
-        initial = self.evaluate()
-        self.log({"step": 0, "train_seconds": 0.0, **initial})
-        return initial, initial
+        if not self.cfg.resume:
+            self.trackers.start(self.cfg.to_dict(), first_step=0)
+            initial = self.evaluate()
+            self.log({"step": 0, "train_seconds": 0.0, **initial})
+            return initial, initial
+        if self.procs.is_main:
+            for log in (self.metrics, self.rollout_log):
+                log.truncate_after(self.step)  # the steps after the checkpoint are redone
+            # the run as it would be started from scratch: the fields a resume may change, as changed
+            # now (checked against the checkpoint's config); each start's command is in environment.json
+            started = {**self.cfg.to_dict(), "resume": False}
+            (self.run_dir / "config.json").write_text(json.dumps(started, indent=2) + "\n")
+            record_environment(self.run_dir)
+            say(f"resumed from {resumed} at step {self.step}")
+        self.trackers.start(self.cfg.to_dict(), first_step=self.step + 1)
+        self.procs.barrier()  # the other processes read the log only once it is rewritten
+        return logged_evals(self.run_dir / "metrics.jsonl")
+
+    def _checkpoints_found(self) -> str:
+        found = list_checkpoints(self.checkpoints)
+        if not found:
+            return "none: the run stopped before its first checkpoint (save_steps / checkpoint_minutes)"
+        return f"{len(found)} found, none loads into this model and config: see the warnings above"
 
     def log(self, record: dict, rollouts: list[dict] = ()) -> None:
         """A step's metrics record (metrics.jsonl, and its numbers to the trackers) and a
@@ -152,6 +172,26 @@ class Run:
             return candidate
         return None
 
+    def step_state(self) -> dict:
+        """What a step changes before its update (prompt position, the engine's and adaptive n's
+        learned state), taken at its start: an abandoned step puts it back."""
+        return {"sampler": self.sampler.state(), "engine": copy.deepcopy(self.engine.state_dict()),
+                "rollout_budget": copy.deepcopy(self.rollout_budget.state_dict()) if self.rollout_budget else None}
+
+    def abandon_step(self, step_start: dict, reason: Exception) -> TrainingStopped:
+        """Undo the unfinished step (a reward function failed under the 'raise' policy: the
+        update has not run), checkpoint the last finished step exactly as an uninterrupted run
+        had it, and return the one-line stop to raise."""
+        self.step -= 1
+        self.sampler.epoch, self.sampler.position = step_start["sampler"]["epoch"], step_start["sampler"]["position"]
+        self.engine.load_state_dict(step_start["engine"])
+        if self.rollout_budget is not None:
+            self.rollout_budget.load_state_dict(step_start["rollout_budget"])
+        if not (self.checkpoints / f"step_{self.step:07d}").is_dir():
+            self.checkpoint()
+        return TrainingStopped(f"stopped in step {self.step + 1}: {reason}; checkpoint of step {self.step} in "
+                               f"{self.checkpoints}: fix the reward function, then continue with --resume true")
+
     def checkpoint(self) -> None:
         """Write a checkpoint of the current step (every process must call this)."""
         weights, optimizer_state = self.procs.full_state(self.policy, self.optimizer)  # gathered when sharded
@@ -166,24 +206,42 @@ class Run:
         self.procs.barrier()
         self.last_checkpoint_time = time.time()
 
-    def finish(self, initial: dict[str, float], final: dict[str, float]) -> RunResult:
+    def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int) -> RunResult:
         """The last checkpoint, the final model (whole weights or the LoRA adapter), the
-        accuracy plot and summary.json."""
+        accuracy plot and summary.json. A resumed run that had no step left to do
+        (``first_step`` is the step it started at) leaves its finished files as they are."""
         cfg, procs = self.cfg, self.procs
-        if not (self.checkpoints / f"step_{self.step:07d}").is_dir():
-            self.checkpoint()
         result = RunResult(run_dir=self.run_dir, initial=initial, final=final, steps=self.step,
                            train_seconds=self.train_seconds, plot=self.run_dir / "accuracy.png", is_main=procs.is_main)
+        if self.step == first_step and (self.run_dir / "summary.json").exists():
+            if procs.is_main:
+                say(f"{self.run_dir} finished earlier at step {self.step}; nothing to do (raise max_steps or "
+                    f"max_minutes to train further)")
+            return result
+        if not (self.checkpoints / f"step_{self.step:07d}").is_dir():
+            self.checkpoint()
         weights = procs.full_state(self.policy, self.optimizer)[0] if procs.sharded else None  # every process
         if procs.is_main:
-            # podsrl never resizes the vocabulary, so the adapter needs no embedding weights;
-            # peft's default ("auto") would look the base's config up on the hub to check
-            lora = {"save_embedding_layers": False} if self.bundle.uses_lora else {}
-            self.policy.save_pretrained(self.run_dir / "model", state_dict=weights, **lora)
-            self.bundle.tokenizer.save_pretrained(self.run_dir / "model")
+            self._save_model(weights)
             plot_accuracy([self.run_dir], result.plot, title=f"{cfg.method} on {cfg.task} ({cfg.model})")
             (self.run_dir / "summary.json").write_text(json.dumps({
                 "steps": self.step, "train_seconds": round(self.train_seconds, 2), "initial": initial,
                 "final": final}, indent=2) + "\n")
         procs.barrier()
         return result
+
+    def _save_model(self, weights: dict | None) -> None:
+        """Write model/ as a whole: into model.tmp, then swapped in, so a crash while saving
+        leaves the previous model/ (a resumed run's) loadable."""
+        final, staging, previous = (self.run_dir / name for name in ("model", "model.tmp", "model.previous"))
+        for leftover in (staging, previous):
+            shutil.rmtree(leftover, ignore_errors=True)
+        # podsrl never resizes the vocabulary, so the adapter needs no embedding weights;
+        # peft's default ("auto") would look the base's config up on the hub to check
+        lora = {"save_embedding_layers": False} if self.bundle.uses_lora else {}
+        self.policy.save_pretrained(staging, state_dict=weights, **lora)
+        self.bundle.tokenizer.save_pretrained(staging)
+        if final.exists():
+            os.replace(final, previous)
+        os.replace(staging, final)
+        shutil.rmtree(previous, ignore_errors=True)

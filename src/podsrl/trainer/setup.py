@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from podsrl.algorithms.loss import LOSS_TYPES
-from podsrl.config import Config
+from podsrl.config import Config, validate
 from podsrl.distributed import Processes
 from podsrl.methods import METHODS
 from podsrl.models import load_model
@@ -28,6 +28,7 @@ from podsrl.trainer.evaluate import EvalOptions
 from podsrl.metrics import MetricsLog
 from podsrl.trainer.logging import say
 from podsrl.trainer.run import Run
+from podsrl.trainer.run_dir import RunDirError, RunLock, check_output_dir, check_resume_config
 from podsrl.trainer.state import PromptSampler
 from podsrl.tracking import Trackers, tracker_names
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
@@ -99,21 +100,43 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _check_run_dir(cfg: Config, procs: Processes) -> Path:
-    run_dir = Path(cfg.output_dir)
-    if not cfg.resume and (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(f"output_dir: {run_dir} already holds a run; pass --resume true to "
-                              f"continue it or choose another --output_dir")
-    if cfg.prompts_per_step % procs.world_size:
-        raise ValueError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
-                         f"{procs.world_size} processes")
-    procs.barrier()  # every process has checked output_dir before the main one writes to it
-    return run_dir
+def _agreed(procs: Processes, refusal: RunDirError | None) -> None:
+    """Raise this process's refusal, or another process's, on every process, so none waits
+    for the others."""
+    others = [message for message in procs.gather_objects(str(refusal) if refusal else "") if message]
+    if refusal:
+        raise refusal
+    if others:
+        raise RunDirError(others[0])
+
+
+def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None]:
+    """Check that ``output_dir`` can hold this run and lock it (the main process holds the
+    lock), before anything loads; on resume, check the config against the run's."""
+    refusal, run_dir, lock = None, Path(cfg.output_dir), None
+    try:
+        run_dir = check_output_dir(cfg.output_dir, cfg.resume)
+        if cfg.resume:
+            check_resume_config(run_dir, cfg.to_dict())
+        if cfg.prompts_per_step % procs.world_size:
+            raise RunDirError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
+                              f"{procs.world_size} processes")
+    except RunDirError as err:
+        refusal = err
+    _agreed(procs, refusal)  # every process has checked output_dir before the main one writes to it
+    try:
+        lock = RunLock(run_dir).acquire() if procs.is_main else None
+    except RunDirError as err:
+        refusal = err
+    _agreed(procs, refusal)
+    if lock and lock.stale_holder:
+        say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
+            f"(killed?); that process is gone, so this run takes the folder over")
+    return run_dir, lock
 
 
 def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: str, procs: Processes) -> None:
     train_split, test_split = splits
-    run_dir.mkdir(parents=True, exist_ok=True)  # only once model and data loaded: no empty run folders
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     record_environment(run_dir)  # commit, date, machine: reports built from the run state them
     (run_dir / "data.json").write_text(json.dumps({
@@ -127,10 +150,23 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     """Data, model, reward, engine, optimizer and run folder of a run, in an order that keeps
     runs reproducible (the seed comes first: LoRA initialisation draws from it).
     ``reward_funcs``: Python reward functions replacing the task's reward (see
-    :func:`reward_functions`)."""
+    :func:`reward_functions`). The run folder is checked and locked before anything loads;
+    the lock is the returned Run's to release (or released here if set-up fails)."""
+    validate(cfg)  # a Config built in Python is checked as the command line's is
     fns = reward_functions(cfg, reward_funcs)  # before any work: a mistake here should cost no time
     procs = Processes.from_env()
-    run_dir = _check_run_dir(cfg, procs)
+    run_dir, lock = claim_run_dir(cfg, procs)
+    try:
+        run = _build_run(cfg, fns, procs, run_dir)
+    except BaseException:
+        if lock:
+            lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
     seed_everything(cfg.seed)
     task = build_task(task_options(cfg))
     if not task.test:  # before the model loads: data problems should cost no time
@@ -151,7 +187,7 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
     engine = ENGINES[cfg.generation_engine](generation_options(cfg))
-    if procs.is_main:
+    if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
     policy = bundle.model.to(procs.device(cfg.device))
     policy.train()

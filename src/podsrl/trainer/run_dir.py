@@ -1,0 +1,147 @@
+"""A run folder belongs to one run: which folders a run may write into, the lock a run holds
+on its folder for its whole life, and resume's check that the config still describes the
+checkpoint.
+
+podsrl never writes into a folder it did not make for a run: a model folder, a file, the
+current directory's files or another run are refused before anything loads
+(docs/reliability.md, "Output folders").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+LOCK_FILE = ".podsrl.lock"
+RUN_MARKERS = ("metrics.jsonl", "config.json")  # what a podsrl run folder holds from its first start
+MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_config.json",
+               "adapter_model.safetensors", "tokenizer.json")
+
+# Fields a resume may change: when and how the run is logged, checkpointed and stopped, not
+# what it trains (docs/reliability.md lists them). Changing any other field would make the
+# resumed run something the checkpoint was not written for.
+RESUME_SAFE_FIELDS = frozenset({
+    "max_steps", "max_minutes", "eval_steps", "save_steps", "checkpoint_minutes", "save_total_limit",
+    "max_consecutive_skips", "resume", "progress", "report_to", "log_rollouts", "reward_timeout", "output_dir",
+    "device",
+})
+
+
+class RunDirError(ValueError):
+    """The output folder cannot hold this run (one line: what was found and what to do)."""
+
+
+class RunExistsError(RunDirError, FileExistsError):
+    """The output folder holds a run already (a FileExistsError too, as it always was)."""
+
+
+def _is_run(path: Path) -> bool:
+    config = path / "config.json"
+    if not ((path / "metrics.jsonl").exists() and config.exists()):
+        return False
+    try:
+        return "method" in json.loads(config.read_text())  # podsrl's config, not a model's
+    except (ValueError, OSError):
+        return False
+
+
+def _is_model_folder(path: Path) -> bool:
+    if any((path / name).exists() for name in MODEL_FILES):
+        return True
+    try:
+        return "model_type" in json.loads((path / "config.json").read_text())
+    except (ValueError, OSError):
+        return False
+
+
+def check_output_dir(output_dir: str, resume: bool) -> Path:
+    """The run folder for ``output_dir``, or :class:`RunDirError` when it cannot be one."""
+    if not str(output_dir).strip():
+        raise RunDirError("output_dir: empty; name a folder for the run, e.g. --output_dir runs/my-run")
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"output_dir: {path} is a file, not a folder; choose another --output_dir")
+    if resume:
+        if not _is_run(path):
+            raise RunDirError(f"resume: {path} holds no podsrl run to resume (no metrics.jsonl and config.json); "
+                              f"drop --resume to start a new run there, or name the run's folder")
+        return path
+    if _is_run(path):
+        raise RunExistsError(f"output_dir: {path} already holds a run; pass --resume true to continue it or "
+                          f"choose another --output_dir")
+    if path.is_dir() and _is_model_folder(path):
+        raise RunDirError(f"output_dir: {path} holds a model (config.json / weights / tokenizer), not a run; "
+                          f"podsrl never writes into a model folder: choose another --output_dir")
+    others = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
+    if others:
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise RunDirError(f"output_dir: {path} is not empty (holds {shown}); a run starts in a new or empty "
+                          f"folder: choose another --output_dir")
+    return path
+
+
+def check_resume_config(run_dir: Path, config: dict) -> list[str]:
+    """Refuse a resume whose config differs from the run's config.json in a field that changes
+    what the checkpoint means; return the safe fields that changed (they are allowed)."""
+    saved = json.loads((run_dir / "config.json").read_text())
+    changed = sorted(name for name in set(saved) | set(config) if saved.get(name) != config.get(name))
+    unsafe = [name for name in changed if name not in RESUME_SAFE_FIELDS]
+    if unsafe:
+        shown = "; ".join(f"{name}: run {saved.get(name)!r}, now {config.get(name)!r}" for name in unsafe[:6])
+        more = f" and {len(unsafe) - 6} more" if len(unsafe) > 6 else ""
+        raise RunDirError(f"resume: the config differs from {run_dir / 'config.json'} in {shown}{more}; resume "
+                          f"with the run's values (only {', '.join(sorted(RESUME_SAFE_FIELDS - {'resume'}))} "
+                          f"may change), or start a new run in another --output_dir")
+    return [name for name in changed if name != "resume"]
+
+
+class RunLock:
+    """An exclusive lock on a run folder for the whole run (``flock`` on ``.podsrl.lock``).
+
+    The kernel drops a flock when its process dies, however it dies, so a killed run never
+    blocks the next one; the file keeps the holder's pid, host and start time while the run
+    is alive and is emptied on a clean exit, so a lock file that still names a holder when
+    the lock is free is the trace of a killed run: reported, then taken over.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / LOCK_FILE
+        self.created_dir = not run_dir.exists()
+        self.stale_holder = ""  # who held the lock when it was taken over ("" = nobody)
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown holder"
+            os.close(fd)
+            raise RunDirError(f"output_dir: {self.run_dir} is in use by another run ({holder}); wait for it to "
+                              f"finish or choose another --output_dir") from None
+        self.stale_holder = os.read(fd, 4096).decode(errors="replace").strip()
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Unlock; a folder this run created and left empty (it failed before writing) goes too."""
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)  # a clean exit: nothing stale left behind
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+        if self.created_dir and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+                self.run_dir.rmdir()

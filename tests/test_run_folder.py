@@ -1,0 +1,305 @@
+"""A run folder belongs to one run, resume never destroys, a reward failure stops with a
+checkpoint, a full disk keeps the last good checkpoint, a cut-off metrics line is tolerated
+(docs/reliability.md)."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from podsrl.config import make_config
+from podsrl.metrics import read_metrics
+from podsrl.trainer import TrainingStopped, train
+from podsrl.trainer import checkpoints as checkpoints_module
+from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.run_dir import LOCK_FILE, RunDirError, RunLock
+from podsrl.models.loading import TINY_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def quick(model_dir, output_dir, **overrides):
+    values = dict(model=model_dir, max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=1,
+                  progress=False, output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0, task="parity")
+    values.update(overrides)
+    return make_config(overrides={k: str(v) for k, v in values.items()})
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (the lock file aside) by relative path -> content hash."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != LOCK_FILE}
+
+
+@pytest.fixture(scope="module")
+def finished_run(random_model_dir, tmp_path_factory):
+    """A finished 3-step run (a checkpoint every step); tests copy it before touching it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    train(quick(random_model_dir, out, max_steps=3))
+    return out
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(run, target)
+    return target
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fails the test if the model or the data would load."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("loaded something before checking the output folder")
+
+    monkeypatch.setattr("podsrl.trainer.setup.load_model", refuse)
+    monkeypatch.setattr("podsrl.trainer.setup.build_task", refuse)
+
+
+# --- output folders ---------------------------------------------------------------------------------
+def model_folder(tmp_path):
+    target = tmp_path / "a-model"
+    shutil.copytree(TINY_DIR, target)
+    return target
+
+
+def adapter_folder(tmp_path):
+    target = tmp_path / "an-adapter"
+    target.mkdir()
+    (target / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny"}))
+    return target
+
+
+def a_file(tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("my notes\n")
+    return target
+
+
+def busy_folder(tmp_path):
+    target = tmp_path / "work"
+    target.mkdir()
+    (target / "data.csv").write_text("a,b\n1,2\n")
+    return target
+
+
+@pytest.mark.parametrize("make", [model_folder, adapter_folder, a_file, busy_folder])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_folder_that_is_not_a_new_run_is_refused_before_anything_loads_and_stays_untouched(
+        random_model_dir, tmp_path, nothing_loads, make, resume):
+    target = make(tmp_path)
+    before = snapshot(tmp_path)
+    with pytest.raises(RunDirError, match=r"^(output_dir|resume): ") as refused:
+        train(quick(random_model_dir, target, resume=resume))
+    assert "\n" not in str(refused.value) and str(target) in str(refused.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_the_empty_name_and_the_current_directorys_files_are_refused(random_model_dir, tmp_path, nothing_loads,
+                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "thesis.tex").write_text("\\documentclass{article}\n")
+    for name in ("", ".", "./"):
+        with pytest.raises(RunDirError, match="output_dir: "):
+            train(quick(random_model_dir, name))
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis.tex"]
+
+
+def test_a_run_that_fails_before_writing_leaves_no_folder(random_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr("podsrl.trainer.setup.load_model", lambda *a, **k: (_ for _ in ()).throw(OSError("disk")))
+    with pytest.raises(OSError):
+        train(quick(random_model_dir, tmp_path / "new"))
+    assert not (tmp_path / "new").exists()
+
+
+LOCK_HOLDER = ("import sys, time; from pathlib import Path; from podsrl.trainer.run_dir import RunLock; "
+               "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(600)")
+
+
+def test_a_second_process_is_refused_at_once_naming_the_holder_and_a_killed_holder_is_reported(
+        random_model_dir, tmp_path, nothing_loads, capfd):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        start = time.perf_counter()
+        with pytest.raises(RunDirError, match=f"in use by another run \\(pid {holder.pid} on "):
+            train(quick(random_model_dir, out))
+        assert time.perf_counter() - start < 10  # refused at once, not after waiting
+    finally:
+        holder.kill()
+        holder.wait()
+    stale = RunLock(out).acquire()  # the killed holder's lock is free, and its trace is reported
+    assert f"pid {holder.pid} on " in stale.stale_holder
+    stale.release()
+    assert RunLock(out).acquire().stale_holder == ""  # a clean release leaves no trace
+
+
+# --- resume never destroys ---------------------------------------------------------------------------
+def test_resume_without_a_checkpoint_refuses_and_changes_nothing(random_model_dir, finished_run, tmp_path):
+    run = copy_of(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    before = snapshot(run)
+    with pytest.raises(RunDirError, match=r"resume: no usable checkpoint .*\(none: the run stopped before"):
+        train(quick(random_model_dir, run, max_steps=4, resume=True))
+    assert snapshot(run) == before
+
+
+def test_resume_with_every_checkpoint_unreadable_refuses_and_changes_nothing(random_model_dir, finished_run,
+                                                                            tmp_path):
+    run = copy_of(finished_run, tmp_path)
+    for checkpoint in list_checkpoints(run / "checkpoints"):
+        (checkpoint / "trainable.pt").write_bytes(b"not a checkpoint")
+    before = snapshot(run)
+    with pytest.raises(RunDirError, match=r"resume: no usable checkpoint .*2 found, none loads"):
+        train(quick(random_model_dir, run, max_steps=4, resume=True))
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("changed", [{"learning_rate": 0.5}, {"lora_rank": 4}, {"num_kept": 2},
+                                     {"method": "grpo"}, {"seed": 7}])
+def test_resume_with_another_config_is_refused_naming_the_fields(random_model_dir, finished_run, tmp_path,
+                                                                 nothing_loads, changed):
+    run = copy_of(finished_run, tmp_path)
+    before = snapshot(run)
+    with pytest.raises(RunDirError, match=f"resume: the config differs .* in {next(iter(changed))}: run "):
+        train(quick(random_model_dir, run, max_steps=4, resume=True, **changed))
+    assert snapshot(run) == before
+
+
+def test_resume_may_change_the_budget_and_config_json_records_it(random_model_dir, finished_run, tmp_path):
+    run = copy_of(finished_run, tmp_path)
+    train(quick(random_model_dir, run, max_steps=4, resume=True, save_total_limit=3))
+    config = json.loads((run / "config.json").read_text())
+    assert config["max_steps"] == 4 and config["save_total_limit"] == 3 and config["learning_rate"] == 1e-3
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_resuming_a_finished_run_changes_nothing(random_model_dir, finished_run, tmp_path, capfd):
+    run = copy_of(finished_run, tmp_path)
+    before = snapshot(run)
+    result = train(quick(random_model_dir, run, max_steps=3, resume=True))
+    assert result.steps == 3 and "finished earlier at step 3; nothing to do" in capfd.readouterr().err
+    changed = {name for name in set(before) | set(snapshot(run)) if before.get(name) != snapshot(run).get(name)}
+    assert changed <= {"config.json", "environment.json"}  # the start is recorded; nothing of the run changes
+    config, original = (json.loads((path / "config.json").read_text()) for path in (run, finished_run))
+    assert {**config, "output_dir": ""} == {**original, "output_dir": ""}  # the copy lives elsewhere
+
+
+# --- metrics.jsonl cut off mid-write ------------------------------------------------------------------
+@pytest.mark.parametrize("cut", [1, 10, 40])
+def test_a_cut_off_last_line_is_dropped_with_a_warning_everywhere(random_model_dir, finished_run, tmp_path, capfd,
+                                                                  cut):
+    run = copy_of(finished_run, tmp_path)
+    metrics = run / "metrics.jsonl"
+    whole = read_metrics(metrics)
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(lines) + "\n" + json.dumps(whole[-1])[:cut])  # a crash mid-write
+    assert read_metrics(metrics) == whole
+    assert f"{metrics}, line {len(lines) + 1}: cut off" in capfd.readouterr().err
+    from podsrl.cli import main
+
+    assert main(["plot", str(run), "--output_dir", str(tmp_path / "plots")]) == 0
+    assert main(["export", str(run), str(tmp_path / "exported")]) == 0
+    train(quick(random_model_dir, run, max_steps=4, resume=True))  # resume rewrites the log whole
+    assert [r["step"] for r in read_metrics(metrics)] == [0, 1, 2, 3, 4]
+
+
+def test_a_bad_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 0}\n{"step": 1\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=f"{metrics}, line 2: not a JSON record"):
+        read_metrics(metrics)
+
+
+# --- a full disk during a checkpoint ------------------------------------------------------------------
+@pytest.mark.parametrize("failing_write", [1, 2])
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(random_model_dir, tmp_path, monkeypatch,
+                                                                  failing_write):
+    out = tmp_path / "run"
+    train(quick(random_model_dir, out, max_steps=2))
+    good = snapshot(out / "checkpoints")
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == failing_write:
+            Path(path).write_bytes(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints_module.torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"checkpoint: could not write .*step_0000003 \(OSError: \[Errno 28\] No space "
+                                      r"left on device\); removed the partial folder; last good checkpoint: "
+                                      r".*step_0000002$"):
+        train(quick(random_model_dir, out, max_steps=3, resume=True))
+    assert snapshot(out / "checkpoints") == good  # no partial folder, the good ones untouched
+
+
+# --- a reward function that fails under the 'raise' policy --------------------------------------------
+def test_a_reward_failure_stops_with_a_checkpoint_of_the_last_finished_step_and_resumes_exactly(
+        random_model_dir, tmp_path):
+    from tests.conftest import crc_parity
+
+    failing = {"at": 3}
+
+    def flaky(prompts, completions, trainer_state, **columns):
+        if trainer_state.global_step + 1 == failing["at"]:  # global_step: steps completed before this one
+            raise RuntimeError("the grading server is down")
+        return crc_parity(prompts, completions)
+
+    full = train(quick(random_model_dir, tmp_path / "full", max_steps=5, save_steps=0),
+                 reward_funcs=[crc_parity]).run_dir
+    out = tmp_path / "run"
+    with pytest.raises(TrainingStopped, match=r"stopped in step 3: reward function flaky.*the grading "
+                                              r"server is down.*checkpoint of step 2 in") as stopped:
+        train(quick(random_model_dir, out, max_steps=5, save_steps=0), reward_funcs=[flaky])
+    assert "\n" not in str(stopped.value)
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step_0000002"]
+    failing["at"] = None
+    train(quick(random_model_dir, out, max_steps=5, save_steps=0, resume=True), reward_funcs=[flaky])
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time_") and k != "train_seconds"}  # noqa: E731
+    assert [strip(r) for r in read_metrics(out / "metrics.jsonl")] == \
+           [strip(r) for r in read_metrics(full / "metrics.jsonl")]
+
+
+# --- model folders that cannot load -------------------------------------------------------------------
+def truncated_at(fraction):
+    def damage(folder):
+        weights = folder / "model.safetensors"
+        data = weights.read_bytes()
+        weights.write_bytes(data[:int(len(data) * fraction)])
+        return weights
+    return damage
+
+
+def without_tokenizer(folder):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    return folder
+
+
+def pickled_only(folder):
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder / "pytorch_model.bin"
+
+
+@pytest.mark.parametrize("damage", [truncated_at(0.0005), truncated_at(0.5), truncated_at(0.999), without_tokenizer,
+                                    pickled_only])
+def test_a_model_folder_that_cannot_load_is_one_line_naming_the_file(tmp_path, damage):
+    folder = tmp_path / "model"
+    shutil.copytree(TINY_DIR, folder)
+    named = damage(folder)
+    with pytest.raises(OSError, match=r"^model: ") as refused:
+        train(quick(str(folder), tmp_path / "run"))
+    assert str(named) in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "run").exists()  # nothing was written for the failed run
