@@ -377,3 +377,46 @@ def test_prompt_sampler_covers_each_epoch_once():
     assert sorted(second) == list(range(10)) and second != first
     resumed = PromptSampler(10, seed=3, epoch=1, position=4)
     assert resumed.take(6) == second[4:]
+
+
+def test_the_update_gets_advantages_normalised_over_the_kept_m_not_the_generated_n(random_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    """The paper normalises over the m kept rollouts. A brute-force oracle per group (mean and
+    sample std of the kept rewards, eps 1e-4, 0 for a constant group) must equal what reaches
+    the update, and normalising over all n would give something else on these very steps."""
+    import statistics
+
+    from podsrl.trainer import loop
+
+    steps, batches = [], []
+    real_step, real_update = loop.training_step, loop.update_policy
+
+    def spy_step(run, timer):
+        steps.append(real_step(run, timer))
+        return steps[-1]
+
+    def spy_update(model, optimizer, scheduler, batch, *args, **kwargs):
+        batches.append(batch.advantages.clone())
+        return real_update(model, optimizer, scheduler, batch, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "training_step", spy_step)
+    monkeypatch.setattr(loop, "update_policy", spy_update)
+    train(quick_config(random_model_dir, tmp_path / "run", max_steps=3, num_generations=6, num_kept=3))
+
+    def normalised(group: list[float], over: list[float]) -> list[float]:
+        if max(over) == min(over):
+            return [0.0] * len(group)
+        mean, std = statistics.fmean(over), statistics.stdev(over)
+        return [(r - mean) / (std + 1e-4) for r in group]
+
+    differs = False
+    for outcome, advantages in zip(steps, batches, strict=True):
+        oracle, over_n = [], []
+        for p in range(outcome.kept_rewards.shape[0]):
+            kept, generated = outcome.kept_rewards[p].tolist(), outcome.scores.reward[p].tolist()
+            assert sorted(kept) == sorted(generated[i] for i in outcome.keep[p].tolist())
+            oracle += normalised(kept, kept)
+            over_n += normalised(kept, generated)
+        assert torch.allclose(advantages, torch.tensor(oracle), atol=1e-5), (advantages, oracle)
+        differs |= not torch.allclose(advantages, torch.tensor(over_n), atol=1e-3)
+    assert differs  # the test can tell the two normalisations apart on these steps
