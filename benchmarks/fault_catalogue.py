@@ -108,7 +108,8 @@ CASES = [
     # 2. resume
     Case("resume, no checkpoint", "resume", "refuse", lambda w: out(w, "--resume", "true", "--max_steps", "3"),
          lambda w: (finished_run(w), shutil.rmtree(w / "run" / "checkpoints")), run_files),
-    Case("resume, every checkpoint corrupt", "resume", "refuse", lambda w: out(w, "--resume", "true", "--max_steps", "3"),
+    Case("resume, every checkpoint corrupt", "resume", "refuse",
+         lambda w: out(w, "--resume", "true", "--max_steps", "3"),
          lambda w: (finished_run(w), [truncate(p, 0.5) for p in (w / "run" / "checkpoints").rglob("trainable.pt")]),
          run_files),
     Case("resume with another learning rate", "resume", "refuse",

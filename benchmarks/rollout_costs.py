@@ -35,7 +35,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         runs += sorted(p.parent for p in path.rglob("metrics.jsonl") if (p.parent / "config.json").exists())
     if not runs:
-        raise SystemExit(f"rollout_costs: no run folder (config.json + metrics.jsonl) under {', '.join(map(str, paths))}")
+        raise SystemExit(f"rollout_costs: no run folder (config.json + metrics.jsonl) under "
+                         f"{', '.join(map(str, paths))}")
     return runs
 
 
@@ -60,9 +61,11 @@ def pooled(runs: list[Path]) -> dict[str, dict]:
         entry["generate"] += generate
         entry["update"] += update
         entry["runs"] += 1
-        environment = json.loads((run / "environment.json").read_text())[0] if (run / "environment.json").exists() else {}
+        recorded = run / "environment.json"
+        environment = json.loads(recorded.read_text())[0] if recorded.exists() else {}
         entry.setdefault("measured", set()).add(f"{environment.get('machine', 'unknown machine')}, "
-                                                f"torch {environment.get('torch', '?')}, code {environment.get('commit', '?')}")
+                                                f"torch {environment.get('torch', '?')}, "
+                                                f"code {environment.get('commit', '?')}")
     missing = {"grpo", "pods", "grpo-ga"} - set(by_method)
     if missing:
         raise SystemExit(f"rollout_costs: needs runs of grpo, pods and grpo-ga; none of {', '.join(sorted(missing))}")
@@ -86,7 +89,8 @@ def table(by_method: dict[str, dict]) -> str:
              "| --- | --- | --- | --- | --- |"]
     for method in ("grpo", "pods", "grpo-ga"):
         e = by_method[method]
-        lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {median[method][0]:.3f} | {median[method][1]:.3f} |")
+        generate, update = median[method]
+        lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {generate:.3f} | {update:.3f} |")
     ratio = f"{trained / generated:.1f}x" if generated > 0 else "n/a (extra rollouts measured free)"
     lines += ["",
               f"- one extra generated rollout: {1000 * generated:.2f} ms; one extra trained rollout: "

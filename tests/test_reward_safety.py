@@ -294,7 +294,8 @@ def test_a_weighted_sum_past_float32_is_an_error_never_a_silent_inf(policy):
         if bad and policy == "raise":
             names = [n for n, v in zip(("big", "small"), values) if v[bad[0]] is not None]
             plural = "s" if len(names) > 1 else ""
-            with pytest.raises(RewardError, match=f"^reward function{plural} {', '.join(names)}: the weighted sum is .* on prompt "
+            with pytest.raises(RewardError, match=f"^reward function{plural} {', '.join(names)}: "
+                                                  f"the weighted sum is .* on prompt "
                                                   f"index {bad[0]} "):
                 stack(["p"] * 4, list("abcd"), {})
             continue
@@ -319,7 +320,8 @@ def test_a_worker_gets_exactly_the_inputs_and_gives_the_rewards_of_the_trainer(t
 
     prompts = [[{"role": "user", "content": "1/3 in \u00e9"}], "plain text \x00"]
     completions = [[{"role": "assistant", "content": "0.333\u2026"}], ""]
-    columns = {"completion_ids": [[1, 2, 9], []], "answer": [0.1, None], "meta": [{"k": [1, (2, 3)]}, {"k": float("nan")}]}
+    columns = {"completion_ids": [[1, 2, 9], []], "answer": [0.1, None],
+               "meta": [{"k": [1, (2, 3)]}, {"k": float("nan")}]}
     state = TrainerProgress(global_step=3, max_steps=7, epoch=0.5)
     local = []
     shared = {"trainer_state": state, "log_extra": _not_recorded, "log_metric": lambda *a, **k: local.append(a)}
@@ -363,7 +365,8 @@ def test_a_reward_file_named_like_a_module_does_not_shadow_it(tmp_path, stem):
 # --- 6. a reward module that fails to import is one line naming it ----------------------------------
 @pytest.mark.parametrize("source, error", [
     ("def reward(:\n    pass\n", r"SyntaxError: .*line 1"),
-    ("import no_such_module_podsrl_test\n", r"ModuleNotFoundError: No module named 'no_such_module_podsrl_test', line 1"),
+    ("import no_such_module_podsrl_test\n",
+     r"ModuleNotFoundError: No module named 'no_such_module_podsrl_test', line 1"),
     ("x = 1\ny = undefined_name\n", r"NameError: name 'undefined_name' is not defined, line 2"),
     ("\n\nraise RuntimeError('bad\\nconfig')\n", r"RuntimeError: bad config, line 3"),
     ("import sys\nsys.exit(3)\n", r"SystemExit: 3, line 2"),
@@ -393,7 +396,8 @@ def _raises_multiline(prompts, completions, **_):
     raise ValueError("first line\nsecond line")
 
 
-@pytest.mark.parametrize("fn", [_raises_multiline, _exiting("faulthandler.disable(); os.kill(os.getpid(), signal.SIGSEGV)"),
+@pytest.mark.parametrize("fn", [_raises_multiline,
+                                _exiting("faulthandler.disable(); os.kill(os.getpid(), signal.SIGSEGV)"),
                                 _returning("x"), _returning([1e308]), sleepy,
                                 in_process(_raises_multiline), in_process(_returning([float("nan"), 1.0, 2.0]))])
 def test_every_failure_is_a_one_line_reward_error(fn):

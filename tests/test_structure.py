@@ -133,3 +133,15 @@ def test_modules_and_functions_stay_readable(name):
     path = MODULES[name]
     assert len(path.read_text().splitlines()) <= 400, f"{name} has over 400 lines"
     assert not long_functions(path), f"{name}: {long_functions(path)}"
+
+
+def test_the_tree_is_clean_under_the_linter_config():
+    """pyproject.toml's [tool.ruff] (line length 120, pyflakes and pycodestyle) holds for the
+    whole tree; ruff is in the test extra."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "src", "tests",
+                           "benchmarks", "scripts", "examples"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -127,7 +127,8 @@ class RewardStack:
             return self._run(index, fn, list(prompts), list(completions), {**columns, **shared}, n)
         except CallTimedOut as timeout:
             if self.error_policy == "raise":
-                raise RewardError(f"reward function {reward_name(fn)} {timeout} on a batch of {n} completions") from None
+                raise RewardError(f"reward function {reward_name(fn)} {timeout} on a batch of {n} "
+                                  f"completions") from None
             self.failures += n  # retrying one by one could hang n times
             return [0.0] * n
         except CallFailed as batch_error:  # find which sample fails, then apply the policy

@@ -241,7 +241,8 @@ def _number(fn, value, i: int) -> float | None:
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy scalar, a 0-d tensor
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # bool is an int, but True is no reward
-        raise TypeError(f"reward function {reward_name(fn)} returned {type(value).__name__} {value!r:.40} at index {i}, "
+        raise TypeError(f"reward function {reward_name(fn)} returned {type(value).__name__} {value!r:.40} "
+                        f"at index {i}, "
                         f"expected a number or None")
     value = float(value)
     if math.isinf(value):
