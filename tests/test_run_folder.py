@@ -303,3 +303,12 @@ def test_a_model_folder_that_cannot_load_is_one_line_naming_the_file(tmp_path, d
         train(quick(str(folder), tmp_path / "run"))
     assert str(named) in str(refused.value) and "\n" not in str(refused.value)
     assert not (tmp_path / "run").exists()  # nothing was written for the failed run
+
+
+def test_a_lora_adapter_saved_only_as_a_pickle_is_refused(random_model_dir, tmp_path):
+    run = tmp_path / "lora"
+    train(quick(random_model_dir, run, max_steps=1, lora_rank=4))
+    adapter = run / "model" / "adapter_model.safetensors"
+    adapter.rename(adapter.with_name("adapter_model.bin"))
+    with pytest.raises(OSError, match=r"adapter_model.bin is a pickled weights file, refused for safety"):
+        train(quick(str(run / "model"), tmp_path / "again"))

@@ -197,19 +197,20 @@ def check_model_folder(folder: Path) -> None:
     safetensors cannot)."""
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         raise ModelFolderError(f"model: {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
-                      f"tokenizer into the folder (tokenizer.save_pretrained)")
-    if (folder / "adapter_config.json").exists() or any(any(folder.glob(pattern)) for pattern in SAFE_WEIGHTS):
+                               f"tokenizer into the folder (tokenizer.save_pretrained)")
+    if any(any(folder.glob(pattern)) for pattern in SAFE_WEIGHTS):
         return
     pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
     if pickled:
         raise ModelFolderError(f"model: {folder / pickled[0]} is a pickled weights file, refused for safety (loading a "
-                      f"pickle can run code); convert it to safetensors (model.save_pretrained(folder)) and retry")
+                               f"pickle can run code); convert it to safetensors (model.save_pretrained(folder)) and "
+                               f"retry")
 
 
 def _load_pretrained(path: str, dtype: str):
     """Tokenizer and model from a folder or hub id. A folder holding a LoRA adapter (a
     podsrl run's ``model/``) loads its base model, then the adapter on top. A broken file in
-    a local folder is an error naming the folder."""
+    a local folder is an error naming the file."""
     folder = Path(path)
     if folder.is_dir():
         check_model_folder(folder)
@@ -219,7 +220,7 @@ def _load_pretrained(path: str, dtype: str):
             from peft import PeftModel
 
             _, base = _load_with_fallback(_adapter_base(path), dtype)
-            return tokenizer, PeftModel.from_pretrained(base, path, is_trainable=True, use_safetensors=True)
+            return tokenizer, PeftModel.from_pretrained(base, path, is_trainable=True)  # safetensors: checked above
         return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), use_safetensors=True)
     except OSError:
         raise
