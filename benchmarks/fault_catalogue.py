@@ -47,12 +47,20 @@ class Case:
     background: list[str] = field(default_factory=list)  # a process started first (a lock holder)
 
 
+def podsrl_command() -> list[str]:
+    """The installed `podsrl` command, as users run it (`python -m` would put the case's
+    folder first on sys.path, so a reward file named json.py there would shadow json for
+    Python itself, podsrl or not)."""
+    script = Path(sys.executable).parent / "podsrl"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "podsrl.cli"]
+
+
 def finished_run(work: Path) -> None:
     _train(["--output_dir", str(work / "run")])
 
 
 def _train(options: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "podsrl.cli", "train", *QUICK, *options], check=True,
+    subprocess.run([*podsrl_command(), "train", *QUICK, *options], check=True,
                    capture_output=True, text=True, timeout=600)
 
 
@@ -187,7 +195,7 @@ def run_case(case: Case, deadline: float) -> dict:
                                       text=True)
             holder.stdout.readline()
         try:
-            done = subprocess.run([sys.executable, "-m", "podsrl.cli", "train", *QUICK, *case.args(work)], cwd=work,
+            done = subprocess.run([*podsrl_command(), "train", *QUICK, *case.args(work)], cwd=work,
                                   capture_output=True, text=True, timeout=deadline)
             code, stderr = done.returncode, done.stderr
         except subprocess.TimeoutExpired as expired:
