@@ -75,14 +75,16 @@ def test_the_cycle_finder_finds_cycles():
 
 
 # what each layer may import (podsrl modules); the pipeline's stages sit below the trainer
-LOWER = {"podsrl.types", "podsrl.algorithms", "podsrl.distributed"}
+# podsrl.registry (the one registration form of every extension kind) sits at the bottom, beside types
+LOWER = {"podsrl.types", "podsrl.registry", "podsrl.algorithms", "podsrl.distributed"}
 ALLOWED = {
     "podsrl.types": set(),
-    "podsrl.algorithms": set(),
+    "podsrl.registry": set(),
+    "podsrl.algorithms": {"podsrl.registry"},
     "podsrl.models": {"podsrl.build"},  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
-    "podsrl.rollout": {"podsrl.types"},
-    "podsrl.tasks": {"podsrl.rewards", "podsrl.types"},
-    "podsrl.rewards": {"podsrl.tasks", "podsrl.types"},  # the scorer reads a task's examples
+    "podsrl.rollout": {"podsrl.types", "podsrl.registry"},
+    "podsrl.tasks": {"podsrl.rewards", "podsrl.types", "podsrl.registry"},
+    "podsrl.rewards": {"podsrl.tasks", "podsrl.types", "podsrl.registry"},  # the scorer reads a task's examples
     "podsrl.methods": {"podsrl.algorithms"},
     "podsrl.update": LOWER | {"podsrl.models"},
     "podsrl.tracking": set(),  # trackers get plain values: config.py validates report_to with it

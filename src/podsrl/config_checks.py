@@ -18,7 +18,7 @@ from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
 from podsrl.rewards import load_reward_fn
 from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
-from podsrl.tasks import is_known_task
+from podsrl.tasks import TASKS, is_known_task
 from podsrl.tasks.arithmetic import LEVELS, space_size
 from podsrl.tasks.data import is_local
 from podsrl.tracking import tracker_names
@@ -47,10 +47,8 @@ def _check_names(cfg) -> None:
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
              f"device: expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
-    require(cfg.downsampling_rule in RULES, f"downsampling_rule: unknown rule {cfg.downsampling_rule!r}; "
-                                             f"known: {', '.join(sorted(RULES))}")
-    require(cfg.generation_engine in ENGINES,
-             f"generation_engine: unknown engine {cfg.generation_engine!r}; known: {', '.join(sorted(ENGINES))}")
+    RULES.resolve(cfg.downsampling_rule)  # a registered name, or module:function (imported now: errors early)
+    ENGINES.resolve(cfg.generation_engine)
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     require(cfg.generation_schedule in SCHEDULES,
@@ -81,8 +79,8 @@ def _check_names(cfg) -> None:
 
 
 def _check_data(cfg) -> None:
-    require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: arithmetic, gsm8k, math, "
-                                      f"jsonl, reasoning_gym:NAME")
+    require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: {', '.join(sorted(TASKS))}, "
+                                      f"reasoning_gym:NAME, or 'module:builder' / 'file.py:builder'")
     for name in ("train_data", "test_data"):
         spec = getattr(cfg, name)
         if spec and is_local(spec) and not Path(spec).expanduser().is_file():

@@ -12,6 +12,8 @@ testing the method's name.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +56,7 @@ class Method:
             return f"{self.name}-m{m}"
         if not self.selects:
             return f"{self.name}-n{n}"
-        return f"{self.name}-n{n}-m{m}-{rule}"
+        return f"{self.name}-n{n}-m{m}-{re.sub(r'[^A-Za-z0-9_.-]', '_', rule)}"  # a module:function rule too
 
 
 METHODS: dict[str, Method] = {

@@ -91,9 +91,7 @@ class PODSConfig(GRPOConfig):
         super().__post_init__()
         if self.num_kept is None:
             self.num_kept = self.num_generations
-        if self.downsampling_rule not in RULES:
-            raise ValueError(f"downsampling_rule: unknown rule {self.downsampling_rule!r}; known: "
-                             f"{', '.join(sorted(RULES))}")
+        RULES.resolve(self.downsampling_rule)  # a registered name, or module:function
         if not 2 <= self.num_kept <= self.num_generations:
             raise ValueError(f"num_kept: must be between 2 (an advantage needs a group) and num_generations "
                              f"({self.num_generations}), got {self.num_kept}")

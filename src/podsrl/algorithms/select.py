@@ -5,7 +5,8 @@ Every rule has one signature, ``rule(rewards, m, generator=None)``: rewards ``[P
 seeded ``torch.Generator`` that only rules which draw at random use. It returns the kept
 indices ``[P, m]`` (long), **sorted ascending within each row**, so that with m == n every
 rule returns ``arange(n)`` and PODS performs exactly the computation of GRPO. Rules are
-registered by name in ``RULES``; add one there to make it a config value.
+registered by name in ``RULES`` (``@RULES.register("name")``), or named in the config as
+``module:function`` / ``file.py:function`` without registering (:mod:`podsrl.registry`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
+from podsrl.registry import Registry
 
 Rule = Callable[[torch.Tensor, int, "torch.Generator | None"], torch.Tensor]
 
@@ -82,15 +85,13 @@ def random_subset(rewards: torch.Tensor, m: int, generator: torch.Generator | No
     return keys.argsort(dim=1)[:, :m].sort(dim=1).values
 
 
-RULES: dict[str, Rule] = {
+RULES = Registry("rule", "downsampling_rule", {
     "max_variance": max_variance,
     "max_reward": max_reward,
     "random": random_subset,
-}
+})
 
 
 def select(rule: str, rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Apply the named rule (``generator``: the run's seeded stream, for rules that draw)."""
-    if rule not in RULES:
-        raise ValueError(f"rule: unknown rule {rule!r}; known: {sorted(RULES)}")
-    return RULES[rule](rewards, m, generator)
+    return RULES.resolve(rule)(rewards, m, generator)

@@ -20,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from podsrl.registry import error_line
+
 RewardFn = Callable[..., list]
 _GRACE = 1.0  # seconds a timed-out worker gets between SIGTERM and SIGKILL
 
@@ -34,16 +36,6 @@ class CallFailed(Exception):
 
 class CallTimedOut(CallFailed):
     pass
-
-
-def error_line(err: BaseException) -> str:
-    """``Type: message`` on one line, cut to a readable length."""
-    try:
-        text = " ".join(str(err).split())
-    except Exception:  # a user exception whose __str__ fails
-        text = "(unprintable message)"
-    text = text if len(text) <= 300 else text[:297] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class RewardWorker:

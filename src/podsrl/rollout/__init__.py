@@ -1,6 +1,7 @@
 """The generate stage: prompts [P] -> Rollouts [P, n, Lc], by an engine registered by name.
 
-``ENGINES[name](options)`` builds an engine once per run from :class:`GenerationOptions`;
+``ENGINES.resolve(name)(options)`` builds an engine once per run from :class:`GenerationOptions`
+(a registered name, or ``module:Class`` / ``file.py:Class``: :mod:`podsrl.registry`);
 an engine is ``engine(model, tokenizer, prompts, num_samples, stopper=None) -> Rollouts``
 with the group axis kept (``stopper``: early stop of saturated groups, ``slots`` only),
 plus ``state_dict()`` / ``load_state_dict()`` / ``check_state()`` for what it learns
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from podsrl.registry import Registry
 from podsrl.rollout.hf import generate, to_rollouts
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor
@@ -137,7 +139,7 @@ class SlotsEngine:
             self.predictor.load_state_dict(state["length_predictor"])
 
 
-ENGINES = {"hf": HFEngine, "slots": SlotsEngine}
+ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine})
 
 __all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationOptions", "HFEngine", "LengthPredictor", "SlotsEngine",
            "Stopper", "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]

@@ -2,8 +2,9 @@
 
 Built in: ``arithmetic`` (offline, procedural), ``gsm8k``, ``math`` (MATH / MATH-500),
 ``jsonl`` (your own data), and ``reasoning_gym:NAME`` for any reasoning-gym dataset.
-Register your own with ``TASKS["name"] = builder``, ``builder(options: TaskOptions,
-with_train: bool) -> Task``.
+Register your own with ``@TASKS.register("name")`` (or ``TASKS["name"] = builder``), or name
+it in the config as ``module:builder`` / ``file.py:builder`` (:mod:`podsrl.registry`);
+``builder(options: TaskOptions, with_train: bool) -> Task``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from podsrl.registry import Registry
 from podsrl.tasks.arithmetic import build_arithmetic
 from podsrl.tasks.base import (REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, Messages, PreparedSplit,
                                Task, prepare_split, prompt_messages, render_prompt, reward_columns)
@@ -34,17 +36,17 @@ class TaskOptions:
 
 TaskBuilder = Callable[[TaskOptions, bool], Task]
 
-TASKS: dict[str, TaskBuilder] = {
+TASKS = Registry("task", "task", {
     "arithmetic": lambda o, with_train: build_arithmetic(level=o.task_level, num_test=o.num_test, seed=o.data_seed),
     "gsm8k": lambda o, with_train: build_gsm8k(o.train_data, o.test_data, with_train=with_train),
     "math": lambda o, with_train: build_math(o.train_data, o.test_data, with_train=with_train),
     "jsonl": lambda o, with_train: build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column,
                                                with_train=with_train),
-}
+})
 
 
 def is_known_task(name: str) -> bool:
-    return name in TASKS or name.startswith(REASONING_GYM_PREFIX)
+    return name in TASKS or name.startswith(REASONING_GYM_PREFIX) or ":" in name
 
 
 def build_task(options: TaskOptions, with_train: bool = True) -> Task:
@@ -54,10 +56,7 @@ def build_task(options: TaskOptions, with_train: bool = True) -> Task:
 
         return build_reasoning_gym(options.task[len(REASONING_GYM_PREFIX):], num_train=options.reasoning_gym_size,
                                    num_test=options.num_test, seed=options.data_seed)
-    if options.task not in TASKS:
-        raise ValueError(f"task: unknown task {options.task!r}; known: {', '.join(sorted(TASKS))}, "
-                         f"{REASONING_GYM_PREFIX}NAME")
-    return TASKS[options.task](options, with_train)
+    return TASKS.resolve(options.task)(options, with_train)
 
 
 __all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "Messages", "PreparedSplit", "Task", "TaskOptions",

@@ -59,7 +59,7 @@ class Run:
     train_split: PreparedSplit
     test_split: PreparedSplit
     scorer: Scorer
-    engine: object  # podsrl.rollout.ENGINES[...]
+    engine: object  # built by podsrl.rollout.ENGINES
     method: Method
     policy: torch.nn.Module  # the bare model: generation, no-grad log-probs, saving
     reference: torch.nn.Module | None  # a frozen copy for the KL (None: none, or LoRA's adapter-free base)

@@ -186,7 +186,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
-    engine = ENGINES[cfg.generation_engine](generation_options(cfg))
+    engine = ENGINES.resolve(cfg.generation_engine)(generation_options(cfg))
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
     policy = bundle.model.to(procs.device(cfg.device))

@@ -1,0 +1,95 @@
+"""One registration form for every extension kind (podsrl.registry): registered names and
+module:function / file.py:function names resolve the same way for rules, engines, tasks and
+reward functions; mistakes are one line naming the field."""
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from podsrl.algorithms.select import RULES, max_variance, select
+from podsrl.config import make_config
+from podsrl.registry import Registry
+from podsrl.rewards import REWARDS, load_reward_fn
+from podsrl.rollout import ENGINES
+from podsrl.tasks import TASKS
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = str(REPO / "examples" / "extensions.py")
+
+
+@pytest.mark.parametrize("registry", [RULES, ENGINES, TASKS, REWARDS])
+def test_every_kind_is_a_registry_that_resolves_its_own_names(registry):
+    assert isinstance(registry, Registry) and registry
+    for name, obj in registry.items():
+        assert registry.resolve(name) is obj
+
+
+@pytest.mark.parametrize("registry", [RULES, ENGINES, TASKS, REWARDS])
+def test_unknown_names_are_one_line_naming_the_field_and_the_known_names(registry):
+    with pytest.raises(ValueError) as refused:
+        registry.resolve("no_such_thing")
+    message = str(refused.value)
+    assert message.startswith(f"{registry.field}: unknown ") and "\n" not in message
+    assert all(name in message for name in registry)
+
+
+def test_register_adds_a_name_once(monkeypatch):
+    rules = Registry("rule", "downsampling_rule", dict(RULES))
+    rules.register("mine")(max_variance)
+    assert rules.resolve("mine") is max_variance
+    with pytest.raises(ValueError, match="downsampling_rule: a rule named 'mine' is registered already"):
+        rules.register("mine")(max_variance)
+
+
+def test_a_rule_from_a_file_is_used_by_name_in_the_config_and_in_select():
+    cfg = make_config(overrides={"downsampling_rule": f"{EXAMPLE}:max_variance_no_ties"})
+    rule = RULES.resolve(cfg.downsampling_rule)
+    assert rule.__name__ == "max_variance_no_ties" and "podsrl_user_file_extensions_" in rule.__module__
+    assert sys.modules.get("extensions") is None  # loaded under a private name only
+    generator = torch.Generator().manual_seed(0)
+    for rewards in itertools.islice(itertools.product([0.0, 1.0, 0.5], repeat=6), 0, 729, 37):
+        groups = torch.tensor([rewards])  # [1, 6]
+        kept = select(cfg.downsampling_rule, groups, 3, generator)
+        best = select("max_variance", groups, 3)
+        assert groups[0, kept[0]].var() == pytest.approx(float(groups[0, best[0]].var()))  # as good as the built-in
+
+
+def test_a_module_function_reward_and_its_mistakes(tmp_path):
+    assert load_reward_fn("trl.rewards:accuracy_reward").__name__ == "accuracy_reward"
+    with pytest.raises(ValueError, match="^reward_funcs: 'trl.rewards' has no function 'nope'$"):
+        load_reward_fn("trl.rewards:nope")
+    with pytest.raises(ValueError, match="^reward_funcs: cannot import module 'no_such_pkg_x' "):
+        load_reward_fn("no_such_pkg_x:f")
+
+
+def test_config_refuses_a_rule_or_engine_that_does_not_resolve_before_anything_loads():
+    with pytest.raises(ValueError, match="^downsampling_rule: .* has no function 'nope'"):
+        make_config(overrides={"downsampling_rule": f"{EXAMPLE}:nope"})
+    with pytest.raises(ValueError, match="^generation_engine: unknown engine 'vllm'; known: hf, slots"):
+        make_config(overrides={"generation_engine": "vllm"})
+
+
+def test_a_comparison_arm_named_by_a_file_rule_is_one_folder():
+    from podsrl.experiments.compare import arm_dir_name
+
+    name = arm_dir_name({"method": "pods", "num_generations": 16, "num_kept": 4,
+                         "downsampling_rule": f"{EXAMPLE}:max_variance_no_ties"})
+    assert "/" not in name and ":" not in name and name.startswith("pods-n16-m4-")
+
+
+def test_a_run_trains_with_a_rule_and_an_engine_named_by_module(random_model_dir, tmp_path):
+    from podsrl.metrics import read_metrics
+    from podsrl.trainer import train
+
+    cfg = make_config(overrides={"model": random_model_dir, "task": "parity", "max_steps": "2", "prompts_per_step": "2",
+                                 "num_generations": "4", "num_kept": "2", "max_completion_length": "4",
+                                 "eval_prompts": "4", "eval_samples": "1", "eval_steps": "0", "save_steps": "0",
+                                 "progress": "false", "output_dir": str(tmp_path / "run"),
+                                 "downsampling_rule": f"{EXAMPLE}:max_variance_no_ties",
+                                 "generation_engine": "podsrl.rollout:HFEngine"})
+    train(cfg)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2] and all(r["loss"] is not None for r in records[1:])
