@@ -50,7 +50,7 @@ def test_train_smoke_and_plot(random_model_dir, tmp_path):
     assert "held-out accuracy" in result.stdout and str(run) in result.stdout
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
-    assert (run / "accuracy.png").exists()
+    assert (run / "accuracy.png").stat().st_size > 0 and f"plot:          {run / 'accuracy.png'}" in result.stdout
     again = podsrl("train", "--model", random_model_dir, "--output_dir", str(run))
     assert again.returncode == 2 and "--resume" in again.stderr
     plot = podsrl("plot", str(run), "--output_dir", str(tmp_path / "plots"))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from podsrl.config import Config, make_config, parse_value, split_list
 from podsrl.experiments.compare import analyze, arm_configs, run_comparison, write_report
+from podsrl.experiments.plots import plot_accuracy
 from podsrl.provenance import environment_report
 from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer.evaluate import run_eval
@@ -72,9 +73,11 @@ def cmd_train(argv: list[str]) -> int:
     if "eval_greedy_accuracy" in final:
         print(f"held-out accuracy (greedy): {100 * init['eval_greedy_accuracy']:.1f}% -> "
               f"{100 * final['eval_greedy_accuracy']:.1f}%")
+    plot = plot_accuracy([result.run_dir], result.run_dir / "accuracy.png",
+                         title=f"{cfg.method} on {cfg.task} ({cfg.model})")
     print(f"run directory: {result.run_dir}")
     print(f"metrics:       {result.run_dir / 'metrics.jsonl'}")
-    print(f"plot:          {result.plot}")
+    print(f"plot:          {plot}")
     return 0
 
 

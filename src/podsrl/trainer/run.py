@@ -16,7 +16,6 @@ import torch
 from podsrl.algorithms.rollout_budget import RolloutBudget
 from podsrl.config import Config
 from podsrl.distributed import Processes
-from podsrl.experiments.plots import plot_accuracy
 from podsrl.methods import Method
 from podsrl.provenance import record_environment
 from podsrl.models import ModelBundle
@@ -42,7 +41,6 @@ class RunResult:
     final: dict[str, float]
     steps: int
     train_seconds: float
-    plot: Path
     is_main: bool = True  # False in the other processes of a multi-process run (they write nothing)
 
 
@@ -207,12 +205,13 @@ class Run:
         self.last_checkpoint_time = time.time()
 
     def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int) -> RunResult:
-        """The last checkpoint, the final model (whole weights or the LoRA adapter), the
-        accuracy plot and summary.json. A resumed run that had no step left to do
-        (``first_step`` is the step it started at) leaves its finished files as they are."""
-        cfg, procs = self.cfg, self.procs
+        """The last checkpoint, the final model (whole weights or the LoRA adapter) and
+        summary.json; the accuracy plot is the caller's (``podsrl train`` draws it). A resumed
+        run that had no step left to do (``first_step`` is the step it started at) leaves its
+        finished files as they are."""
+        procs = self.procs
         result = RunResult(run_dir=self.run_dir, initial=initial, final=final, steps=self.step,
-                           train_seconds=self.train_seconds, plot=self.run_dir / "accuracy.png", is_main=procs.is_main)
+                           train_seconds=self.train_seconds, is_main=procs.is_main)
         if self.step == first_step and (self.run_dir / "summary.json").exists():
             if procs.is_main:
                 say(f"{self.run_dir} finished earlier at step {self.step}; nothing to do (raise max_steps or "
@@ -223,7 +222,6 @@ class Run:
         weights = procs.full_state(self.policy, self.optimizer)[0] if procs.sharded else None  # every process
         if procs.is_main:
             self._save_model(weights)
-            plot_accuracy([self.run_dir], result.plot, title=f"{cfg.method} on {cfg.task} ({cfg.model})")
             (self.run_dir / "summary.json").write_text(json.dumps({
                 "steps": self.step, "train_seconds": round(self.train_seconds, 2), "initial": initial,
                 "final": final}, indent=2) + "\n")
