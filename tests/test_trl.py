@@ -252,3 +252,25 @@ def test_two_processes_select_the_same_rows_without_hanging(tmp_path):
         assert rewards[0].var() == 0 and rewards[-1].var() > 0 or rewards[-1].var() == 0  # patterns differ by process
         assert torch.equal(torch.tensor(step0["kept"]), select("random", rewards, 2, generator=generator))
         assert len(step0["local"]) == len(step1["local"]) == 4  # equal rows per process: 2 prompts x m
+
+
+def test_pods_trainer_logs_the_trainers_selection_statistics_under_the_same_names():
+    """One statistics function, one set of names: what PODSTrainer logs for the generated and
+    kept rewards is podsrl's trainer's group_stats, under pods/{generated,kept}_reward_*."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from podsrl.algorithms.group_stats import group_stats
+    from podsrl.trl import PODSTrainer
+
+    generator = torch.Generator().manual_seed(0)
+    generated = (torch.rand(5, 8, generator=generator) > 0.5).float()  # [P, n]
+    generated[0] = 1.0  # one constant group
+    kept = generated[:, :4]  # [P, m]
+    stub = SimpleNamespace(_metrics={"train": defaultdict(list)})
+    PODSTrainer._log_selection(stub, generated, kept)
+    logged = {key: values[-1] for key, values in stub._metrics["train"].items()}
+    expected = {**group_stats("pods/generated_reward", generated), **group_stats("pods/kept_reward", kept)}
+    assert logged == expected
+    own = group_stats("reward", generated)  # the trainer's metrics.jsonl names
+    assert {key.replace("pods/generated_", "") for key in logged if "generated" in key} == set(own)

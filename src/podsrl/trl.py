@@ -40,6 +40,7 @@ try:
 except ImportError as err:  # an optional dependency
     raise ImportError(f"podsrl.trl needs TRL: pip install 'podsrl[trl]' ({err})") from err
 
+from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, select
 
 SUPPORTED_TRL = ("1.16.0", "1.17.0")  # [lowest tested, first untested)
@@ -186,8 +187,6 @@ class PODSTrainer(GRPOTrainer):
     def _log_selection(self, generated: torch.Tensor, kept: torch.Tensor) -> None:
         """What shows whether down-sampling works: reward mean, within-group spread and the
         share of constant groups, before and after selection."""
-        for name, values in (("generated", generated), ("kept", kept)):
-            self._metrics["train"][f"pods/{name}_reward_mean"].append(float(values.mean()))
-            self._metrics["train"][f"pods/{name}_reward_std"].append(float(values.std(dim=1, correction=0).mean()))
-            self._metrics["train"][f"pods/{name}_zero_std_frac"].append(
-                float((values.amax(1) == values.amin(1)).float().mean()))
+        for name, values in (("generated", generated), ("kept", kept)):  # the trainer's numbers and names
+            for key, value in group_stats(f"pods/{name}_reward", values).items():
+                self._metrics["train"][key].append(value)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from podsrl.algorithms.group_stats import group_stats
 from podsrl.distributed import Processes
 from podsrl.metrics import read_metrics
 from podsrl.tasks import Example
@@ -47,21 +48,6 @@ def say(message: str) -> None:
 
 def progress_bar(total: int, step: int, desc: str, enabled: bool):
     return tqdm(total=total, initial=step, disable=not enabled, desc=desc, unit="step", dynamic_ncols=True)
-
-
-def group_stats(prefix: str, rewards: torch.Tensor) -> dict[str, float]:
-    """Mean, mean within-group std and zero-variance fraction of rewards [P, k]; NaN entries
-    (samples early stop skipped) are left out."""
-    present = ~rewards.isnan()
-    if present.all():
-        return {f"{prefix}_mean": float(rewards.mean()),
-                f"{prefix}_std": float(rewards.std(dim=1, correction=0).mean()),
-                f"{prefix}_zero_var_frac": float((rewards.amax(1) == rewards.amin(1)).float().mean())}
-    mean = rewards.nanmean(dim=1, keepdim=True)  # [P, 1]
-    std = (rewards - mean).square().nanmean(dim=1).sqrt()  # [P]
-    filled = rewards.where(present, mean)  # the mean changes neither max nor min
-    return {f"{prefix}_mean": float(rewards.nanmean()), f"{prefix}_std": float(std.mean()),
-            f"{prefix}_zero_var_frac": float((filled.amax(1) == filled.amin(1)).float().mean())}
 
 
 def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rollouts, scores: Scores,
