@@ -56,8 +56,8 @@ class Registry(dict):
         if spec in self:
             return self[spec]
         if ":" not in spec:
-            raise ValueError(f"{self.field}: unknown {self.kind} {spec!r}; known: {', '.join(sorted(self))}, or "
-                             f"'module:function' / 'file.py:function'")
+            raise ValueError(f"{self.field}: unknown {self.kind} {spec!r}: neither a built-in {self.kind} "
+                             f"({', '.join(sorted(self))}) nor 'module:function' / 'file.py:function'")
         return load_object(spec, self.field)
 
 
