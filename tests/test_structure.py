@@ -81,7 +81,7 @@ ALLOWED = {
     "podsrl.types": set(),
     "podsrl.registry": set(),
     "podsrl.algorithms": {"podsrl.registry"},
-    "podsrl.models": {"podsrl.build"},  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
+    "podsrl.models": {"podsrl.build", "podsrl.registry"},  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
     "podsrl.rollout": {"podsrl.types", "podsrl.registry"},
     "podsrl.tasks": {"podsrl.rewards", "podsrl.types", "podsrl.registry"},
     "podsrl.rewards": {"podsrl.tasks", "podsrl.types", "podsrl.registry"},  # the scorer reads a task's examples

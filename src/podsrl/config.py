@@ -22,7 +22,8 @@ from podsrl.config_checks import require, validate
 from podsrl.config_ranges import check_reward_weights
 from podsrl.methods import METHODS
 
-__all__ = ["Config", "FIELDS", "RENAMED", "load_yaml", "make_config", "parse_value", "split_list", "validate"]
+__all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RENAMED", "load_yaml", "make_config", "parse_value",
+           "split_list", "validate"]
 
 
 def _f(default, help: str):
@@ -211,7 +212,7 @@ class Config:
         """``reward_weights`` as finite floats (1 per function when empty)."""
         if not self.reward_weights:
             return [1.0] * len(self.reward_specs)
-        return check_reward_weights(self.reward_weights)
+        return check_reward_weights(split_list(self.reward_weights), self.reward_weights)
 
     @property
     def lora_targets(self) -> tuple[str, ...]:
@@ -231,6 +232,11 @@ def split_list(text: str) -> list[str]:
 
 
 FIELDS = {f.name: f for f in fields(Config)}
+# Where and how a run is written, logged and checkpointed, not what it trains: a resume may
+# change these (podsrl.trainer.run_dir), and seeds of one arm may differ in them
+# (podsrl.experiments.seeds)
+BOOKKEEPING_FIELDS = frozenset({"output_dir", "resume", "progress", "report_to", "log_rollouts", "save_steps",
+                                "checkpoint_minutes", "save_total_limit", "device"})
 # fields renamed so that podsrl and podsrl.trl (TRL's GRPOConfig) use one name per concept
 RENAMED = dict(n="num_generations", m="num_kept", rule="downsampling_rule", lr="learning_rate", steps="max_steps",
                max_new_tokens="max_completion_length", clip_eps_low="epsilon", clip_eps_high="epsilon_high",

@@ -110,7 +110,9 @@ UNCHECKED: dict[str, str] = {
 
 
 def check_numbers(cfg) -> None:
-    """Every int and float field: of its type, finite, and within its range (``RANGES``)."""
+    """Every int and float field: of its type, finite, and within its range (``RANGES``).
+    ``reward_weights`` is text: ``Config.reward_weight_values`` parses it once, with
+    :func:`check_reward_weights`."""
     for f in dataclasses.fields(cfg):
         kind = type(f.default)
         if kind not in (int, float):
@@ -124,15 +126,13 @@ def check_numbers(cfg) -> None:
         if limits is not None and not limits.admits(value):
             why = f" ({limits.why})" if limits.why else ""
             raise ValueError(f"{f.name}: must be {limits.describe()}{why}, got {value}")
-    check_reward_weights(cfg.reward_weights)
 
 
-def check_reward_weights(text: str) -> list[float]:
-    """The comma-separated ``reward_weights``, each a finite number (negative ones penalise)."""
+def check_reward_weights(items: list[str], text: str) -> list[float]:
+    """The items of ``reward_weights`` (``text``, split by ``podsrl.config.split_list``) as
+    numbers, each finite (negative ones penalise)."""
     weights = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
+    for item in items:
         try:
             weight = float(item)
         except ValueError:

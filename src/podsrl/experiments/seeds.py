@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 
-# Fields that may differ between the seeds of one arm: the seed itself, and where and how the
-# run was written (a compare re-run resumes with the same budget; max_steps is set by it).
-SEED_FIELDS = frozenset({"seed", "output_dir", "resume", "progress", "report_to", "log_rollouts", "save_steps",
-                         "checkpoint_minutes", "save_total_limit", "eval_batch_size", "device", "max_steps"})
+from podsrl.config import BOOKKEEPING_FIELDS
+
+# Fields that may differ between the seeds of one arm: the seed itself, where and how the run
+# was written, the evaluation batch size, and max_steps (compare sets a time budget instead).
+SEED_FIELDS = BOOKKEEPING_FIELDS | {"seed", "eval_batch_size", "max_steps"}
 
 
 def warn_unlike_seeds(arm: str, runs: list) -> None:

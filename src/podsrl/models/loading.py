@@ -15,6 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from podsrl.registry import error_line
+
 
 TINY_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny"  # shipped; rebuilt by scripts/build_tiny.py
 SMOLLM2 = "smollm2-135m-instruct"
@@ -187,7 +189,6 @@ def _adapter_base(adapter_dir: str) -> str:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
-SAFE_WEIGHTS = ("*.safetensors",)
 PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 
 
@@ -198,7 +199,7 @@ def check_model_folder(folder: Path) -> None:
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         raise ModelFolderError(f"model: {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
                                f"tokenizer into the folder (tokenizer.save_pretrained)")
-    if any(any(folder.glob(pattern)) for pattern in SAFE_WEIGHTS):
+    if any(folder.glob("*.safetensors")):
         return
     pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
     if pickled:
@@ -227,8 +228,7 @@ def _load_pretrained(path: str, dtype: str):
     except Exception as err:  # safetensors' header errors, truncated files, bad JSON: not OSErrors
         if not folder.is_dir():
             raise
-        message = " ".join(str(err).split())[:300]
-        raise ModelFolderError(f"model: could not load {_damaged_file(folder)} ({type(err).__name__}: {message}); "
+        raise ModelFolderError(f"model: could not load {_damaged_file(folder)} ({error_line(err)}); "
                                f"the file is damaged or truncated") from None
 
 

@@ -73,10 +73,14 @@ class RewardStack:
     _worker: RewardWorker | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if any(runs_in_worker(fn) for fn in self.fns):
-            self._worker = RewardWorker(self.fns)
-            weakref.finalize(self, self._worker.stop)  # a stack no longer used leaves no process behind
-            self._worker.start(next(fn for fn in self.fns if runs_in_worker(fn)))
+        user_fns = [fn for fn in self.fns if runs_in_worker(fn)]
+        if user_fns:  # forked now, before the model loads: the worker shares little memory with the trainer
+            self._new_worker().start(user_fns[0])
+
+    def _new_worker(self) -> RewardWorker:
+        self._worker = RewardWorker(self.fns)
+        weakref.finalize(self, self._worker.stop)  # a stack no longer used leaves no process behind
+        return self._worker
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list],
                  shared: dict[str, Any] | None = None) -> torch.Tensor:
@@ -152,10 +156,8 @@ class RewardStack:
     def _run(self, index, fn, prompts, completions, kwargs, expected) -> list[float | None]:
         if not runs_in_worker(fn):
             return _in_trainer(fn, prompts, completions, kwargs, expected)
-        if self._worker is None:  # a user function put in ``fns`` after the stack was built
-            self._worker = RewardWorker(self.fns)
-            weakref.finalize(self, self._worker.stop)
-        return self._worker.call(fn, index, (prompts, completions, kwargs, expected), self.user_timeout)
+        worker = self._worker or self._new_worker()  # none yet: a user function put in ``fns`` after building
+        return worker.call(fn, index, (prompts, completions, kwargs, expected), self.user_timeout)
 
     def _finite(self, rewards: torch.Tensor, verifiable: list[bool], per_fn: list[list]) -> torch.Tensor:
         """Finite values can still sum past float32's range (1e308 * 10, or 3e38 + 3e38): an

@@ -4,9 +4,9 @@
 (a registered name, or ``module:Class`` / ``file.py:Class``: :mod:`podsrl.registry`);
 an engine is ``engine(model, tokenizer, prompts, num_samples, stopper=None) -> Rollouts``
 with the group axis kept (``stopper``: early stop of saturated groups, ``slots`` only),
-plus ``state_dict()`` / ``load_state_dict()`` / ``check_state()`` for what it learns
-across steps (checkpointed, so a resumed run generates exactly what an
-uninterrupted one would). Both engines honour ``memory_mb``, a cap on the estimated memory
+plus ``state_dict()`` (a snapshot: copies, not live references) / ``load_state_dict()`` /
+``check_state()`` for what it learns across steps (checkpointed, so a resumed run generates
+exactly what an uninterrupted one would). Both engines honour ``memory_mb``, a cap on the estimated memory
 of what is decoded at once (:func:`podsrl.rollout.memory.generation_memory_bytes`).
 
 - ``hf``: transformers ``generate`` on whole prompt groups (with the prompt prefill shared);

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from podsrl.registry import error_line
+
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "trainable.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -92,7 +94,7 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
     except (OSError, RuntimeError) as err:  # a full disk: torch.save raises RuntimeError from its writer
         shutil.rmtree(tmp, ignore_errors=True)  # no partial folder left to fill the disk further
         good = list_checkpoints(directory)
-        raise OSError(f"checkpoint: could not write {final} ({_one_line(err)}); removed the partial folder; "
+        raise OSError(f"checkpoint: could not write {final} ({error_line(err)}); removed the partial folder; "
                       f"last good checkpoint: {good[-1] if good else 'none'}") from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -100,11 +102,6 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
     for old in list_checkpoints(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:200]}"
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

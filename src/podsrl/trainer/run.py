@@ -3,7 +3,6 @@ resume-or-start, checkpoints, the time budget, and the files written at the end.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -173,8 +172,9 @@ class Run:
     def step_state(self) -> dict:
         """What a step changes before its update (prompt position, the engine's and adaptive n's
         learned state), taken at its start: an abandoned step puts it back."""
-        return {"sampler": self.sampler.state(), "engine": copy.deepcopy(self.engine.state_dict()),
-                "rollout_budget": copy.deepcopy(self.rollout_budget.state_dict()) if self.rollout_budget else None}
+        # both state_dicts are snapshots (copies), as a checkpoint takes them: nothing to copy again
+        return {"sampler": self.sampler.state(), "engine": self.engine.state_dict(),
+                "rollout_budget": self.rollout_budget.state_dict() if self.rollout_budget else None}
 
     def abandon_step(self, step_start: dict, reason: Exception) -> TrainingStopped:
         """Undo the unfinished step (a reward function failed under the 'raise' policy: the

@@ -17,6 +17,8 @@ import os
 import socket
 from pathlib import Path
 
+from podsrl.config import BOOKKEEPING_FIELDS
+
 LOCK_FILE = ".podsrl.lock"
 RUN_MARKERS = ("metrics.jsonl", "config.json")  # what a podsrl run folder holds from its first start
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_config.json",
@@ -25,11 +27,8 @@ MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mod
 # Fields a resume may change: when and how the run is logged, checkpointed and stopped, not
 # what it trains (docs/reliability.md lists them). Changing any other field would make the
 # resumed run something the checkpoint was not written for.
-RESUME_SAFE_FIELDS = frozenset({
-    "max_steps", "max_minutes", "eval_steps", "save_steps", "checkpoint_minutes", "save_total_limit",
-    "max_consecutive_skips", "resume", "progress", "report_to", "log_rollouts", "reward_timeout", "output_dir",
-    "device",
-})
+RESUME_SAFE_FIELDS = BOOKKEEPING_FIELDS | {"max_steps", "max_minutes", "eval_steps", "max_consecutive_skips",
+                                           "reward_timeout"}
 
 
 class RunDirError(ValueError):
