@@ -1,11 +1,15 @@
-"""Extending podsrl without editing it: a down-sampling rule, named in the config as
-``examples/extensions.py:max_variance_no_ties`` (docs/algorithms.md, "Your own rule, engine,
-task or reward"). A rule takes rewards [P, n], m and the run's seeded generator, and returns
-the kept indices [P, m], sorted within each row."""
+"""Extending podsrl without editing it: two down-sampling rules, named in the config as
+``examples/extensions.py:max_variance_no_ties`` or ``examples/extensions.py:max_variance_shortest``
+(docs/algorithms.md, "Your own rule, engine, task or reward").
+
+A rule returns the kept indices [P, m], sorted within each row. It takes either rewards [P, n]
+(``max_variance_no_ties``) or, marked ``@takes_groups``, the whole selection input
+(``podsrl.algorithms.select.Groups``: rewards, the generated mask, completion lengths), as
+``max_variance_shortest`` does; then m and the run's seeded generator."""
 
 import torch
 
-from podsrl.algorithms.select import max_variance
+from podsrl.algorithms.select import Groups, max_variance, takes_groups
 
 
 def max_variance_no_ties(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -13,3 +17,22 @@ def max_variance_no_ties(rewards: torch.Tensor, m: int, generator: torch.Generat
     rather than the smallest-k one the built-in rule's tie-break picks."""
     jitter = torch.rand(rewards.shape, generator=generator, dtype=torch.float64) * 1e-9  # [P, n]
     return max_variance(rewards.double() + jitter, m)
+
+
+@takes_groups
+def max_variance_shortest(groups: Groups, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The reward values max_variance keeps, on the fewest completion tokens: the variance
+    depends only on the kept values, so each value's copies are taken shortest first (then by
+    index). Samples early stop skipped are never taken."""
+    rewards = groups.selectable_rewards()  # [P, n]
+    lengths = groups.lengths if groups.lengths is not None else torch.zeros_like(rewards)  # [P, n]
+    exists = groups.generated if groups.generated is not None else torch.ones_like(rewards, dtype=torch.bool)
+    kept = []
+    for row, row_lengths, row_exists, best in zip(rewards, lengths, exists, max_variance(rewards, m)):
+        values, counts = row[best].unique(return_counts=True)
+        chosen = []
+        for value, count in zip(values, counts.tolist()):
+            copies = ((row == value) & row_exists).nonzero().flatten()  # [c] indices holding this reward
+            chosen += copies[row_lengths[copies].argsort(stable=True)[:count]].tolist()
+        kept.append(sorted(chosen))
+    return torch.tensor(kept, dtype=torch.long)  # [P, m]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from podsrl.algorithms.select import RULES, max_variance, select
+from podsrl.algorithms.select import RULES, Groups, max_variance, select, takes_groups
 from podsrl.config import make_config
 from podsrl.registry import Registry
 from podsrl.rewards import REWARDS, load_reward_fn
@@ -94,3 +94,53 @@ def test_a_run_trains_with_a_rule_and_an_engine_named_by_module(random_model_dir
     train(cfg)
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2] and all(r["loss"] is not None for r in records[1:])
+
+
+def test_a_groups_rule_keeps_max_variance_on_the_fewest_tokens_brute_force():
+    """examples/extensions.py:max_variance_shortest against every m-subset: the largest
+    variance, and among the subsets holding the reward values max_variance keeps, the fewest
+    completion tokens."""
+    rule = RULES.resolve(f"{EXAMPLE}:max_variance_shortest")
+    assert getattr(rule, "takes_groups", False)
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        n, m = 6, 1 + trial % 5
+        rewards = torch.randint(0, 3, (2, n), generator=generator).float() / 2  # [2, n] many ties
+        lengths = torch.randint(1, 9, (2, n), generator=generator)  # [2, n]
+        kept = select(rule, Groups(rewards, lengths=lengths), m)
+        for row in range(2):
+            subsets = list(itertools.combinations(range(n), m))
+            best_var = max(float(rewards[row, list(s)].var(correction=0)) for s in subsets)
+            values = sorted(rewards[row, max_variance(rewards, m)[row]].tolist())
+            fewest = min(int(lengths[row, list(s)].sum()) for s in subsets
+                         if sorted(rewards[row, list(s)].tolist()) == values)
+            assert float(rewards[row, kept[row]].var(correction=0)) == pytest.approx(best_var)
+            assert int(lengths[row, kept[row]].sum()) == fewest
+            assert kept[row].tolist() == sorted(kept[row].tolist())
+
+
+def test_the_trainer_gives_a_groups_rule_its_rewards_generated_mask_and_lengths(tmp_path):
+    """A rule marked takes_groups sees what the trainer generated: rewards [P, n], no mask
+    without early stop, and each sample's completion length (its logged rollout's tokens)."""
+    seen = []
+
+    @takes_groups
+    def spy(groups, m, generator=None):
+        seen.append(groups)
+        return max_variance(groups.rewards, m)
+
+    module = type(sys)("podsrl_test_spy_rule")
+    module.spy = spy
+    sys.modules[module.__name__] = module
+    try:
+        from podsrl.trainer import train
+
+        train(make_config(overrides={k: str(v) for k, v in dict(
+            model="tiny", max_steps=1, prompts_per_step=4, num_generations=6, num_kept=3, max_completion_length=6,
+            eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=0, progress=False, task="parity",
+            output_dir=tmp_path / "run", downsampling_rule="podsrl_test_spy_rule:spy").items()}))
+    finally:
+        del sys.modules[module.__name__]
+    (groups,) = seen
+    assert groups.rewards.shape == (4, 6) and groups.generated is None
+    assert groups.lengths.shape == (4, 6) and ((groups.lengths >= 1) & (groups.lengths <= 6)).all()

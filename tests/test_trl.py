@@ -274,3 +274,11 @@ def test_pods_trainer_logs_the_trainers_selection_statistics_under_the_same_name
     assert logged == expected
     own = group_stats("reward", generated)  # the trainer's metrics.jsonl names
     assert {key.replace("pods/generated_", "") for key in logged if "generated" in key} == set(own)
+
+
+def test_podsrl_trl_is_the_integration_module_users_scripts_import():
+    """The integrations live side by side in podsrl.integrations; podsrl.trl stays the same module."""
+    import podsrl.integrations.trl
+    import podsrl.trl
+
+    assert podsrl.trl is podsrl.integrations.trl and PODSTrainer is podsrl.integrations.trl.PODSTrainer

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from podsrl.algorithms.select import select
+from podsrl.algorithms.select import Groups, select
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,11 @@ class Method:
         """Rollouts trained on per prompt."""
         return m if self.selects or not self.generates_n else n
 
-    def keep(self, rewards: torch.Tensor, m: int, rule: str, generator: torch.Generator | None) -> torch.Tensor:
-        """Indices [P, trained] of the rollouts to train on, from rewards [P, generated]."""
+    def keep(self, groups: Groups, m: int, rule: str, generator: torch.Generator | None) -> torch.Tensor:
+        """Indices [P, trained] of the rollouts to train on, from the groups [P, generated]."""
         if self.selects:
-            return select(rule, rewards, m, generator=generator)
-        return torch.arange(rewards.shape[1]).expand(rewards.shape[0], -1)
+            return select(rule, groups, m, generator=generator)
+        return torch.arange(groups.rewards.shape[1]).expand(groups.rewards.shape[0], -1)
 
     def arm_name(self, n: int, m: int, rule: str) -> str:
         """How comparisons label a run of this method: 'grpo 4/4', 'grpo-ga 16', 'pods 16->4 max_variance'."""

@@ -1,23 +1,54 @@
 """Down-sampling rules: which m of the n rollouts of each prompt go into the update.
 
-Every rule has one signature, ``rule(rewards, m, generator=None)``: rewards ``[P, n]``
-(one row per prompt group; never flattened across prompts), the number to keep, and a
-seeded ``torch.Generator`` that only rules which draw at random use. It returns the kept
-indices ``[P, m]`` (long), **sorted ascending within each row**, so that with m == n every
-rule returns ``arange(n)`` and PODS performs exactly the computation of GRPO. Rules are
+The selection input is a :class:`Groups`: rewards ``[P, n]`` (one row per prompt group; never
+flattened across prompts), which samples were generated (early stop skips some) and their
+completion lengths. A rule returns the kept indices ``[P, m]`` (long), **sorted ascending
+within each row**, so that with m == n every rule returns ``arange(n)`` and PODS performs
+exactly the computation of GRPO. Two forms, one registry:
+
+* ``rule(rewards, m, generator=None)``: rewards only (the built-in rules; pure tensor code).
+  Samples early stop skipped reach it at their group's mean, which max-variance never keeps
+  (:func:`podsrl.algorithms.early_stop.fill_skipped`).
+* ``rule(groups, m, generator=None)`` marked :func:`takes_groups`: the whole :class:`Groups`,
+  for rules that weigh lengths or must see the generated mask themselves.
+
+``generator`` is the run's seeded ``torch.Generator``; only rules that draw use it. Rules are
 registered by name in ``RULES`` (``@RULES.register("name")``), or named in the config as
 ``module:function`` / ``file.py:function`` without registering (:mod:`podsrl.registry`).
+:func:`select` is the one selection core of podsrl's trainer, ``podsrl.integrations.trl``
+and every other integration.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from podsrl.algorithms.early_stop import fill_skipped
 from podsrl.registry import Registry
 
 Rule = Callable[[torch.Tensor, int, "torch.Generator | None"], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Groups:
+    """What a rule selects from: P prompt groups of n samples each."""
+
+    rewards: torch.Tensor  # [P, n]; NaN where a sample was never generated
+    generated: torch.Tensor | None = None  # [P, n] bool, False where early stop skipped a sample; None = all were
+    lengths: torch.Tensor | None = None  # [P, n] completion tokens; None where the caller has none
+
+    def selectable_rewards(self) -> torch.Tensor:
+        """[P, n] rewards with skipped samples at their group's mean (they never win max-variance)."""
+        return fill_skipped(self.rewards, self.generated)
+
+
+def takes_groups(rule: Callable) -> Callable:
+    """Mark a rule as ``rule(groups: Groups, m, generator)`` instead of ``rule(rewards, m, generator)``."""
+    rule.takes_groups = True
+    return rule
 
 
 def _check(rewards: torch.Tensor, m: int) -> None:
@@ -92,6 +123,13 @@ RULES = Registry("rule", "downsampling_rule", {
 })
 
 
-def select(rule: str, rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Apply the named rule (``generator``: the run's seeded stream, for rules that draw)."""
-    return RULES.resolve(rule)(rewards, m, generator)
+def select(rule: str | Callable, groups: Groups | torch.Tensor, m: int,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Indices [P, m] of the rollouts to keep: the rule (a name, ``module:function``, or the
+    function) applied to ``groups`` (a :class:`Groups`, or bare rewards [P, n]);
+    ``generator``: the run's seeded stream, for rules that draw."""
+    groups = groups if isinstance(groups, Groups) else Groups(groups)
+    fn = RULES.resolve(rule) if isinstance(rule, str) else rule
+    if getattr(fn, "takes_groups", False):
+        return fn(groups, m, generator)
+    return fn(groups.selectable_rewards(), m, generator)

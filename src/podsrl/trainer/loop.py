@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from podsrl.algorithms.advantages import group_advantages
-from podsrl.algorithms.early_stop import fill_skipped
+from podsrl.algorithms.select import Groups
 from podsrl.config import Config
 from podsrl.rewards import RewardError, RewardFn
 from podsrl.trainer.checkpoints import list_checkpoints
@@ -54,8 +54,8 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     with timer("reward"):
         scores = score_on_every_process(run, step_prompts, rollouts)  # [P, n], NaN where skipped
     with timer("select"):
-        candidates = fill_skipped(scores.reward, rollouts.generated)  # [P, n]: early stop's skipped never win
-        keep = method.keep(candidates, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
+        groups = Groups(scores.reward, rollouts.generated, rollouts.completion_mask.sum(-1))  # [P, n] each
+        keep = method.keep(groups, cfg.num_kept, cfg.downsampling_rule, run.generators["rule"])  # [P, m]
         kept, kept_rewards = rollouts.select(keep), scores.reward.gather(1, keep)  # [P, m, Lc], [P, m]
         if kept.generated is not None and not kept.generated.all():
             raise RuntimeError("early stop: selection kept a sample that was never generated (a bug in podsrl)")
