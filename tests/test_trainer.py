@@ -279,7 +279,7 @@ def test_clip_range_is_asymmetric_as_configured(random_model_dir):
     optimizer = torch.optim.SGD(bundle.model.parameters(), lr=2.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     first = update_policy(bundle.model, optimizer, scheduler, batch, options)
-    assert first["clip_fraction"] == 0
+    assert first.clip_fraction == 0
     with torch.no_grad():
         logp = batch_logprobs(bundle.model, batch, size=64)
     ratios, mask = torch.exp(logp - batch.old_logp), batch.completion_mask.bool()
@@ -291,7 +291,7 @@ def test_clip_range_is_asymmetric_as_configured(random_model_dir):
             clipped += (ratio * advantage) != (bounded * advantage) and advantage != 0
             total += 1
     second = update_policy(bundle.model, optimizer, scheduler, batch, options)
-    assert 0 < clipped < total and second["clip_fraction"] == pytest.approx(clipped / total, abs=1e-6)
+    assert 0 < clipped < total and second.clip_fraction == pytest.approx(clipped / total, abs=1e-6)
 
 
 def test_lora_update_changes_only_the_adapter(random_model_dir):

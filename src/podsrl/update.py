@@ -8,6 +8,7 @@ reference log-probs when it needs them (on the kept rollouts only), then
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterator
@@ -100,8 +101,23 @@ def batch_logprobs(model, batch: UpdateBatch, size: int, share_prompt: bool = Tr
     return out
 
 
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one optimizer step reports (each a field of the step's metrics record)."""
+
+    loss: float  # the whole batch's loss (micro-batch losses add up to it)
+    grad_norm: float  # before clipping
+    clip_fraction: float  # share of completion tokens whose ratio was clipped
+    kl: float  # mean k3 KL to the reference (0 without beta)
+    skipped_step: int  # 1 when a non-finite loss or gradient skipped the optimizer step
+    lr: float  # the rate this step used (the scheduler moves it after)
+
+    def as_record(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
 def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: UpdateOptions,
-                  procs: Processes | None = None, num_tokens: float | None = None) -> dict[str, float]:
+                  procs: Processes | None = None, num_tokens: float | None = None) -> UpdateResult:
     """One optimizer step over the whole batch, accumulating gradients over micro-batches.
 
     Each micro-batch loss is normalised by the whole batch's sequence / token count, so
@@ -109,8 +125,7 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     gradient is the average over processes, so ``num_tokens`` is the global token count
     divided by the number of processes (every process holds the same number of
     sequences). A non-finite loss or gradient skips the step (logged) instead of
-    corrupting the weights. Returns loss, grad_norm (before clipping), clip_fraction, kl,
-    skipped_step and the lr this step used.
+    corrupting the weights.
     """
     procs = procs or Processes()
     # a checkpointed layer drops the KV cache that sharing the prompt feeds it: whole rows then
@@ -147,5 +162,5 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     else:
         optimizer.step()
         scheduler.step()
-    return {"loss": total_loss, "grad_norm": grad_norm, "clip_fraction": clip_fraction, "kl": kl,
-            "skipped_step": int(skipped), "lr": lr}
+    return UpdateResult(loss=total_loss, grad_norm=grad_norm, clip_fraction=clip_fraction, kl=kl,
+                        skipped_step=int(skipped), lr=lr)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Protocol
 
 import torch
 
@@ -90,6 +91,41 @@ def generation_cost(rollouts: list[float], seconds: list[float]) -> tuple[float,
         if slope > 0 and fixed >= 0:
             return fixed, slope
     return 0.0, mean_y / max(mean_x, 1e-12)
+
+
+class GroupSizePolicy(Protocol):
+    """How many rollouts per prompt each step generates: :class:`FixedGroupSize` or
+    :class:`RolloutBudget` (adaptive n). Checkpointed through ``state_dict``."""
+
+    decision: dict  # what the last ``choose`` decided and why (merged into the step's metrics record)
+
+    def choose(self, step: int) -> int: ...
+
+    def observe(self, rewards: torch.Tensor, generation_seconds: float, rest_seconds: float) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class FixedGroupSize:
+    """n every step (``num_generations``); learns nothing, so it has no state."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.decision = n, {}
+
+    def choose(self, step: int) -> int:
+        return self.n
+
+    def observe(self, rewards: torch.Tensor, generation_seconds: float, rest_seconds: float) -> None:
+        pass  # nothing to learn: the size is fixed
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"a fixed group size keeps no state, the checkpoint has {sorted(state)}")
 
 
 class RolloutBudget:

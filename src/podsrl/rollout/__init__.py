@@ -19,6 +19,7 @@ of what is decoded at once (:func:`podsrl.rollout.memory.generation_memory_bytes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from podsrl.registry import Registry
 from podsrl.rollout.hf import generate, to_rollouts
@@ -42,6 +43,24 @@ class GenerationOptions:
     refill: str = "continuous"  # slots: "continuous" or "group"
     schedule: str = "fifo"  # slots: a name in SCHEDULES
     probe_tokens: int = 4  # slots, schedule length_aware: tokens decoded before the length prediction
+
+
+class GenerationEngine(Protocol):
+    """What the trainer asks of an engine. The live policy is passed to every call, so an
+    engine always generates with the current weights (one that keeps its own copy of them, as
+    vLLM does, takes them from there when they changed)."""
+
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 stopper: Stopper | None = None) -> Rollouts:
+        """Rollouts [P, num_samples, Lc] for the P prompts, the group axis kept."""
+
+    def state_dict(self) -> dict:
+        """A snapshot (copies) of what it learned across steps: checkpointed."""
+
+    def check_state(self, state: dict) -> None:
+        """Raise ValueError if ``state`` cannot be loaded into this engine (checked before loading)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def _longest_prompt(tokenizer, prompts: list[str]) -> int:
@@ -141,5 +160,5 @@ class SlotsEngine:
 
 ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine})
 
-__all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationOptions", "HFEngine", "LengthPredictor", "SlotsEngine",
-           "Stopper", "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]
+__all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationEngine", "GenerationOptions", "HFEngine", "LengthPredictor",
+           "SlotsEngine", "Stopper", "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]

@@ -20,6 +20,7 @@ from podsrl.distributed import Processes
 from podsrl.metrics import read_metrics
 from podsrl.tasks import Example
 from podsrl.types import Rollouts, Scores
+from podsrl.update import UpdateResult
 
 
 class StageTimer:
@@ -51,7 +52,7 @@ def progress_bar(total: int, step: int, desc: str, enabled: bool):
 
 
 def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rollouts, scores: Scores,
-                kept: Rollouts, kept_rewards: torch.Tensor, update: dict, seconds: dict[str, float],
+                kept: Rollouts, kept_rewards: torch.Tensor, update: UpdateResult, seconds: dict[str, float],
                 reward_failures: int) -> dict:
     """One metrics.jsonl record, from tensors gathered over every process's prompt groups."""
     everywhere = {name: procs.gather(t) for name, t in (  # [P_all, ...]: the whole batch
@@ -60,7 +61,7 @@ def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rol
         ("length", rollouts.completion_mask.sum(-1).float().masked_fill(~rollouts.generated_mask, float("nan"))),
         ("kept_length", kept.completion_mask.sum(-1).float()), ("generated", rollouts.generated_mask.float()))}
     decode_steps, failures = procs.sum([rollouts.stats["decode_steps"], reward_failures])
-    record = {"step": step, "train_seconds": train_seconds, "lr": update["lr"],
+    record = {"step": step, "train_seconds": train_seconds, "lr": update.lr,
               **group_stats("reward", everywhere["rewards"]),
               **group_stats("kept_reward", everywhere["kept_rewards"]),
               "correct_rate": float(everywhere["correct"].nanmean()),
@@ -69,7 +70,7 @@ def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rol
               "completion_len": float(everywhere["length"].nanmean()),
               "kept_completion_len": float(everywhere["kept_length"].mean()),
               "decode_steps": int(decode_steps),
-              **procs.mean({**update, **{f"time_{k}": v for k, v in seconds.items()}})}
+              **procs.mean({**update.as_record(), **{f"time_{k}": v for k, v in seconds.items()}})}
     if rollouts.generated is not None:  # early stop: how much generation it saved
         generated = everywhere["generated"]  # [P_all, n]
         record.update(rollouts_generated=int(generated.sum()),

@@ -19,7 +19,7 @@ from podsrl.methods import METHODS
 from podsrl.models import load_model
 from podsrl.provenance import record_environment
 from podsrl.rewards import RewardFn, load_reward_fn
-from podsrl.algorithms.rollout_budget import RolloutBudget
+from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.trainer.early_stop import reward_bounds
 from podsrl.rollout import ENGINES, GenerationOptions
@@ -27,6 +27,8 @@ from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.metrics import MetricsLog
 from podsrl.trainer.logging import say
+from podsrl.trainer.components import Cadence, Components, RunState
+from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.run import Run
 from podsrl.trainer.run_dir import RunDirError, RunLock, check_output_dir, check_resume_config
 from podsrl.trainer.state import PromptSampler
@@ -162,7 +164,7 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
         if lock:
             lock.release()
         raise
-    run.lock = lock
+    run.components.lock = lock
     return run
 
 
@@ -194,15 +196,23 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
     optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad), optimizer_options(cfg))
-    return Run(cfg=cfg, procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0],
-               test_split=splits[1], scorer=scorer, engine=engine, method=METHODS[cfg.method], policy=policy,
-               reference=reference, optimizer=optimizer, scheduler=scheduler,
-               generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)},  # the `random` rule's stream
-               sampler=PromptSampler(len(splits[0].examples), seed=cfg.seed),  # the same on every process
-               metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
-               rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
-               trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
-                                 run_name=str(run_dir)),
-               update_options=update_options(cfg), eval_options=eval_options(cfg), reward_bounds=bounds,
-               rollout_budget=(RolloutBudget(cfg.num_kept, cfg.num_generations, cfg.num_generations_max,
-                                             cfg.prompts_per_step) if cfg.adaptive_n else None))
+    components = Components(
+        cfg=cfg, procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0], test_split=splits[1],
+        scorer=scorer, engine=engine, group_size=group_size_policy(cfg), method=METHODS[cfg.method], policy=policy,
+        reference=reference, optimizer=optimizer, scheduler=scheduler,
+        metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
+        rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
+        trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
+                          run_name=str(run_dir)),
+        update_options=update_options(cfg), eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs),
+        reward_bounds=bounds)
+    state = RunState(sampler=PromptSampler(len(splits[0].examples), seed=cfg.seed),  # the same on every process
+                     generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
+    return Run(components, state, Cadence.from_config(cfg))
+
+
+def group_size_policy(cfg: Config) -> GroupSizePolicy:
+    """n per step: adaptive_n's controller, or num_generations every step."""
+    if cfg.adaptive_n:
+        return RolloutBudget(cfg.num_kept, cfg.num_generations, cfg.num_generations_max, cfg.prompts_per_step)
+    return FixedGroupSize(cfg.num_generations)

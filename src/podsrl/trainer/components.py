@@ -1,0 +1,133 @@
+"""A training run in three parts, plus what a step hands on:
+
+* :class:`Components`: what the run is built from, once, by :func:`podsrl.trainer.setup.set_up`
+  (the engine's and the group-size policy's learned state are checkpointed through their
+  ``state_dict``);
+* :class:`RunState`: the counters and streams a checkpoint restores besides the weights, the
+  optimizer, the scheduler and the engine, so a resumed run repeats an uninterrupted one;
+* :class:`Cadence`: when things happen (the end, evaluations, checkpoints);
+* :class:`StepOutcome`: one step's pipeline products, and :class:`StepHook`, what sees them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from podsrl.algorithms.rollout_budget import GroupSizePolicy
+from podsrl.config import Config
+from podsrl.distributed import Processes
+from podsrl.methods import Method
+from podsrl.metrics import MetricsLog
+from podsrl.models import ModelBundle
+from podsrl.rewards.scorer import Scorer
+from podsrl.rollout import GenerationEngine
+from podsrl.tasks import Example, PreparedSplit, Task
+from podsrl.trainer.evaluate import EvalOptions
+from podsrl.trainer.logging import StageTimer
+from podsrl.trainer.run_dir import RunLock
+from podsrl.trainer.state import PromptSampler
+from podsrl.tracking import Trackers
+from podsrl.types import Rollouts, Scores
+from podsrl.update import UpdateOptions, UpdateResult
+
+
+@dataclass
+class StepOutcome:
+    examples: list[Example]  # [P] this process's prompts
+    rollouts: Rollouts  # [P, n, Lc]
+    scores: Scores  # [P, n]
+    keep: torch.Tensor  # [P, m] indices of the kept rollouts into the group axis
+    kept: Rollouts  # [P, m, Lc]
+    kept_rewards: torch.Tensor  # [P, m]
+    update: UpdateResult
+
+
+class StepHook(Protocol):
+    """What happens after a step's pipeline besides evaluation, logging and checkpoints:
+    sees the step and adds its numbers to the step's metrics ``record`` (podsrl.trainer.hooks)."""
+
+    def after_step(self, components: "Components", outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+        ...
+
+
+@dataclass
+class Components:
+    """Everything a run works with, built once."""
+
+    cfg: Config
+    procs: Processes
+    run_dir: Path
+    task: Task
+    bundle: ModelBundle
+    train_split: PreparedSplit
+    test_split: PreparedSplit
+    scorer: Scorer
+    engine: GenerationEngine  # built by podsrl.rollout.ENGINES
+    group_size: GroupSizePolicy  # n per step: fixed, or adaptive_n's controller
+    method: Method
+    policy: torch.nn.Module  # the bare model: generation, no-grad log-probs, saving
+    reference: torch.nn.Module | None  # a frozen copy for the KL (None: none, or LoRA's adapter-free base)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    metrics: MetricsLog | None  # only the main process writes
+    rollout_log: MetricsLog | None  # rollouts.jsonl (log_rollouts groups per step); only the main process
+    trackers: Trackers  # none but on the main process with report_to
+    update_options: UpdateOptions
+    eval_options: EvalOptions
+    hooks: list[StepHook] = field(default_factory=list)  # run after each step, in order
+    reward_bounds: tuple[float, float] | None = None  # declared bounds of the reward (group_early_stop)
+    model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
+    lock: RunLock | None = None  # the run folder's lock, held by the main process until the run ends
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+@dataclass
+class RunState:
+    """What a checkpoint restores besides weights, optimizer, scheduler and engine."""
+
+    sampler: PromptSampler  # the position in the shuffled train prompts
+    generators: dict[str, torch.Generator]  # seeded streams of the rules that draw
+    step: int = 0  # optimizer steps done
+    train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded
+
+
+@dataclass
+class Cadence:
+    """When the run ends, evaluates and checkpoints (the config's fields, read in one place)."""
+
+    max_steps: int
+    max_minutes: float = 0.0  # 0: no time budget
+    eval_steps: int = 0  # 0: only at the start and the end
+    save_steps: int = 0  # 0: no step-count checkpoints
+    checkpoint_minutes: float = 0.0  # 0: no time-based checkpoints
+    last_checkpoint_time: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "Cadence":
+        return cls(max_steps=cfg.max_steps, max_minutes=cfg.max_minutes, eval_steps=cfg.eval_steps,
+                   save_steps=cfg.save_steps, checkpoint_minutes=cfg.checkpoint_minutes)
+
+    def out_of_time(self, state: RunState) -> bool:
+        return bool(self.max_minutes) and state.train_seconds >= self.max_minutes * 60
+
+    def more_steps(self, state: RunState) -> bool:
+        return state.step < self.max_steps and not self.out_of_time(state)
+
+    def evaluation_due(self, state: RunState) -> bool:
+        """Every eval_steps steps, and after the last step."""
+        return bool(self.eval_steps and state.step % self.eval_steps == 0) or not self.more_steps(state)
+
+    def checkpoint_due_by_steps(self, state: RunState) -> bool:
+        return bool(self.save_steps and state.step % self.save_steps == 0)
+
+    def checkpoint_due_by_time(self) -> bool:
+        """On this process's clock: the processes must agree before acting on it."""
+        return bool(self.checkpoint_minutes) and time.time() - self.last_checkpoint_time >= self.checkpoint_minutes * 60

@@ -1,0 +1,39 @@
+"""Step hooks: what happens after a step's pipeline besides evaluation, logging and
+checkpoints. Each sees the finished step and adds its numbers to the step's metrics record;
+:func:`step_hooks` picks the ones a run needs, so the loop has no branch for them."""
+
+from __future__ import annotations
+
+from podsrl.config import Config
+from podsrl.distributed import Processes
+from podsrl.trainer.components import Components, StepHook, StepOutcome
+from podsrl.trainer.logging import StageTimer
+
+
+class ParameterDrift:
+    """Replicated multi-process runs (DDP): the largest difference of a parameter between
+    processes, which must stay ~0 (a drift means the processes no longer train one model)."""
+
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+        record["rank_param_spread"] = components.procs.parameter_spread(components.model)
+
+
+class GroupSizeFeedback:
+    """adaptive_n: log what the group-size policy chose for this step and why, then let it
+    learn from the step's rewards (every process's) and the slowest process's timings."""
+
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+        procs, policy = components.procs, components.group_size
+        record.update(policy.decision)
+        generation = procs.max([timer.seconds["generate"] + timer.seconds["reward"]])[0]
+        policy.observe(procs.gather(outcome.scores.reward), generation, procs.max([timer.total])[0] - generation)
+
+
+def step_hooks(cfg: Config, procs: Processes) -> list[StepHook]:
+    """The hooks a run with ``cfg`` over ``procs`` needs, in the order they run."""
+    hooks: list[StepHook] = []
+    if procs.world_size > 1 and not procs.sharded:
+        hooks.append(ParameterDrift())
+    if cfg.adaptive_n:
+        hooks.append(GroupSizeFeedback())
+    return hooks
