@@ -36,3 +36,22 @@ def max_variance_shortest(groups: Groups, m: int, generator: torch.Generator | N
             chosen += copies[row_lengths[copies].argsort(stable=True)[:count]].tolist()
         kept.append(sorted(chosen))
     return torch.tensor(kept, dtype=torch.long)  # [P, m]
+
+
+def leave_one_out(rewards: torch.Tensor, scale_by_std: bool = True) -> torch.Tensor:
+    """An advantage estimator (``advantage_estimator: examples/extensions.py:leave_one_out``):
+    RLOO's baseline, each rollout's reward minus the mean of the other kept rewards of its
+    group (Ahmadian et al., arXiv 2402.14740), so a rollout never baselines itself.
+    rewards [P, m] -> advantages [P, m]; ``scale_by_std`` is not used (RLOO does not scale)."""
+    m = rewards.shape[1]
+    if m < 2:
+        return torch.zeros_like(rewards)
+    others = (rewards.sum(dim=1, keepdim=True) - rewards) / (m - 1)  # [P, m]
+    return rewards - others
+
+
+def sequence_sum(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
+    """A loss aggregation (``loss_type: examples/extensions.py:sequence_sum``): each sequence's
+    token terms summed, not averaged, then the mean over the step's sequences, so a long
+    completion weighs more than a short one. per_token, mask [B, Lc] -> scalar."""
+    return (per_token * mask).sum() / num_sequences

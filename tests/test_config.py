@@ -210,10 +210,10 @@ def test_scale_rewards_takes_trls_values(value, scale):
 
 
 def test_loss_type_takes_trls_values_that_podsrl_implements():
-    from podsrl.algorithms.loss import LOSS_TYPES
+    from podsrl.algorithms.loss import AGGREGATIONS, LOSSES
     from podsrl.trainer.setup import update_options
 
     assert make_config().loss_type == "grpo"  # the paper's: token mean per sequence, then mean
     for loss_type, aggregation in (("grpo", "sequence"), ("dapo", "token")):
         cfg = make_config(overrides={"loss_type": loss_type})
-        assert LOSS_TYPES[cfg.loss_type] == update_options(cfg).loss_aggregation == aggregation
+        assert LOSSES[cfg.loss_type] is update_options(cfg).loss_aggregation is AGGREGATIONS[aggregation]

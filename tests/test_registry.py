@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from podsrl.algorithms import ADVANTAGES, LOSSES, group_advantages, policy_loss
 from podsrl.algorithms.select import RULES, Groups, max_variance, select, takes_groups
 from podsrl.config import make_config
 from podsrl.registry import Registry
@@ -20,14 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "extensions.py")
 
 
-@pytest.mark.parametrize("registry", [RULES, ENGINES, TASKS, REWARDS])
+@pytest.mark.parametrize("registry", [RULES, ADVANTAGES, LOSSES, ENGINES, TASKS, REWARDS])
 def test_every_kind_is_a_registry_that_resolves_its_own_names(registry):
     assert isinstance(registry, Registry) and registry
     for name, obj in registry.items():
         assert registry.resolve(name) is obj
 
 
-@pytest.mark.parametrize("registry", [RULES, ENGINES, TASKS, REWARDS])
+@pytest.mark.parametrize("registry", [RULES, ADVANTAGES, LOSSES, ENGINES, TASKS, REWARDS])
 def test_unknown_names_are_one_line_naming_the_field_and_the_known_names(registry):
     with pytest.raises(ValueError) as refused:
         registry.resolve("no_such_thing")
@@ -144,3 +145,59 @@ def test_the_trainer_gives_a_groups_rule_its_rewards_generated_mask_and_lengths(
     (groups,) = seen
     assert groups.rewards.shape == (4, 6) and groups.generated is None
     assert groups.lengths.shape == (4, 6) and ((groups.lengths >= 1) & (groups.lengths <= 6)).all()
+
+
+def test_an_advantage_estimator_from_a_file_against_its_definition():
+    """examples/extensions.py:leave_one_out: each reward minus the mean of the others, by loops."""
+    estimator = ADVANTAGES.resolve(f"{EXAMPLE}:leave_one_out")
+    rewards = torch.rand(5, 4, generator=torch.Generator().manual_seed(3))  # [P, m]
+    advantages = estimator(rewards, True)
+    for p in range(5):
+        for i in range(4):
+            others = [float(rewards[p, j]) for j in range(4) if j != i]
+            assert float(advantages[p, i]) == pytest.approx(float(rewards[p, i]) - sum(others) / 3, abs=1e-6)
+    assert torch.equal(estimator(rewards[:, :1], True), torch.zeros(5, 1))  # m = 1: no baseline, no signal
+
+
+def test_a_loss_aggregation_from_a_file_against_its_definition_and_accumulation():
+    """examples/extensions.py:sequence_sum inside policy_loss: the sum of the masked token terms
+    over the number of sequences, and micro-batches that add up to the whole batch."""
+    aggregate = LOSSES.resolve(f"{EXAMPLE}:sequence_sum")
+    generator = torch.Generator().manual_seed(4)
+    logp = -torch.rand(6, 5, generator=generator)  # [B, Lc]
+    advantages = torch.randn(6, generator=generator)  # [B]
+    mask = (torch.rand(6, 5, generator=generator) > 0.3).float()
+    whole, _ = policy_loss(logp, logp, advantages, mask, aggregation=aggregate)
+    expected = sum(-float(advantages[b]) * float(mask[b].sum()) for b in range(6)) / 6  # ratio 1: -A per token
+    assert float(whole) == pytest.approx(expected, abs=1e-5)
+    halves = sum(float(policy_loss(logp[i:i + 3], logp[i:i + 3], advantages[i:i + 3], mask[i:i + 3],
+                                   aggregation=aggregate, num_sequences=6)[0]) for i in (0, 3))
+    assert halves == pytest.approx(float(whole), abs=1e-6)
+
+
+def test_the_trainer_uses_the_configured_advantage_estimator_and_loss(tmp_path):
+    """Both named as module:function in the config reach the update (spies count the calls)."""
+    calls = {"advantages": 0, "loss": 0}
+
+    def estimator(rewards, scale_by_std):
+        calls["advantages"] += 1
+        return group_advantages(rewards, scale_by_std)
+
+    def aggregate(per_token, mask, num_sequences, num_tokens):
+        calls["loss"] += 1
+        return (per_token * mask).sum() / num_tokens
+
+    module = type(sys)("podsrl_test_spy_update")
+    module.estimator, module.aggregate = estimator, aggregate
+    sys.modules[module.__name__] = module
+    try:
+        from podsrl.trainer import train
+
+        train(make_config(overrides={k: str(v) for k, v in dict(
+            model="tiny", max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3, max_completion_length=6,
+            eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=0, progress=False, task="parity",
+            micro_batch_size=4, output_dir=tmp_path / "run", advantage_estimator="podsrl_test_spy_update:estimator",
+            loss_type="podsrl_test_spy_update:aggregate").items()}))
+    finally:
+        del sys.modules[module.__name__]
+    assert calls == {"advantages": 2, "loss": 2 * 3}  # 12 kept rows per step in micro-batches of 4

@@ -18,7 +18,7 @@ from podsrl.metrics import read_metrics
 from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer import checkpoints as checkpoints_module
 from podsrl.trainer.checkpoints import list_checkpoints
-from podsrl.trainer.run_dir import LOCK_FILE, RunDirError, RunLock
+from podsrl.trainer.run_dir import LOCK_FILE, RunDirError, RunLock, check_resume_config
 from podsrl.models.loading import TINY_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,6 +171,17 @@ def test_resume_with_another_config_is_refused_naming_the_fields(random_model_di
     with pytest.raises(RunDirError, match=f"resume: the config differs .* in {next(iter(changed))}: run "):
         train(quick(random_model_dir, run, max_steps=4, resume=True, **changed))
     assert snapshot(run) == before
+
+
+def test_a_field_added_after_the_run_started_reads_as_its_default(tmp_path):
+    """A run started by an older podsrl has no advantage_estimator in its config.json: resuming
+    with the default is the same run; with another estimator it is not."""
+    config = make_config(overrides={"output_dir": str(tmp_path)}).to_dict()
+    older = {name: value for name, value in config.items() if name != "advantage_estimator"}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    assert check_resume_config(tmp_path, config) == []
+    with pytest.raises(RunDirError, match="in advantage_estimator: run 'group', now 'x.py:f'"):
+        check_resume_config(tmp_path, {**config, "advantage_estimator": "x.py:f"})
 
 
 def test_resume_may_change_the_budget_and_config_json_records_it(random_model_dir, finished_run, tmp_path):

@@ -90,7 +90,13 @@ class Config:
     scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std: true or TRL's 'group'; false "
                                    "or 'none' only centres them (Dr. GRPO). TRL's 'batch' is refused.")
     loss_type: str = _f("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean (the paper); "
-                                "'dapo' = mean over all tokens of the step (DAPO; TRL's default); others refused.")
+                                "'dapo' = mean over all tokens of the step (DAPO; TRL's default); or your own "
+                                "aggregation as 'module:function' (podsrl.algorithms.loss.LOSSES); TRL's others "
+                                "refused.")
+    advantage_estimator: str = _f("group", "How kept rewards become advantages: 'group' = (r - group mean) / "
+                                           "(group std + 1e-4) over each prompt's kept m (the paper; scale_rewards "
+                                           "false only centres), or your own as 'module:function' "
+                                           "(podsrl.algorithms.advantages.ADVANTAGES).")
     # --- reward --------------------------------------------------------------------------
     correct_weight: float = _f(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
                                     "format 80 / 20).")

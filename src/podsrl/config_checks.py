@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from podsrl.algorithms.loss import LOSS_TYPES
+from podsrl.algorithms.advantages import ADVANTAGES
+from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.select import RULES
 from podsrl.config_ranges import check_numbers
 from podsrl.methods import METHODS
@@ -49,6 +50,7 @@ def _check_names(cfg) -> None:
     require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
     RULES.resolve(cfg.downsampling_rule)  # a registered name, or module:function (imported now: errors early)
     ENGINES.resolve(cfg.generation_engine)
+    ADVANTAGES.resolve(cfg.advantage_estimator)
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     require(cfg.generation_schedule in SCHEDULES,
@@ -60,8 +62,10 @@ def _check_names(cfg) -> None:
     require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
                                                   f"known: {', '.join(SCHEDULERS)}")
     require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
-    require(cfg.loss_type in LOSS_TYPES, f"loss_type: {cfg.loss_type!r} is not implemented; podsrl has "
-                                          f"{' and '.join(LOSS_TYPES)} (TRL's others run in podsrl.trl)")
+    require(cfg.loss_type in LOSSES or ":" in cfg.loss_type,
+            f"loss_type: {cfg.loss_type!r} is not implemented; podsrl has {' and '.join(LOSSES)} (TRL's others run "
+            f"in podsrl.trl), or name your own aggregation as 'module:function'")
+    LOSSES.resolve(cfg.loss_type)
     check_dtype(cfg.dtype)
     require(not cfg.fp16, "fp16: float16 mixed precision is not supported yet (it needs loss scaling); use bf16 "
                            "(GPUs since Ampere, and CPUs) or float32")

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 from transformers import get_scheduler
 
-from podsrl.algorithms.loss import Aggregation, policy_loss
+from podsrl.algorithms.loss import Aggregate, Aggregation, policy_loss
 from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
 from podsrl.models.precision import activation_checkpointing
@@ -29,7 +29,7 @@ class UpdateOptions:
     epsilon: float = 0.2  # ratio clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float = 0.2
     beta: float = 0.0  # weight of the k3 KL to the reference policy
-    loss_aggregation: Aggregation = "sequence"  # or "token" (DAPO); podsrl.algorithms.loss.LOSS_TYPES
+    loss_aggregation: Aggregation | Aggregate = "sequence"  # or "token" (DAPO), or a LOSSES aggregation
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
     share_prompt: bool = True  # run each prompt once per group in the forward/backward
     activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)

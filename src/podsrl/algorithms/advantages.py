@@ -1,11 +1,16 @@
-"""Group-normalised advantages over each prompt's kept rollouts.
+"""Advantages over each prompt's kept rollouts.
 
-rewards [P, m] -> advantages [P, m]; pure tensor code (no config, no model).
+rewards [P, m] -> advantages [P, m]; pure tensor code (no config, no model). An estimator is
+``estimator(rewards, scale_by_std) -> advantages``, registered in ``ADVANTAGES`` (the config's
+``advantage_estimator``) or named there as ``module:function`` (:mod:`podsrl.registry`);
+``scale_by_std`` is the config's ``scale_rewards``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from podsrl.registry import Registry
 
 
 def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
@@ -23,3 +28,6 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: floa
     if scale_by_std and rewards.shape[1] > 1:
         centred = centred / (rewards.std(dim=1, keepdim=True) + eps)
     return centred.masked_fill(constant, 0.0)
+
+
+ADVANTAGES = Registry("advantage estimator", "advantage_estimator", {"group": group_advantages})

@@ -1,25 +1,49 @@
-"""The token-level clipped policy-gradient loss of GRPO / PODS, as a pure tensor function.
+"""The token-level clipped policy-gradient loss of GRPO / PODS, as a pure tensor function,
+and the ways its per-token terms are reduced to one number (``loss_type``).
 
 Shapes: B sequences in a (micro-)batch, Lc completion tokens.
+
+A loss type is an aggregation ``aggregate(per_token [B, Lc], mask [B, Lc], num_sequences,
+num_tokens) -> scalar``, where ``num_sequences`` / ``num_tokens`` count the *whole* step (all
+micro-batches; tokens averaged over processes), so that micro-batch losses add up to the
+step's loss. Registered in ``LOSSES`` under TRL's ``loss_type`` names, or named in the
+config as ``module:function`` (:mod:`podsrl.registry`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
+from podsrl.registry import Registry
+
 Aggregation = Literal["sequence", "token"]
-# TRL's loss_type values that podsrl implements -> their aggregation (TRL's grpo_trainer.py:
-# "grpo" averages each sequence's tokens then the sequences; "dapo" divides by the token count
-# of the whole accumulated step, over all processes)
-LOSS_TYPES: dict[str, Aggregation] = {"grpo": "sequence", "dapo": "token"}
+Aggregate = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+
+
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
+    """Token mean per sequence, then the mean over the step's sequences (the paper; TRL's "grpo")."""
+    per_sequence = (per_token * mask).sum(1) / mask.sum(1).clamp_min(1)  # [B]
+    return per_sequence.sum() / num_sequences
+
+
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
+    """Sum over tokens divided by the step's token count (DAPO; TRL's "dapo")."""
+    return (per_token * mask).sum() / num_tokens
+
+
+# TRL's loss_type values that podsrl implements (TRL's grpo_trainer.py: "grpo" averages each
+# sequence's tokens then the sequences; "dapo" divides by the token count of the whole
+# accumulated step, over all processes)
+LOSSES = Registry("loss", "loss_type", {"grpo": sequence_mean, "dapo": token_mean})
+AGGREGATIONS: dict[str, Aggregate] = {"sequence": sequence_mean, "token": token_mean}
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float = 0.2,
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
-                aggregation: Aggregation = "sequence", num_sequences: int | None = None,
+                aggregation: Aggregation | Aggregate = "sequence", num_sequences: int | None = None,
                 num_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped policy-gradient loss (PPO clip, GRPO/PODS objective).
 
@@ -31,8 +55,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     Aggregation: ``"sequence"`` = token mean per sequence, then mean over sequences (the
     paper; TRL's loss_type "grpo"); ``"token"`` = mean over all tokens of the batch (DAPO;
-    TRL's "dapo"). For gradient accumulation pass the *whole* batch's ``num_sequences`` /
-    ``num_tokens``: the micro-batch losses then add up to the full-batch loss exactly.
+    TRL's "dapo"); or any aggregation function (``LOSSES``). For gradient accumulation pass
+    the *whole* batch's ``num_sequences`` / ``num_tokens``: the micro-batch losses then add up
+    to the full-batch loss exactly.
     """
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)  # [B, Lc]
@@ -48,11 +73,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         kl = torch.exp(q) - q - 1  # [B, Lc] k3 estimator
         per_token = per_token + beta * kl
         stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1))
-    if aggregation == "sequence":
-        per_sequence = (per_token * mask).sum(1) / mask.sum(1).clamp_min(1)  # [B]
-        loss = per_sequence.sum() / (num_sequences or logp.shape[0])
-    elif aggregation == "token":
-        loss = (per_token * mask).sum() / (num_tokens or mask.sum().clamp_min(1))
-    else:
+    if isinstance(aggregation, str) and aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation: unknown aggregation {aggregation!r}; use 'sequence' or 'token'")
+    aggregate = AGGREGATIONS[aggregation] if isinstance(aggregation, str) else aggregation
+    loss = aggregate(per_token, mask, num_sequences or logp.shape[0], num_tokens or mask.sum().clamp_min(1))
     return loss, stats

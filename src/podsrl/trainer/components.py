@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -70,6 +70,7 @@ class Components:
     engine: GenerationEngine  # built by podsrl.rollout.ENGINES
     group_size: GroupSizePolicy  # n per step: fixed, or adaptive_n's controller
     method: Method
+    advantage_estimator: Callable[[torch.Tensor, bool], torch.Tensor]  # kept rewards [P, m] -> advantages [P, m]
     policy: torch.nn.Module  # the bare model: generation, no-grad log-probs, saving
     reference: torch.nn.Module | None  # a frozen copy for the KL (None: none, or LoRA's adapter-free base)
     optimizer: torch.optim.Optimizer

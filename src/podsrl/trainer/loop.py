@@ -15,7 +15,6 @@ from typing import Sequence
 
 import torch
 
-from podsrl.algorithms.advantages import group_advantages
 from podsrl.algorithms.select import Groups
 from podsrl.config import Config
 from podsrl.rewards import RewardError, RewardFn
@@ -48,7 +47,7 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
         if kept.generated is not None and not kept.generated.all():
             raise RuntimeError("early stop: selection kept a sample that was never generated (a bug in podsrl)")
     with timer("advantages"):
-        advantages = group_advantages(kept_rewards, scale_by_std=cfg.scale_rewards)  # [P, m]
+        advantages = parts.advantage_estimator(kept_rewards, cfg.scale_rewards)  # [P, m]
         batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
     if cfg.num_iterations > 1 or cfg.beta > 0:
         with timer("logprobs"):  # on the kept rollouts only

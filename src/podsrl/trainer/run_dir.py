@@ -10,6 +10,7 @@ current directory's files or another run are refused before anything loads
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import json
@@ -17,7 +18,7 @@ import os
 import socket
 from pathlib import Path
 
-from podsrl.config import BOOKKEEPING_FIELDS
+from podsrl.config import BOOKKEEPING_FIELDS, Config
 
 LOCK_FILE = ".podsrl.lock"
 RUN_MARKERS = ("metrics.jsonl", "config.json")  # what a podsrl run folder holds from its first start
@@ -86,8 +87,11 @@ def check_output_dir(output_dir: str, resume: bool) -> Path:
 
 def check_resume_config(run_dir: Path, config: dict) -> list[str]:
     """Refuse a resume whose config differs from the run's config.json in a field that changes
-    what the checkpoint means; return the safe fields that changed (they are allowed)."""
+    what the checkpoint means; return the safe fields that changed (they are allowed). A field
+    the run's config.json lacks was added by a later podsrl: it had its default's meaning then."""
+    defaults = {field.name: field.default for field in dataclasses.fields(Config)}
     saved = json.loads((run_dir / "config.json").read_text())
+    saved = {**{name: defaults[name] for name in config if name in defaults}, **saved}
     changed = sorted(name for name in set(saved) | set(config) if saved.get(name) != config.get(name))
     unsafe = [name for name in changed if name not in RESUME_SAFE_FIELDS]
     if unsafe:

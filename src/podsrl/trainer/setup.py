@@ -12,7 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from podsrl.algorithms.loss import LOSS_TYPES
+from podsrl.algorithms.advantages import ADVANTAGES
+from podsrl.algorithms.loss import LOSSES
 from podsrl.config import Config, validate
 from podsrl.distributed import Processes
 from podsrl.methods import METHODS
@@ -77,7 +78,7 @@ def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions
 
 def update_options(cfg: Config) -> UpdateOptions:
     return UpdateOptions(micro_batch_size=cfg.micro_batch_size, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                         beta=cfg.beta, loss_aggregation=LOSS_TYPES[cfg.loss_type],
+                         beta=cfg.beta, loss_aggregation=LOSSES.resolve(cfg.loss_type),
                          max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
                          activation_checkpointing=cfg.gradient_checkpointing)
 
@@ -198,7 +199,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad), optimizer_options(cfg))
     components = Components(
         cfg=cfg, procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0], test_split=splits[1],
-        scorer=scorer, engine=engine, group_size=group_size_policy(cfg), method=METHODS[cfg.method], policy=policy,
+        scorer=scorer, engine=engine, group_size=group_size_policy(cfg), method=METHODS[cfg.method],
+        advantage_estimator=ADVANTAGES.resolve(cfg.advantage_estimator), policy=policy,
         reference=reference, optimizer=optimizer, scheduler=scheduler,
         metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
