@@ -14,21 +14,22 @@ from podsrl.algorithms.select import RULES, Groups, max_variance, select, takes_
 from podsrl.config import make_config
 from podsrl.registry import Registry
 from podsrl.rewards import REWARDS, load_reward_fn
-from podsrl.rollout import ENGINES
+from podsrl.rollout import ENGINES, SCHEDULES
+from podsrl.rollout.schedule import PendingSamples, Schedule
 from podsrl.tasks import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "extensions.py")
 
 
-@pytest.mark.parametrize("registry", [RULES, ADVANTAGES, LOSSES, ENGINES, TASKS, REWARDS])
+@pytest.mark.parametrize("registry", [RULES, ADVANTAGES, LOSSES, SCHEDULES, ENGINES, TASKS, REWARDS])
 def test_every_kind_is_a_registry_that_resolves_its_own_names(registry):
     assert isinstance(registry, Registry) and registry
     for name, obj in registry.items():
         assert registry.resolve(name) is obj
 
 
-@pytest.mark.parametrize("registry", [RULES, ADVANTAGES, LOSSES, ENGINES, TASKS, REWARDS])
+@pytest.mark.parametrize("registry", [RULES, ADVANTAGES, LOSSES, SCHEDULES, ENGINES, TASKS, REWARDS])
 def test_unknown_names_are_one_line_naming_the_field_and_the_known_names(registry):
     with pytest.raises(ValueError) as refused:
         registry.resolve("no_such_thing")
@@ -201,3 +202,22 @@ def test_the_trainer_uses_the_configured_advantage_estimator_and_loss(tmp_path):
     finally:
         del sys.modules[module.__name__]
     assert calls == {"advantages": 2, "loss": 2 * 3}  # 12 kept rows per step in micro-batches of 4
+
+
+def test_a_schedule_from_a_module_orders_the_slots_and_says_what_it_needs():
+    """A Schedule object named module:attr: it picks the next prompt (here the last one with
+    samples left) and its early-stop refusal reaches the config check."""
+    module = type(sys)("podsrl_test_schedule")
+    module.last_first = Schedule(lambda pending, candidates: candidates[-1], early_stop_refusal="no cancelling")
+    sys.modules[module.__name__] = module
+    try:
+        pending = PendingSamples(3, 2, SCHEDULES.resolve("podsrl_test_schedule:last_first"), [0.0] * 3, None)
+        assert [pending.pop() for _ in range(6)] == [(2, 0), (2, 1), (1, 0), (1, 1), (0, 0), (0, 1)]
+        assert make_config(overrides={"generation_engine": "slots",
+                                      "generation_schedule": "podsrl_test_schedule:last_first"})
+        with pytest.raises(ValueError, match="^group_early_stop: no cancelling$"):
+            make_config(overrides={"generation_engine": "slots", "group_early_stop": "true",
+                                   "generation_schedule": "podsrl_test_schedule:last_first",
+                                   "generation_micro_group": "8"})
+    finally:
+        del sys.modules[module.__name__]

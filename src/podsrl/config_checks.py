@@ -53,9 +53,7 @@ def _check_names(cfg) -> None:
     ADVANTAGES.resolve(cfg.advantage_estimator)
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
-    require(cfg.generation_schedule in SCHEDULES,
-             f"generation_schedule: unknown {cfg.generation_schedule!r}; known: {', '.join(SCHEDULES)}")
-    if cfg.generation_schedule == "length_aware":
+    if SCHEDULES.resolve(cfg.generation_schedule).plans_lanes:
         require(cfg.generation_engine == "slots" and cfg.generation_refill == "continuous",
                 f"generation_schedule length_aware: plans lanes for continuous refill on the slots engine (got "
                 f"generation_engine {cfg.generation_engine}, generation_refill {cfg.generation_refill})")
@@ -132,12 +130,8 @@ def _check_early_stop(cfg) -> None:
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
     require(cfg.generation_engine == "slots", "group_early_stop: needs generation_engine slots (the hf engine "
                                               "generates whole groups at once)")
-    require(cfg.generation_schedule != "fifo", "group_early_stop: generation_schedule fifo starts a prompt's "
-                                               "samples together, leaving nothing to cancel; use round_robin")
-    require(cfg.generation_schedule != "length_aware",
-            "group_early_stop: with generation_schedule length_aware the parked samples resume shortest-predicted "
-            "first, so early stop cancels the predicted-long ones: kept completions were 19% shorter than plain "
-            "PODS's on SmolLM2 chat (benchmarks/RESULTS.md); use round_robin")
+    refusal = SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal
+    require(not refusal, f"group_early_stop: {refusal}")
     require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
             "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
             "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")

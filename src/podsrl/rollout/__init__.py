@@ -24,7 +24,7 @@ from typing import Protocol
 from podsrl.registry import Registry
 from podsrl.rollout.hf import generate, to_rollouts
 from podsrl.rollout.memory import generation_memory_bytes
-from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor
+from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor, Schedule
 from podsrl.rollout.slots import Stopper, generate_in_slots
 from podsrl.types import Rollouts
 
@@ -41,7 +41,7 @@ class GenerationOptions:
     share_prefill: bool = True  # hf: each prompt's KV cache computed once for its n samples
     micro_group: int = 0  # slots: sequences decoded at once (0 = what memory_mb allows, or all)
     refill: str = "continuous"  # slots: "continuous" or "group"
-    schedule: str = "fifo"  # slots: a name in SCHEDULES
+    schedule: str = "fifo"  # slots: a name in SCHEDULES, or module:Schedule
     probe_tokens: int = 4  # slots, schedule length_aware: tokens decoded before the length prediction
 
 
@@ -120,8 +120,8 @@ class SlotsEngine:
 
     def __init__(self, options: GenerationOptions) -> None:
         self.options = options
-        self.predictor = (PrefixLengthPredictor() if options.schedule == "length_aware" else
-                          LengthPredictor() if options.schedule != "fifo" else None)
+        self.schedule = SCHEDULES.resolve(options.schedule)
+        self.predictor = self.schedule.new_predictor()
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
@@ -129,7 +129,7 @@ class SlotsEngine:
         slots = options.micro_group
         if options.memory_mb:
             longest = _longest_prompt(tokenizer, prompts)
-            probe = options.probe_tokens - 1 if options.schedule == "length_aware" else 0
+            probe = options.probe_tokens - 1 if self.schedule.plans_lanes else 0
             rows = _rows_within(options, model, longest, prompts=len(prompts), stored_prompt_len=longest,
                                 stored_tokens=len(prompts) * num_samples * probe)
             if rows < 1 or (slots and slots > rows):
@@ -139,7 +139,7 @@ class SlotsEngine:
             slots = slots or rows
         return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
                                  temperature=options.temperature, top_p=options.top_p, slots=slots,
-                                 refill=options.refill, schedule=options.schedule, predictor=self.predictor,
+                                 refill=options.refill, schedule=self.schedule, predictor=self.predictor,
                                  stopper=stopper, probe_tokens=options.probe_tokens)
 
     def state_dict(self) -> dict:
@@ -161,4 +161,5 @@ class SlotsEngine:
 ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine})
 
 __all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationEngine", "GenerationOptions", "HFEngine", "LengthPredictor",
-           "SlotsEngine", "Stopper", "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]
+           "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "generate", "generate_in_slots",
+           "generation_memory_bytes", "to_rollouts"]

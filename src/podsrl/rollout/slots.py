@@ -44,7 +44,7 @@ from transformers.cache_utils import DynamicLayer
 from podsrl.rollout.hf import to_rollouts
 from podsrl.rollout.sampling import next_tokens
 from podsrl.rollout.schedule import (REFILLS, SCHEDULES, LengthPredictor, PendingSamples, PrefixLengthPredictor,
-                                     plan_lanes, predict_remaining, predictor_for)
+                                     Schedule, plan_lanes, predict_remaining, predictor_for)
 from podsrl.types import Rollouts
 
 # stopper(prompt_indices [N], completion_ids [N] token lists up to and including EOS) -> the
@@ -318,12 +318,10 @@ def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
         decoder.trim_columns()
 
 
-def check_options(refill: str, schedule: str, probe_tokens: int) -> None:
+def check_options(refill: str, schedule: Schedule, probe_tokens: int) -> None:
     if refill not in REFILLS:
         raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"generation_schedule: unknown {schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if schedule == "length_aware" and (refill != "continuous" or probe_tokens < 2):
+    if schedule.plans_lanes and (refill != "continuous" or probe_tokens < 2):
         raise ValueError(f"generation_schedule length_aware needs generation_refill continuous and "
                          f"generation_probe_tokens >= 2 (got {refill!r}, {probe_tokens})")
 
@@ -341,7 +339,8 @@ def pack(completions: list[list[list[int]]], pad: int) -> torch.Tensor:
 @torch.no_grad()
 def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
                       temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
-                      schedule: str = "fifo", predictor: LengthPredictor | PrefixLengthPredictor | None = None,
+                      schedule: Schedule | str = "fifo",
+                      predictor: LengthPredictor | PrefixLengthPredictor | None = None,
                       stopper: Stopper | None = None, probe_tokens: int = 4) -> Rollouts:
     """Sample ``num_samples`` completions per prompt, decoding at most ``slots`` at once.
 
@@ -355,6 +354,7 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
     stopper was given.
     """
+    schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, str) else schedule
     check_options(refill, schedule, probe_tokens)
     predictor = predictor_for(schedule, predictor)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -367,13 +367,12 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     prompt_level = isinstance(predictor, LengthPredictor)
     features = predictor.features(prompt_tokens) if prompt_level else None
     predicted = predictor.predict(features).tolist() if prompt_level else [0.0] * len(prompts)
-    pending = PendingSamples(len(prompts), num_samples, "round_robin" if schedule == "length_aware" else schedule,
-                             predicted, predictor if prompt_level else None)
+    pending = PendingSamples(len(prompts), num_samples, schedule, predicted, predictor if prompt_level else None)
     decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, eos=tokenizer.eos_token_id,
                           pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature,
                           top_p=top_p, stopper=stopper)
     stats = {}
-    if schedule == "length_aware":  # stage 0: the probe; stage 1: the plan
+    if schedule.plans_lanes:  # stage 0: the probe; stage 1: the plan
         decoder.pause_at = probe_tokens
         decode(decoder, slots, refill)
         stats["probe_steps"] = decoder.decode_steps
@@ -389,7 +388,7 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     if prompt_level:
         lengths = torch.tensor([[len(c) for c in group] for group in completions], dtype=torch.float64)
         predictor.update(features, lengths.masked_fill(~generated, float("nan")))  # skipped: no length to learn
-    elif schedule == "length_aware":
+    elif schedule.plans_lanes:
         remaining = torch.tensor([len(completions[p][s]) - probe_tokens if generated[p, s] else float("nan")
                                   for p, s in samples], dtype=torch.float64)  # [N]
         stats["length_mae"] = predictor.learn(features, predicted, remaining)
