@@ -42,7 +42,7 @@ def podsrl_run(method: str, args, out: Path) -> dict:
     train(cfg)
     steps = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] > WARMUP_STEPS]
     step_seconds = [sum(v for k, v in r.items() if k.startswith("time_") and k != "time_eval") for r in steps]
-    generated = [r["completion_len"] * args.prompts * cfg.rollouts_per_prompt for r in steps]
+    generated = [r["completion_len"] * args.prompts * cfg.generated_per_prompt for r in steps]
     return {"seconds_per_step": statistics.fmean(step_seconds),
             "generate_seconds_per_step": statistics.fmean(r["time_generate"] for r in steps),
             "tokens_per_second": sum(generated) / sum(r["time_generate"] for r in steps)}

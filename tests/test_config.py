@@ -17,7 +17,7 @@ def test_every_field_is_documented():
 def test_defaults_are_valid_and_the_demo():
     cfg = make_config()
     assert (cfg.model, cfg.task, cfg.method, cfg.downsampling_rule) == ("tiny", "arithmetic", "pods", "max_variance")
-    assert cfg.rollouts_per_prompt == cfg.num_generations and cfg.trained_per_prompt == cfg.num_kept
+    assert cfg.generated_per_prompt == cfg.num_generations and cfg.trained_per_prompt == cfg.num_kept
 
 
 def test_optimisation_defaults_are_the_papers():
@@ -30,9 +30,9 @@ def test_optimisation_defaults_are_the_papers():
 
 
 def test_method_decides_generated_and_trained_counts():
-    assert make_config(overrides={"method": "grpo", "num_kept": "4", "num_generations": "16"}).rollouts_per_prompt == 4
+    assert make_config(overrides={"method": "grpo", "num_kept": "4", "num_generations": "16"}).generated_per_prompt == 4
     ga = make_config(overrides={"method": "grpo-ga", "num_generations": "16"})
-    assert (ga.rollouts_per_prompt, ga.trained_per_prompt) == (16, 16)
+    assert (ga.generated_per_prompt, ga.trained_per_prompt) == (16, 16)
 
 
 @pytest.mark.parametrize("overrides, field", [

@@ -223,8 +223,8 @@ def test_negative_reward_weights_are_numbers_too():
 def test_a_group_of_one_trained_rollout_is_refused(method, n, m):
     spec = METHODS[method]
     overrides = {"method": method, "num_generations": str(n), "num_kept": str(m)}
-    if spec.trained(n, m) < 2:
-        group = "num_kept" if spec.trained(0, 1) == 1 else "num_generations"
+    if spec.trained_per_prompt(n, m) < 2:
+        group = "num_kept" if spec.trained_per_prompt(0, 1) == 1 else "num_generations"
         message = error_of(overrides=overrides)
         refused(message, group)
         assert f"must be at least 2 for method {method}" in message and "advantage" in message

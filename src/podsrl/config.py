@@ -199,14 +199,14 @@ class Config:
 
     # ---------------------------------------------------------------------------------
     @property
-    def rollouts_per_prompt(self) -> int:
+    def generated_per_prompt(self) -> int:
         """Rollouts generated per prompt (podsrl.methods: m for grpo, n otherwise)."""
-        return METHODS[self.method].generated(self.num_generations, self.num_kept)
+        return METHODS[self.method].generated_per_prompt(self.num_generations, self.num_kept)
 
     @property
     def trained_per_prompt(self) -> int:
         """Rollouts trained on per prompt (podsrl.methods: n for grpo-ga, m otherwise)."""
-        return METHODS[self.method].trained(self.num_generations, self.num_kept)
+        return METHODS[self.method].trained_per_prompt(self.num_generations, self.num_kept)
 
     @property
     def reward_specs(self) -> list[str]:

@@ -28,11 +28,11 @@ class Method:
     selects: bool  # keeps m of them by a rule (else trains on every generated rollout)
     description: str
 
-    def generated(self, n: int, m: int) -> int:
+    def generated_per_prompt(self, n: int, m: int) -> int:
         """Rollouts generated per prompt."""
         return n if self.generates_n else m
 
-    def trained(self, n: int, m: int) -> int:
+    def trained_per_prompt(self, n: int, m: int) -> int:
         """Rollouts trained on per prompt."""
         return m if self.selects or not self.generates_n else n
 

@@ -27,12 +27,11 @@ from pathlib import Path
 
 from podsrl.config import validate
 from podsrl.experiments.plots import save_accuracy_figure
+from podsrl.experiments.runs import FinishedRun, arm_variants, load_run
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
-from podsrl.provenance import read_environment
 from podsrl.trainer import train
 from podsrl.experiments.seeds import warn_unlike_seeds
-from podsrl.metrics import read_metrics
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
@@ -40,80 +39,9 @@ GRID_POINTS = 200
 
 
 @dataclass
-class Run:
-    path: Path
-    config: dict
-    evals: list[tuple[float, float]]  # (training seconds, sampled accuracy)
-    inference_seconds: float  # mean per step: generate + reward
-    update_seconds: float  # mean per step: logprobs + update
-    other_seconds: float  # mean per step: select + advantages
-    steps: int
-    environment: list[dict] = field(default_factory=list)  # one entry per start of the run
-
-    @property
-    def arm(self) -> str:
-        c = self.config
-        # (runs written before the rename of n / m / rule still read)
-        n = "auto" if c.get("adaptive_n") else c.get("num_generations", c.get("n"))
-        m, rule = c.get("num_kept", c.get("m")), c.get("downsampling_rule", c.get("rule"))
-        return " ".join([METHODS[c["method"]].arm_name(n, m, rule), *arm_variants(c)])
-
-    @property
-    def seed(self) -> int | None:
-        return self.config.get("seed")
-
-    @property
-    def budget_seconds(self) -> float:
-        """Training time of the last evaluation: where the run's curve ends."""
-        return self.evals[-1][0]
-
-    def accuracy_at(self, seconds: float) -> float:
-        """Linear interpolation between evaluations (held at the ends)."""
-        times, accs = zip(*self.evals)
-        if seconds <= times[0]:
-            return accs[0]
-        for (t0, a0), (t1, a1) in zip(self.evals, self.evals[1:]):
-            if seconds <= t1:
-                return a0 + (a1 - a0) * (seconds - t0) / (t1 - t0) if t1 > t0 else a1
-        return accs[-1]
-
-    def time_to(self, accuracy: float) -> float | None:
-        """First training time at which the (interpolated) curve reaches ``accuracy``."""
-        if self.evals[0][1] >= accuracy:
-            return self.evals[0][0]
-        for (t0, a0), (t1, a1) in zip(self.evals, self.evals[1:]):
-            if a1 >= accuracy:
-                return t0 + (t1 - t0) * (accuracy - a0) / (a1 - a0)
-        return None
-
-    def censored_time_to(self, accuracy: float) -> tuple[float, bool]:
-        """(seconds, censored): the time to ``accuracy``, or the whole budget when the run
-        never reached it (then the true time is larger: censored)."""
-        seconds = self.time_to(accuracy)
-        return (self.budget_seconds, True) if seconds is None else (seconds, False)
-
-
-def load_run(path: Path) -> Run:
-    path = Path(path)
-    config = json.loads((path / "config.json").read_text())
-    records = read_metrics(path / "metrics.jsonl")
-    evals = [(r["train_seconds"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
-    steps = [r for r in records if r["step"] > 0]
-    if not evals or not steps:
-        raise ValueError(f"{path}: no training steps or evaluations in metrics.jsonl")
-
-    def per_step(*keys):
-        return statistics.fmean(sum(r.get(k) or 0.0 for k in keys) for r in steps)
-
-    return Run(path, config, evals, per_step("time_generate", "time_reward"),
-               per_step("time_logprobs", "time_update"), per_step("time_select", "time_advantages"), len(steps),
-               read_environment(path))
-
-
-@dataclass
 class Arm:
     name: str
-    runs: list[Run]
+    runs: list[FinishedRun]
     grid: list[float] = field(default_factory=list)
     mean: list[float] = field(default_factory=list)
     half_width: list[float] = field(default_factory=list)
@@ -164,14 +92,14 @@ def paired_speedups(base: Arm, arm: Arm, target: float) -> list[dict]:
     return pairs
 
 
-def run_order(runs: list[Run]) -> list[str]:
+def run_order(runs: list[FinishedRun]) -> list[str]:
     """Arm of each run in the order the runs started (from their environment.json)."""
     started = [(r.environment[0].get("unix_time", 0.0), r.environment[0]["date"], r.arm)
                for r in runs if r.environment]
     return [arm for *_, arm in sorted(started)]
 
 
-def provenance(runs: list[Run]) -> dict:
+def provenance(runs: list[FinishedRun]) -> dict:
     """What the runs recorded about themselves: commits, first/last start, machines."""
     entries = [e for r in runs for e in r.environment]
     if not entries:
@@ -354,12 +282,6 @@ def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_va
             arms += [{"method": name, "num_generations": base.num_generations, "adaptive_n": True, "num_kept": m,
                       "downsampling_rule": rule} for n in n_values if n == "auto" for m in m_values for rule in rules]
     return arms
-
-
-def arm_variants(fields: dict) -> list[str]:
-    """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto')."""
-    return [label for label, on in (("slots", fields.get("generation_engine") == "slots"),
-                                    ("early-stop", fields.get("group_early_stop"))) if on]
 
 
 def arm_dir_name(overrides: dict) -> str:

@@ -82,7 +82,7 @@ def generate_rollouts(run: Run, split: PreparedSplit, n: int) -> Rollouts:
     they skipped)."""
     parts = run.components
     cfg, procs, tokenizer = parts.cfg, parts.procs, parts.bundle.tokenizer
-    per_prompt = parts.method.generated(n, cfg.num_kept)
+    per_prompt = parts.method.generated_per_prompt(n, cfg.num_kept)
     total = len(split.prompts)
     chunk = max(1, cfg.generation_batch_size // per_prompt) if cfg.generation_batch_size else total
     chunks = []
