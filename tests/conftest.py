@@ -6,10 +6,10 @@ import zlib
 import pytest
 import torch
 
+from podsrl.build.tiny import make_model, train_tokenizer
 from podsrl.models import load_model
 from podsrl.tasks import TASKS, Task
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.build.tiny import make_model, train_tokenizer
 
 
 @pytest.fixture(scope="module")

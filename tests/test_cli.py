@@ -9,6 +9,7 @@ import pytest
 
 from podsrl.cli import main
 
+
 def podsrl(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "podsrl.cli", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=300)

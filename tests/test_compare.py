@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from podsrl.experiments.compare import analyze, arm_configs, format_table, run_plan, write_report
 from podsrl.config import make_config
+from podsrl.experiments.compare import analyze, arm_configs, format_table, run_plan, write_report
 
 
 def fake_run(root, name, method, seed, evals, n=16, m=4, rule="max_variance", step_times=(0.1, 0.05, 0.2),

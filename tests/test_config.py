@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import Config, FIELDS, RENAMED, make_config
+from podsrl.config import FIELDS, RENAMED, Config, make_config
 
 ROOT = Path(__file__).parents[1]
 

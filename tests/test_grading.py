@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from podsrl.rewards import grading
-from podsrl.rewards.functions import (gsm8k_correct, math_correct, think_answer_format_soft,
-                                      think_answer_format_strict)
+from podsrl.rewards.functions import gsm8k_correct, math_correct, think_answer_format_soft, think_answer_format_strict
 from podsrl.rewards.grading import extract_final_answer, grade, gsm8k_gold, last_boxed, math_gold, normalize_number
 
 REPO = Path(__file__).resolve().parents[1]

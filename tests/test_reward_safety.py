@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from podsrl.rewards import (DEFAULT_REWARD_TIMEOUT, REWARDS, RewardError, RewardStack, in_process, load_reward_fn,
-                            stack as stack_module)
-from podsrl.rewards.scorer import TrainerProgress, _not_recorded
+from podsrl.rewards import DEFAULT_REWARD_TIMEOUT, REWARDS, RewardError, RewardStack, in_process, load_reward_fn
+from podsrl.rewards import stack as stack_module
 from podsrl.rewards import worker as worker_module
+from podsrl.rewards.scorer import TrainerProgress, _not_recorded
 from podsrl.rewards.stack import runs_in_worker
 from podsrl.tasks.jsonl import build_jsonl
 

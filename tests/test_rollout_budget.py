@@ -7,8 +7,13 @@ import math
 import pytest
 import torch
 
-from podsrl.algorithms.rollout_budget import (RolloutBudget, candidate_sizes, constant_probability,
-                                              generation_cost, value_counts)
+from podsrl.algorithms.rollout_budget import (
+    RolloutBudget,
+    candidate_sizes,
+    constant_probability,
+    generation_cost,
+    value_counts,
+)
 from podsrl.config import Config, validate
 from podsrl.trainer import train
 

@@ -138,7 +138,7 @@ def test_modules_and_functions_stay_readable(name):
 
 
 def test_the_tree_is_clean_under_the_linter_config():
-    """pyproject.toml's [tool.ruff] (line length 120, pyflakes and pycodestyle) holds for the
+    """pyproject.toml's [tool.ruff] (line length 120, pyflakes, pycodestyle, import order) holds for the
     whole tree; ruff is in the test extra."""
     import subprocess
     import sys

@@ -11,13 +11,19 @@ import torch
 
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
-from podsrl.rollout import generate
 from podsrl.models import load_model
+from podsrl.rollout import generate
+from podsrl.trainer import train
 from podsrl.trainer.state import PromptSampler
 from podsrl.types import completion_mask_from_eos
-from podsrl.trainer import train
-from podsrl.update import (OptimizerOptions, UpdateOptions, batch_logprobs, flatten_for_update, make_optimizer,
-                           update_policy)
+from podsrl.update import (
+    OptimizerOptions,
+    UpdateOptions,
+    batch_logprobs,
+    flatten_for_update,
+    make_optimizer,
+    update_policy,
+)
 
 
 def quick_config(model_dir, output_dir, **overrides):

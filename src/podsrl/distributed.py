@@ -37,7 +37,6 @@ from collections import defaultdict
 import torch
 from packaging.version import Version
 
-
 # Sharded (FSDP2) decoding gave other tokens than the whole model with transformers 5.16 to
 # 5.22.2 (found by the lower-bound job, scripts/test_lowest.sh); 5.23.0 is the first release
 # whose sharded runs match one process

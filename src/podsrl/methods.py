@@ -13,7 +13,6 @@ testing the method's name.
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 
 import torch

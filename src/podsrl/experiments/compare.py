@@ -28,10 +28,10 @@ from pathlib import Path
 from podsrl.config import validate
 from podsrl.experiments.plots import save_accuracy_figure
 from podsrl.experiments.runs import FinishedRun, arm_variants, load_run
+from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
 from podsrl.trainer import train
-from podsrl.experiments.seeds import warn_unlike_seeds
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget

@@ -17,7 +17,6 @@ from transformers.utils import logging as hf_logging
 
 from podsrl.registry import error_line
 
-
 TINY_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny"  # shipped; rebuilt by scripts/build_tiny.py
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -10,11 +10,20 @@ functions run in a worker process that a timeout can kill (:mod:`podsrl.rewards.
 
 from __future__ import annotations
 
-from podsrl.rewards.functions import (arithmetic_correct, arithmetic_format, bounded, completion_text, extract_answer,
-                                      gsm8k_correct, math_correct, reasoning_gym_correct, think_answer_format_soft,
-                                      think_answer_format_strict)
-from podsrl.rewards.grading import grade
 from podsrl.registry import Registry
+from podsrl.rewards.functions import (
+    arithmetic_correct,
+    arithmetic_format,
+    bounded,
+    completion_text,
+    extract_answer,
+    gsm8k_correct,
+    math_correct,
+    reasoning_gym_correct,
+    think_answer_format_soft,
+    think_answer_format_strict,
+)
+from podsrl.rewards.grading import grade
 from podsrl.rewards.stack import DEFAULT_REWARD_TIMEOUT, RewardError, RewardFn, RewardStack, in_process
 
 REWARDS = Registry("reward function", "reward_funcs", {

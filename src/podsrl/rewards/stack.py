@@ -30,9 +30,16 @@ from typing import Any, Sequence
 
 import torch
 
-from podsrl.rewards.worker import (CallFailed, CallTimedOut, RewardError, RewardFn, RewardWorker, checked_values,
-                                   error_line, reward_name)
-
+from podsrl.rewards.worker import (
+    CallFailed,
+    CallTimedOut,
+    RewardError,
+    RewardFn,
+    RewardWorker,
+    checked_values,
+    error_line,
+    reward_name,
+)
 
 DEFAULT_REWARD_TIMEOUT = 300.0  # seconds a call of a user function may take when the stack's timeout is <= 0
 

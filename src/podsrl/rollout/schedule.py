@@ -259,6 +259,14 @@ class LaneQueue:
         return self.lanes[lane].pop()
 
 
+def check_options(refill: str, schedule: Schedule, probe_tokens: int) -> None:
+    if refill not in REFILLS:
+        raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
+    if schedule.plans_lanes and (refill != "continuous" or probe_tokens < 2):
+        raise ValueError(f"generation_schedule length_aware needs generation_refill continuous and "
+                         f"generation_probe_tokens >= 2 (got {refill!r}, {probe_tokens})")
+
+
 def predictor_for(schedule: Schedule, predictor: LengthPredictor | PrefixLengthPredictor | None):
     """The length predictor a schedule uses: the one given (checked), or a new one."""
     if schedule.predictor is None:

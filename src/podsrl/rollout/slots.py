@@ -43,8 +43,17 @@ from transformers.cache_utils import DynamicLayer
 
 from podsrl.rollout.hf import to_rollouts
 from podsrl.rollout.sampling import next_tokens
-from podsrl.rollout.schedule import (REFILLS, SCHEDULES, LengthPredictor, PendingSamples, PrefixLengthPredictor,
-                                     Schedule, plan_lanes, predict_remaining, predictor_for)
+from podsrl.rollout.schedule import (
+    SCHEDULES,
+    LengthPredictor,
+    PendingSamples,
+    PrefixLengthPredictor,
+    Schedule,
+    check_options,
+    plan_lanes,
+    predict_remaining,
+    predictor_for,
+)
 from podsrl.types import Rollouts
 
 # stopper(prompt_indices [N], completion_ids [N] token lists up to and including EOS) -> the
@@ -316,14 +325,6 @@ def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
             decoder.start_group(slots)
         # (naive micro-groups keep decoding rows whose sample ended until the whole group is done)
         decoder.trim_columns()
-
-
-def check_options(refill: str, schedule: Schedule, probe_tokens: int) -> None:
-    if refill not in REFILLS:
-        raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
-    if schedule.plans_lanes and (refill != "continuous" or probe_tokens < 2):
-        raise ValueError(f"generation_schedule length_aware needs generation_refill continuous and "
-                         f"generation_probe_tokens >= 2 (got {refill!r}, {probe_tokens})")
 
 
 def pack(completions: list[list[list[int]]], pad: int) -> torch.Tensor:

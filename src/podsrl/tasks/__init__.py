@@ -14,8 +14,18 @@ from typing import Callable
 
 from podsrl.registry import Registry
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.tasks.base import (REASONING_GYM_PREFIX, THINK_ANSWER_SYSTEM_PROMPT, Example, Messages, PreparedSplit,
-                               Task, prepare_split, prompt_messages, render_prompt, reward_columns)
+from podsrl.tasks.base import (
+    REASONING_GYM_PREFIX,
+    THINK_ANSWER_SYSTEM_PROMPT,
+    Example,
+    Messages,
+    PreparedSplit,
+    Task,
+    prepare_split,
+    prompt_messages,
+    render_prompt,
+    reward_columns,
+)
 from podsrl.tasks.gsm8k import build_gsm8k
 from podsrl.tasks.jsonl import build_jsonl
 from podsrl.tasks.math import build_math

@@ -27,11 +27,11 @@ from podsrl.models import ModelBundle
 from podsrl.rewards.scorer import Scorer
 from podsrl.rollout import GenerationEngine
 from podsrl.tasks import Example, PreparedSplit, Task
+from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.logging import StageTimer
 from podsrl.trainer.run_dir import RunLock
 from podsrl.trainer.state import PromptSampler
-from podsrl.tracking import Trackers
 from podsrl.types import Rollouts, Scores
 from podsrl.update import UpdateOptions, UpdateResult
 

@@ -18,8 +18,7 @@ import torch
 
 from podsrl.config import split_list
 from podsrl.models import ModelBundle, load_model
-from podsrl.trainer.checkpoints import (STATE_FILE, WEIGHTS_FILE, check_weights, copy_weights, fsync,
-                                        list_checkpoints)
+from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, check_weights, copy_weights, fsync, list_checkpoints
 from podsrl.trainer.model_card import model_card
 from podsrl.trainer.run_info import RunInfo, Source, read_run_info
 

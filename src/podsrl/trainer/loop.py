@@ -18,11 +18,11 @@ import torch
 from podsrl.algorithms.select import Groups
 from podsrl.config import Config
 from podsrl.rewards import RewardError, RewardFn
-from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.tasks.base import PreparedSplit
+from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.components import Components, StepOutcome
 from podsrl.trainer.early_stop import SaturationStopper
 from podsrl.trainer.logging import StageTimer, progress_bar, rollout_rows, step_record
-from podsrl.trainer.components import Components, StepOutcome
 from podsrl.trainer.run import Run, RunResult
 from podsrl.trainer.setup import set_up
 from podsrl.trainer.state import StopSignals, TrainingStopped, sampling_seed

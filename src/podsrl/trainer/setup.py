@@ -14,26 +14,26 @@ import torch
 
 from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.loss import LOSSES
+from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.config import Config, validate
 from podsrl.distributed import Processes
 from podsrl.methods import METHODS
+from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
 from podsrl.provenance import record_environment
 from podsrl.rewards import RewardFn, load_reward_fn
-from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.rewards.scorer import Scorer, ScoringOptions
-from podsrl.trainer.early_stop import reward_bounds
 from podsrl.rollout import ENGINES, GenerationOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
-from podsrl.trainer.evaluate import EvalOptions
-from podsrl.metrics import MetricsLog
-from podsrl.trainer.logging import say
+from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.components import Cadence, Components, RunState
+from podsrl.trainer.early_stop import reward_bounds
+from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.hooks import step_hooks
+from podsrl.trainer.logging import say
 from podsrl.trainer.run import Run
 from podsrl.trainer.run_dir import RunDirError, RunLock, check_output_dir, check_resume_config
 from podsrl.trainer.state import PromptSampler
-from podsrl.tracking import Trackers, tracker_names
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
 
 
