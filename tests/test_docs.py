@@ -75,6 +75,20 @@ def validate(words: list[str]) -> None:
         return
     if words[0] == "accelerate" and "podsrl.cli" not in words:  # launches a script
         words = ["python", *[w for w in words[2:] if w.endswith(".py")][:1]]
+    if words[:2] == ["pip", "install"]:  # podsrl's extras must exist
+        import tomllib
+
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        for spec in (w for w in words[2:] if w.startswith("podsrl[")):
+            assert set(spec[len("podsrl["):-1].split(",")) <= set(extras), f"{spec}: no such extra"
+        return
+    if words[0] in ("python", "python3") and words[1] == "-m" and words[2].startswith("verl."):
+        pytest.skip("verl's command line: tests/verl composes it with verl's config (scripts/test_verl.sh)")
+    if words[0] in ("python", "python3") and words[1:3] == ["-m", "podsrl.integrations.verl_core"]:
+        from podsrl.integrations.verl_core import main
+
+        assert main(words[3:]) == 0, words
+        return
     if words[0] in ("bash", "python", "python3"):
         script = next(w for w in words[1:] if not w.startswith("-"))
         assert (ROOT / script).is_file(), f"{script}: no such script"

@@ -6,4 +6,7 @@ every engine. Each module imports its engine (an optional dependency) only when 
 
 * :mod:`podsrl.integrations.trl`: ``PODSTrainer`` / ``PODSConfig`` for TRL's ``GRPOTrainer``
   (also importable as ``podsrl.trl``).
+* :mod:`podsrl.integrations.verl`: ``PODSReplayBuffer`` for verl's v1 trainer, over
+  :mod:`podsrl.integrations.verl_core` (the kept sessions and verl's batch arithmetic, which
+  need no verl).
 """
