@@ -61,8 +61,8 @@ def select_sessions(keys: list[str], scores: list[float], num_kept: int, rule: s
     kept_rewards = torch.full((len(ids), num_kept), float("nan"))  # [P, m]
     kept: set[tuple[str, int]] = set()
     for size in sorted({len(group) for group in ids.values()}):
-        rows = [i for i, group in enumerate(ids.values()) if len(group) == size]
-        uids = [list(ids)[i] for i in rows]
+        rows = [i for i, group in enumerate(ids.values()) if len(group) == size]  # prompts of this size
+        uids = [uid for uid, group in ids.items() if len(group) == size]
         rewards = torch.tensor([[sessions[uid][s][1] for s in ids[uid]] for uid in uids])  # [P_s, size]
         keep = select(rule, Groups(rewards), min(num_kept, size), generator)  # [P_s, m_s]
         kept |= {(uid, ids[uid][i]) for uid, row in zip(uids, keep.tolist()) for i in row}
