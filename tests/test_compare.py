@@ -226,3 +226,23 @@ def test_seeds_of_one_arm_that_differ_in_more_than_the_seed_are_warned_about(tmp
 def test_seeds_that_differ_only_in_the_seed_give_no_warning(tmp_path, capsys):
     analyze([fake_run(tmp_path, "pods", "pods", seed, [(0, 0.5), (10, 0.9)]) for seed in (0, 1, 2)])
     assert "warning" not in capsys.readouterr().err
+
+
+def test_update_memory_column_only_for_runs_that_logged_it(tmp_path):
+    """Runs from before the memory measure keep their table; runs that logged it get the
+    largest logged value per arm (NaN, as off CUDA, read as not logged)."""
+    old = [fake_run(tmp_path / "old", "grpo", "grpo", 0, [(0, 0.1), (10, 0.2)])]
+    assert "update memory" not in format_table(analyze(old))
+    runs = []
+    for seed, (activation, cuda) in enumerate([(10.0, None), (12.0, None)]):
+        run = fake_run(tmp_path / "new", "grpo-ga", "grpo-ga", seed, [(0, 0.1), (10, 0.2), (20, 0.3)])
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for k, r in enumerate(records[1:], start=1):
+            r.update(update_activation_mb=activation - k, update_peak_cuda_mb=cuda)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        runs.append(run)
+    result = analyze(runs)
+    row = result["rows"][0]
+    assert row["update_activation_mb"] == 11.0 and row["update_peak_cuda_mb"] is None
+    table = format_table(result)
+    assert "update memory, MiB (activations / CUDA peak)" in table and "| 11 / n/a |" in table

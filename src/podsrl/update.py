@@ -19,6 +19,7 @@ from transformers import get_scheduler
 from podsrl.algorithms.loss import Aggregate, Aggregation, policy_loss
 from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
+from podsrl.models.memory import UpdateMemory
 from podsrl.models.precision import activation_checkpointing
 from podsrl.types import Rollouts, UpdateBatch
 
@@ -111,6 +112,8 @@ class UpdateResult:
     kl: float  # mean k3 KL to the reference (0 without beta)
     skipped_step: int  # 1 when a non-finite loss or gradient skipped the optimizer step
     lr: float  # the rate this step used (the scheduler moves it after)
+    update_activation_mb: float  # largest micro-batch's activations saved for backward (models/memory.py)
+    update_peak_cuda_mb: float  # CUDA allocator's peak during the update; NaN off CUDA
 
     def as_record(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -135,13 +138,16 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     num_tokens = num_tokens or float(batch.completion_mask.sum())
     optimizer.zero_grad(set_to_none=True)
     total_loss, clip_fraction, kl = 0.0, 0.0, 0.0
-    parts = list(micro_batches(batch, options.micro_batch_size, device=procs.unwrap(model).device))
+    device = procs.unwrap(model).device
+    memory = UpdateMemory(model, device)
+    parts = list(micro_batches(batch, options.micro_batch_size, device=device))
     for i, part in enumerate(parts):
         lc = part.completion_mask.shape[1]
         # gradients are averaged across processes once per step, after the last micro-batch
         with procs.no_sync(model, last=i == len(parts) - 1), \
                 activation_checkpointing(procs.unwrap(model), options.activation_checkpointing):
-            logp = logprobs(model, part.input_ids, part.attention_mask, lc)  # [b, lc]
+            with memory.micro_batch():
+                logp = logprobs(model, part.input_ids, part.attention_mask, lc)  # [b, lc]
             old_logp = part.old_logp if part.old_logp is not None else logp.detach()
             loss, stats = policy_loss(
                 logp, old_logp, part.advantages, part.completion_mask,
@@ -163,4 +169,5 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
         optimizer.step()
         scheduler.step()
     return UpdateResult(loss=total_loss, grad_norm=grad_norm, clip_fraction=clip_fraction, kl=kl,
-                        skipped_step=int(skipped), lr=lr)
+                        skipped_step=int(skipped), lr=lr, update_activation_mb=memory.activation_mb,
+                        update_peak_cuda_mb=memory.peak_cuda_mb)

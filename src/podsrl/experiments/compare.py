@@ -154,9 +154,17 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
             "speedup_vs_baseline": (base_time / mean_time) if (base_time is not None and mean_time) else None,
             "speedup_per_seed_mean": speedup, "speedup_per_seed_ci95": speedup_ci,
             "seed_pairs": pairs, "censored_pairs": sum(bool(p["censored"]) for p in pairs),
+            **{key: largest_logged(r.update_memory_mb.get(key) for r in arm.runs)
+               for key in ("update_activation_mb", "update_peak_cuda_mb")},
         })
     return {"baseline": base_name, "target_accuracy": target, "budget_seconds": budget, "arms": arms,
             "rows": rows, "provenance": provenance(runs)}
+
+
+def largest_logged(values) -> float | None:
+    """The largest of the values a run logged (None where it logged none)."""
+    logged = [v for v in values if v is not None]
+    return max(logged) if logged else None
 
 
 def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, Path]:
@@ -228,13 +236,17 @@ def _provenance_lines(prov: dict) -> list[str]:
 
 
 def format_table(result: dict) -> str:
+    """The comparison's table; runs that logged the update's memory (podsrl since #29) get a
+    column for it: activations of the largest micro-batch / CUDA peak, in MiB."""
     fractions = " / ".join(f"{int(100 * f)}%" for f in BUDGET_FRACTIONS)
+    memory = any(r.get("update_activation_mb") is not None for r in result["rows"])
     lines = [f"baseline: {result['baseline']}; target: {100 * result['target_accuracy']:.1f}% "
              f"(99% of its best mean held-out accuracy); common budget: {result['budget_seconds']:.0f} s of training",
              *_provenance_lines(result["provenance"]), "",
              f"| arm | seeds | steps | s/step (inference + update) | acc at {fractions} of budget | peak acc "
-             f"| time to target (s) | speedup (mean curves) | speedup per seed (95% CI) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| time to target (s) | speedup (mean curves) | speedup per seed (95% CI) |"
+             + (" update memory, MiB (activations / CUDA peak) |" if memory else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if memory else "")]
     notes = []
     for r in result["rows"]:
         at_budget = " / ".join(f"{100 * v:.1f}%" for v in r["accuracy_at_budget"].values())
@@ -248,7 +260,9 @@ def format_table(result: dict) -> str:
             f"| {r['arm']} | {r['seeds']} | {r['steps_mean']:.0f} | {r['seconds_per_step']:.3f} "
             f"({r['inference_seconds_per_step']:.3f} + {r['update_seconds_per_step']:.3f}) | {at_budget} "
             f"| {100 * r['peak_accuracy']:.1f}% | {reach}{r['seeds_reaching_target']}/{r['seeds']} seeds) "
-            f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x')} | {per_seed} |")
+            f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x')} | {per_seed} |"
+            + (f" {_fmt(r.get('update_activation_mb'), '{:.0f}')} / {_fmt(r.get('update_peak_cuda_mb'), '{:.0f}')} |"
+               if memory else ""))
         for p in r["seed_pairs"]:
             if p["censored"]:
                 bound = {"arm": "an upper bound: the arm missed the target within its budget",

@@ -25,6 +25,8 @@ class FinishedRun:
     other_seconds: float  # mean per step: select + advantages
     steps: int
     environment: list[dict] = field(default_factory=list)  # one entry per start of the run
+    # largest per-step value of update_activation_mb / update_peak_cuda_mb (None: not logged)
+    update_memory_mb: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def arm(self) -> str:
@@ -81,9 +83,14 @@ def load_run(path: Path) -> FinishedRun:
     def per_step(*keys):
         return statistics.fmean(sum(r.get(k) or 0.0 for k in keys) for r in steps)
 
+    def largest(key):
+        values = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and r[key] == r[key]]  # not NaN
+        return max(values) if values else None
+
     return FinishedRun(path, config, evals, per_step("time_generate", "time_reward"),
                        per_step("time_logprobs", "time_update"), per_step("time_select", "time_advantages"),
-                       len(steps), read_environment(path))
+                       len(steps), read_environment(path),
+                       {key: largest(key) for key in ("update_activation_mb", "update_peak_cuda_mb")})
 
 
 def arm_variants(fields: dict) -> list[str]:
