@@ -103,3 +103,19 @@ def test_eval_loads_a_lora_run_folder(random_model_dir, tmp_path):
     result = podsrl("eval", "--model", str(run / "model"), "--eval_prompts", "4", "--output_dir", str(tmp_path / "e"))
     assert result.returncode == 0, result.stderr
     assert len((tmp_path / "e" / "eval" / "arithmetic-samples.jsonl").read_text().splitlines()) == 16
+
+
+def test_compare_stopped_by_a_signal_is_one_line_and_the_signal_exit_code(tmp_path, capsys, monkeypatch):
+    """A SIGTERM during a comparison (the run checkpointed) ends the command with one line, as
+    `podsrl train` does, not a traceback; the exit status is 128 + the signal."""
+    from podsrl import cli
+    from podsrl.trainer import TrainingStopped
+
+    def stopped(*args, **kwargs):
+        raise TrainingStopped("stopped by SIGTERM after step 3; checkpoint written to x", signum=15)
+
+    monkeypatch.setattr(cli, "run_comparison", stopped)
+    assert main(["compare", "--budget_minutes", "1", "--output_dir", str(tmp_path / "c")]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("podsrl compare: stopped by SIGTERM after step 3")
+    assert "re-run the same compare command" in err[0]

@@ -138,6 +138,10 @@ def cmd_compare(argv: list[str]) -> int:
         arms = arm_configs(cfg, split_list(args.methods), split_list(args.rules), n_values, m_values)
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))
         result = analyze(run_dirs, baseline=args.baseline or None)
+    except TrainingStopped as stopped:  # a signal or a failed reward: the run checkpointed; re-running resumes it
+        print(f"podsrl compare: {stopped} (in a comparison: re-run the same compare command, which resumes it)",
+              file=sys.stderr)
+        return 128 + stopped.signum if stopped.signum else 1
     except (ValueError, OSError) as err:
         print(f"podsrl compare: error: {err}", file=sys.stderr)
         return 2
