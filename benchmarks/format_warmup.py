@@ -8,7 +8,9 @@ exactly as training and evaluation render them (system prompt, chat template).
         [--output_dir runs/smollm2-format]
 
 Writes a Hugging Face model folder (``--model runs/smollm2-format`` for podsrl and
-benchmarks/regime_candidates.py). Full fine-tuning, float32, on the task's train split.
+benchmarks/regime_candidates.py). Full fine-tuning, float32, on the task's train split; on
+the GPU when there is one (``--device``), which draws the same batches but does not give
+bit-identical weights to a CPU warm-up: measure the warmed model where it was made.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output_dir", type=Path, default=Path("runs/smollm2-format"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.output_dir.exists():
         raise SystemExit(f"--output_dir: {args.output_dir} exists; choose another folder")
@@ -64,7 +67,7 @@ def main() -> int:
     task = build_task(task_options(cfg))
     split = prepare_split(task.train, bundle.tokenizer, system_prompt=cfg.system_prompt_for(task),
                           use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
-    model, tokenizer, rng = bundle.model, bundle.tokenizer, random.Random(args.seed)
+    model, tokenizer, rng = bundle.model.to(args.device), bundle.tokenizer, random.Random(args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     model.train()
     start = time.perf_counter()
@@ -72,6 +75,7 @@ def main() -> int:
         rows = rng.sample(range(len(split.prompts)), args.batch)
         ids, attention, loss_mask = batch(tokenizer, [split.prompts[i] for i in rows],
                                           [f"Answer: {split.examples[i].answer}" for i in rows])
+        ids, attention, loss_mask = ids.to(args.device), attention.to(args.device), loss_mask.to(args.device)
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [B, L-1, V]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, L-1]
         loss = (nll * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum()
@@ -81,7 +85,7 @@ def main() -> int:
         optimizer.step()
         if step % 20 == 0 or step == args.steps - 1:
             print(f"step {step:4d}  loss {loss.item():.4f}  {time.perf_counter() - start:.0f} s", flush=True)
-    model.save_pretrained(args.output_dir)
+    model.cpu().save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
     print(f"wrote {args.output_dir} (level {args.level}, {args.steps} steps x {args.batch}, lr {args.lr:g})")
     return 0

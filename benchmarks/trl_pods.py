@@ -12,11 +12,19 @@ split into generation (GRPOTrainer._generate), rewards and selection, the no-gra
 passes (beta = 0.04, so TRL computes reference log-probs) and the rest (forward, backward,
 optimizer); the arms alternate within each round, the first 2 steps of every run dropped.
 
-time-to-accuracy: PODS 16 -> 4 vs GRPO 4 (beta = 0), each run a fixed budget of training
-time (evaluation excluded), held-out accuracy (4 samples x 300 prompts at T = 0.9, and
-greedy) every 25 steps with podsrl's evaluation; the runs are interleaved seed by seed and
-written as podsrl run directories, so `podsrl compare`'s analysis (censoring, exact t
-intervals, provenance) reports them.
+time-to-accuracy: PODSTrainer n -> m vs GRPOTrainer m (beta = 0), each run a fixed budget of
+training time (evaluation excluded), held-out accuracy with podsrl's evaluation every
+eval_steps steps; the runs are interleaved seed by seed and written as podsrl run
+directories, so `podsrl compare`'s analysis (censoring, exact t intervals, provenance)
+reports them. ``--config FILE.yaml`` takes the regime from a podsrl config, so both
+libraries train the same thing: its model (and LoRA), task, prompts rendered exactly as
+podsrl renders them (system prompt, chat template), n, m, prompts per step, micro-batch,
+learning rate and warm-up, completion length, bf16, reward weights and evaluation settings;
+without it, podsrl's defaults (the main job: tiny model, 16 -> 4, 16 prompts per step, 4
+samples x 300 held-out prompts at T = 0.9 every 25 steps).
+
+    python benchmarks/trl_pods.py time-to-accuracy --config configs/smollm2-headroom.yaml \
+        --seeds 3 --budget_minutes 8 --output_dir runs/trl-headroom
 """
 
 from __future__ import annotations
@@ -34,20 +42,28 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from podsrl.config import Config, make_config, parse_value
 from podsrl.experiments.compare import analyze, run_plan, write_report
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
+from podsrl.models.precision import autocast
 from podsrl.provenance import record_environment
 from podsrl.rewards import arithmetic_correct, arithmetic_format
-from podsrl.tasks import TaskOptions, build_task, prepare_split
+from podsrl.tasks import build_task, prepare_split
 from podsrl.trainer.evaluate import EvalOptions, evaluate
+from podsrl.trainer.setup import task_options
 from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
-PROMPTS, MICRO_BATCH = 16, 32  # prompts per optimizer step; trained rows per forward/backward
-ARMS = {"pods": ("pods", 16, 4), "grpo16": ("grpo", 16, 16), "grpo4": ("grpo", 4, 4)}  # method, n, m
+STEP_TIME_ARMS = {"pods": ("pods", 16, 4), "grpo16": ("grpo", 16, 16), "grpo4": ("grpo", 4, 4)}  # method, n, m
+
+
+def tta_arms(cfg: Config) -> dict[str, tuple[str, int, int]]:
+    """The time-to-accuracy arms of ``cfg``: GRPOTrainer with m generations, PODSTrainer n -> m."""
+    n, m = cfg.num_generations, cfg.num_kept
+    return {f"grpo{m}": ("grpo", m, m), "pods": ("pods", n, m)}
 
 
 class StageClock:
@@ -100,54 +116,78 @@ class ClockCallback(TrainerCallback):
         self.clock.end()
 
 
-def dataset(task) -> Dataset:
-    return Dataset.from_list([{"prompt": ex.prompt, "answer": ex.answer} for ex in task.train])
+def dataset(split) -> Dataset:
+    """Train prompts as podsrl renders them (system prompt, chat template): TRL conditions on
+    the same text (a string prompt is tokenized as it is) and the rewards see the gold answer."""
+    return Dataset.from_list([{"prompt": text, "answer": ex.answer} for ex, text in zip(split.examples, split.prompts)])
 
 
-def config(arm: str, out: Path, seed: int, beta: float, max_steps: int):
-    method, n, m = ARMS[arm]
-    batch = pods_batch_arguments(PROMPTS, n, m, MICRO_BATCH)
-    common = dict(output_dir=str(out), max_steps=max_steps, learning_rate=2e-4,
-                  lr_scheduler_type="constant_with_warmup", warmup_steps=10, adam_beta1=0.9, adam_beta2=0.99,
-                  weight_decay=0.1, max_grad_norm=0.1,
-                  max_completion_length=8, temperature=1.0, top_k=0, beta=beta, loss_type="grpo",
-                  scale_rewards="group", reward_weights=[0.8, 0.2], use_cpu=True, report_to="none", save_strategy="no",
+def config(cfg: Config, method: str, n: int, m: int, out: Path, seed: int, beta: float, max_steps: int):
+    batch = pods_batch_arguments(cfg.prompts_per_step, n, m, min(cfg.micro_batch_size, cfg.prompts_per_step * m))
+    common = dict(output_dir=str(out), max_steps=max_steps, learning_rate=cfg.learning_rate,
+                  lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps, adam_beta1=cfg.adam_beta1,
+                  adam_beta2=cfg.adam_beta2, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                  max_completion_length=cfg.max_completion_length, temperature=cfg.temperature, top_k=0,
+                  top_p=cfg.top_p, beta=beta, loss_type="grpo", scale_rewards="group" if cfg.scale_rewards else "none",
+                  reward_weights=[cfg.correct_weight, cfg.format_weight], bf16=cfg.bf16,
+                  use_cpu=not torch.cuda.is_available(), report_to="none", save_strategy="no",
                   logging_steps=10**6, disable_tqdm=True, seed=seed)
     if method == "pods":
-        return PODSTrainer, PODSConfig(**common, **batch)
+        return PODSTrainer, PODSConfig(**common, **batch, downsampling_rule=cfg.downsampling_rule)
     batch.pop("num_kept")
     return GRPOTrainer, GRPOConfig(**common, **batch)
 
 
-def make_trainer(arm: str, out: Path, seed: int, beta: float, max_steps: int, task, callbacks=()):
-    cls, args = config(arm, out, seed, beta, max_steps)
-    bundle = load_model("tiny")
-    trainer = cls(model=bundle.model, processing_class=bundle.tokenizer, args=args, train_dataset=dataset(task),
-                  reward_funcs=[arithmetic_correct, arithmetic_format], callbacks=list(callbacks))
-    return trainer, bundle
+def make_trainer(cfg: Config, arm: tuple[str, int, int], out: Path, seed: int, beta: float, max_steps: int, task,
+                 callbacks=()):
+    """The arm's trainer on podsrl's model (LoRA as ``cfg`` asks), and the held-out split."""
+    trainer_class, args = config(cfg, *arm, out, seed, beta, max_steps)
+    bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                        lora_dropout=cfg.lora_dropout, dtype=cfg.dtype, lora_target_modules=cfg.lora_targets)
+    train_split, test_split = (prepare_split(examples, bundle.tokenizer, system_prompt=cfg.system_prompt_for(task),
+                                             use_chat_template=cfg.chat_template,
+                                             max_prompt_tokens=cfg.max_prompt_tokens)
+                               for examples in (task.train, task.test))
+    trainer = trainer_class(model=bundle.model, processing_class=bundle.tokenizer, args=args,
+                            train_dataset=dataset(train_split), reward_funcs=[arithmetic_correct, arithmetic_format],
+                            callbacks=list(callbacks))
+    return trainer, bundle, test_split
 
 
 # --- step time ----------------------------------------------------------------------------------
+def regime(args) -> Config:
+    """The podsrl config both libraries train: ``--config`` with the ``--set`` overrides."""
+    overrides = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set: expected FIELD=VALUE, got {item!r}")
+        overrides[name] = parse_value(name, value)
+    return make_config(args.config, overrides)
+
+
 def step_time(args) -> str:
-    task = build_task(TaskOptions())
-    rows: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    cfg = regime(args)
+    task = build_task(task_options(cfg))
+    rows: dict[str, list[dict]] = {arm: [] for arm in STEP_TIME_ARMS}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            for arm in ARMS:
-                trainer, _ = make_trainer(arm, Path(tmp) / f"{arm}{round_}", 0, 0.04, args.steps, task)
+            for arm in STEP_TIME_ARMS:
+                trainer, _, _ = make_trainer(cfg, STEP_TIME_ARMS[arm], Path(tmp) / f"{arm}{round_}", 0, 0.04,
+                                             args.steps, task)
                 clock = StageClock(trainer)
                 trainer.add_callback(ClockCallback(clock))
                 trainer.train()
                 rows[arm] += clock.totals[2:]
     names = {"pods": "PODSTrainer n=16 -> m=4", "grpo16": "GRPOTrainer G=16", "grpo4": "GRPOTrainer G=4"}
-    mean = {arm: {k: statistics.fmean(r[k] for r in rows[arm]) for k in rows[arm][0]} for arm in ARMS}
+    mean = {arm: {k: statistics.fmean(r[k] for r in rows[arm]) for k in rows[arm][0]} for arm in STEP_TIME_ARMS}
     for r in mean.values():
         r["generate+reward+select"] = r["generate"]
     lines = [f"{args.rounds} rounds x {args.steps} steps per arm (first 2 of each run dropped), beta = 0.04, "
-             f"{PROMPTS} prompts per step, micro-batches of {MICRO_BATCH} trained rows",
+             f"{cfg.prompts_per_step} prompts per step, micro-batches of {cfg.micro_batch_size} trained rows",
              "", "| arm | s/step | generation + rewards + selection | no-grad log-probs | forward/backward/optimizer |",
              "| --- | --- | --- | --- | --- |"]
-    for arm in ARMS:
+    for arm in STEP_TIME_ARMS:
         r = mean[arm]
         lines.append(f"| {names[arm]} | {r['step']:.3f} | {r['generate+reward+select']:.3f} | {r['logprobs']:.3f} "
                      f"| {r['rest']:.3f} |")
@@ -166,15 +206,19 @@ class Budgeted(TrainerCallback):
     podsrl's metrics.jsonl, and a stop when the budget is spent."""
 
     def __init__(self, run_dir: Path, clock: StageClock, bundle, task, split, budget_s: float, seed: int,
-                 every: int = 25) -> None:
+                 cfg: Config) -> None:
         self.run_dir, self.clock, self.bundle, self.task, self.split = run_dir, clock, bundle, task, split
-        self.budget_s, self.seed, self.every = budget_s, seed, every
+        self.budget_s, self.seed, self.every = budget_s, seed, cfg.eval_steps
         self.metrics, self.train_seconds = MetricsLog(run_dir / "metrics.jsonl"), 0.0
-        self.options = EvalOptions(prompts=300, samples=4, temperature=0.9, greedy=True, max_new_tokens=8)
+        self.options = EvalOptions(prompts=cfg.eval_prompts, samples=cfg.eval_samples,
+                                   temperature=cfg.eval_temperature, greedy=cfg.eval_greedy,
+                                   max_new_tokens=cfg.max_completion_length, batch_size=cfg.eval_batch_size)
+        self.autocast = cfg.bf16  # evaluate as the own trainer does: under bf16 autocast when training uses it
 
     def evaluate(self) -> dict:
         was = self.bundle.model.training
-        accuracies = evaluate(self.bundle, self.task, self.split, self.options, seed=self.seed + 10_007).accuracies
+        with autocast(self.bundle.model.device, "bfloat16" if self.autocast else ""):
+            accuracies = evaluate(self.bundle, self.task, self.split, self.options, seed=self.seed + 10_007).accuracies
         self.bundle.model.train(was)
         return accuracies
 
@@ -197,11 +241,13 @@ class Budgeted(TrainerCallback):
 
 
 def time_to_accuracy(args) -> str:
-    task = build_task(TaskOptions())
+    cfg = regime(args)
+    task = build_task(task_options(cfg))
+    arms = tta_arms(cfg)
     seeds = list(range(args.seeds))
     run_dirs = []
-    for arm, seed in run_plan(["grpo4", "pods"], seeds):
-        method, n, m = ARMS[arm]
+    for arm, seed in run_plan(list(arms), seeds):
+        method, n, m = arms[arm]
         run_dir = args.output_dir / "runs" / arm / f"seed{seed}"
         run_dirs.append(run_dir)
         if (run_dir / "summary.json").exists():
@@ -209,14 +255,14 @@ def time_to_accuracy(args) -> str:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         (run_dir / "config.json").write_text(json.dumps({"method": method, "num_generations": n, "num_kept": m,
-                                                         "downsampling_rule": "max_variance", "seed": seed,
-                                                         "library": "trl", "budget_minutes": args.budget_minutes}))
+                                                         "downsampling_rule": cfg.downsampling_rule, "seed": seed,
+                                                         "library": "trl", "budget_minutes": args.budget_minutes,
+                                                         "regime": args.config or "podsrl defaults",
+                                                         "overrides": args.set, "model": cfg.model}))
         record_environment(run_dir)
         torch.manual_seed(seed)
-        trainer, bundle = make_trainer(arm, run_dir / "trl", seed, 0.0, 10**6, task)
-        split = prepare_split(task.test, bundle.tokenizer, system_prompt="", use_chat_template=True,
-                              max_prompt_tokens=512)
-        callback = Budgeted(run_dir, StageClock(trainer), bundle, task, split, args.budget_minutes * 60, seed)
+        trainer, bundle, split = make_trainer(cfg, arms[arm], run_dir / "trl", seed, 0.0, 10**6, task)
+        callback = Budgeted(run_dir, StageClock(trainer), bundle, task, split, args.budget_minutes * 60, seed, cfg)
         trainer.add_callback(callback)
         trainer.train()
         (run_dir / "summary.json").write_text(json.dumps({"train_seconds": callback.train_seconds}) + "\n")
@@ -235,13 +281,18 @@ def main() -> int:
     parser.add_argument("experiment", choices=["step-time", "time-to-accuracy"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--config", default=None, help="a podsrl YAML config: the regime both libraries train "
+                        "(default: podsrl's defaults, the main job)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a field of the config, e.g. --set bf16=true (repeatable)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, default=2.0)
     parser.add_argument("--output_dir", type=Path, default=Path("runs/trl-tta"))
     parser.add_argument("--figures", type=Path, default=None)
     parser.add_argument("--record", default="", help="write the table into RESULTS.md as generated block NAME")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    if not torch.cuda.is_available():
+        torch.set_num_threads(2)
     table = step_time(args) if args.experiment == "step-time" else time_to_accuracy(args)
     print(table)
     if args.record:
