@@ -20,12 +20,24 @@ import torch
 MIB = 2 ** 20
 
 
+def storage_of(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """(address, bytes) of the memory under ``tensor``; None where it has none to count: a
+    storage FSDP freed after gathering, or a tensor subclass without one (a sharded
+    parameter). Under FSDP the full weights it gathers and autograd saves do count: they
+    are held for the backward like activations."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 class UpdateMemory:
     """Measures one update: ``with meter.micro_batch(): forward`` for each micro-batch, then
     read ``activation_mb`` and ``peak_cuda_mb``."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.parameter_storages = {found[0] for found in map(storage_of, model.parameters()) if found}
         self.device = torch.device(device)
         self.activation_bytes = 0
         if self.device.type == "cuda":
@@ -38,11 +50,10 @@ class UpdateMemory:
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             nonlocal saved
-            storage = tensor.untyped_storage()
-            pointer = storage.data_ptr()
-            if pointer not in seen and pointer not in self.parameter_storages:
-                seen.add(pointer)
-                saved += storage.nbytes()
+            found = storage_of(tensor)
+            if found and found[0] not in seen and found[0] not in self.parameter_storages:
+                seen.add(found[0])
+                saved += found[1]
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
