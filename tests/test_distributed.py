@@ -169,6 +169,33 @@ def test_two_process_resume_matches_the_uninterrupted_run(two_process_run, tmp_p
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+def test_pass_rate_selection_over_two_processes_matches_one_process(tmp_path):
+    """The selector learns from every process's outcomes (gathered), so each process draws
+    the same prompts, and the run is the one-process run: the same selector numbers, the
+    same rollouts and the same weights."""
+    selection = dict(prompt_selector="pass_rate", max_train_prompts=12, max_steps=4)
+    done = launch(tmp_path / "two", **selection)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = one_process(tmp_path / "one", **selection)
+    ran, reference = steps(tmp_path / "two"), steps(one)
+    assert [r["selector_prompts_seen"] for r in ran] == [r["selector_prompts_seen"] for r in reference]
+    for a, b in zip(ran, reference):
+        assert a["selector_informativeness"] == pytest.approx(b["selector_informativeness"], rel=1e-12)
+        assert a["reward_mean"] == b["reward_mean"] and a["correct_rate"] == b["correct_rate"]
+    assert all(r["rank_param_spread"] == 0.0 for r in ran)
+
+
+def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
+    """Refill rounds are decided for all processes together (a process short of informative
+    groups makes every process generate again), so their collectives never diverge."""
+    done = launch(tmp_path / "run", prompt_selector="dynamic_sampling", dynamic_sampling_rounds=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = steps(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["rank_param_spread"] == 0.0 for r in records)
+    assert all(r["prompts_generated"] == 4 * r["prompt_rounds"] for r in records)
+
+
 def test_prompts_must_split_evenly_over_processes(tmp_path):
     done = launch(tmp_path / "odd", prompts_per_step=3, generation_batch_size=0)
     assert done.returncode != 0

@@ -12,9 +12,9 @@ import torch
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
+from podsrl.prompt_selection import PromptSelectionOptions, ShuffledPass
 from podsrl.rollout import generate
 from podsrl.trainer import train
-from podsrl.trainer.state import PromptSampler
 from podsrl.types import completion_mask_from_eos
 from podsrl.update import (
     OptimizerOptions,
@@ -127,6 +127,8 @@ RESUME_CASES = {
                              "generation_schedule": "shortest_first"},  # the learned length predictor
     "slots_length_aware": {"generation_engine": "slots", "generation_micro_group": 8,
                            "generation_schedule": "length_aware"},  # the token-conditioned predictor
+    "pass_rate": {"prompt_selector": "pass_rate", "max_train_prompts": 6},  # the posterior and its draws
+    "dynamic_sampling": {"prompt_selector": "dynamic_sampling", "format_weight": 0},  # refill rounds' prompts
 }
 
 
@@ -376,12 +378,13 @@ def test_completion_mask_from_eos():
 
 
 def test_prompt_sampler_covers_each_epoch_once():
-    sampler = PromptSampler(10, seed=3)
+    sampler = ShuffledPass(10, PromptSelectionOptions(seed=3))
     first = sampler.take(7) + sampler.take(3)
     assert sorted(first) == list(range(10))
     second = sampler.take(10)
     assert sorted(second) == list(range(10)) and second != first
-    resumed = PromptSampler(10, seed=3, epoch=1, position=4)
+    resumed = ShuffledPass(10, PromptSelectionOptions(seed=3))
+    resumed.load_state_dict({"epoch": 1, "position": 4})
     assert resumed.take(6) == second[4:]
 
 

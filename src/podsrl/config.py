@@ -65,6 +65,23 @@ class Config:
     downsampling_rule: str = _f("max_variance", "Which m of the n rollouts pods keeps "
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
+    prompt_selector: str = _f("none", "Which train prompts each step generates for "
+                                      "(podsrl.prompt_selection.PROMPT_SELECTORS): 'none' = a shuffled pass over the "
+                                      "train split; 'dynamic_sampling' = DAPO's: groups whose rewards are all equal "
+                                      "are set aside and more prompts generated for until the step has "
+                                      "prompts_per_step informative groups; 'pass_rate' = prompts drawn by the "
+                                      "predicted chance that their group is not constant, from each prompt's "
+                                      "pass-rate history. Evaluation always uses the whole held-out set.")
+    dynamic_sampling_rounds: int = _f(3, "dynamic_sampling: extra generation rounds per step at most; past them, "
+                                         "constant groups fill the batch.")
+    pass_rate_half_life: float = _f(50.0, "pass_rate: steps after which a prompt's pass / fail evidence weighs "
+                                          "half (the policy moves, so old outcomes say less).")
+    pass_rate_prior_strength: float = _f(2.0, "pass_rate: pseudo-observations of the pool's pass rate in each "
+                                              "prompt's belief (prompts seen rarely are judged by the pool).")
+    pass_rate_exploration: float = _f(0.1, "pass_rate: share of each draw spread evenly over the train split, so "
+                                           "every prompt keeps a chance of at least this / train prompts.")
+    max_train_prompts: int = _f(0, "Train on the first this-many prompts of the train split (0 = all), e.g. a "
+                                    "small pool that training revisits epoch after epoch.")
     # --- optimisation (paper's defaults except learning_rate, which suits the tiny model) --
     optim: str = _f("adamw_torch", "Optimizer (TRL's field name): 'adamw_torch' = AdamW with adam_beta1, "
                                     "adam_beta2 and weight_decay (the paper); 'sgd' = plain SGD, no momentum (its "

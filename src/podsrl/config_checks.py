@@ -17,6 +17,7 @@ from podsrl.config_ranges import check_numbers
 from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
+from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.rewards import load_reward_fn
 from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
 from podsrl.tasks import TASKS, is_known_task
@@ -51,6 +52,7 @@ def _check_names(cfg) -> None:
     RULES.resolve(cfg.downsampling_rule)  # a registered name, or module:function (imported now: errors early)
     ENGINES.resolve(cfg.generation_engine)
     ADVANTAGES.resolve(cfg.advantage_estimator)
+    PROMPT_SELECTORS.resolve(cfg.prompt_selector)
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     if SCHEDULES.resolve(cfg.generation_schedule).plans_lanes:
@@ -104,6 +106,10 @@ def _check_combinations(cfg) -> None:
     require(cfg.num_kept <= cfg.num_generations or not METHODS[cfg.method].generates_n,
              f"num_kept: must be <= num_generations (got {cfg.num_kept} > {cfg.num_generations}); PODS keeps m of "
              f"the n rollouts it generates")
+    require(cfg.prompt_selector != "pass_rate" or not cfg.max_train_prompts
+            or cfg.max_train_prompts >= cfg.prompts_per_step,
+            f"max_train_prompts: pass_rate draws prompts_per_step = {cfg.prompts_per_step} different prompts per "
+            f"step, more than the {cfg.max_train_prompts} train prompts kept")
     if cfg.group_early_stop:
         _check_early_stop(cfg)
     if cfg.adaptive_n:

@@ -83,6 +83,15 @@ class Rollouts:
             generated=None if self.generated is None else self.generated.gather(1, keep),
         )
 
+    def groups(self, indices: list[int]) -> "Rollouts":
+        """The prompt groups at ``indices`` (along P), in that order; ``stats`` stay the
+        whole batch's (what generating it cost)."""
+        rows = torch.tensor(indices, dtype=torch.long)
+        return dataclasses.replace(self, prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
+                                   completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
+                                   texts=[self.texts[i] for i in indices],
+                                   generated=None if self.generated is None else self.generated[rows])
+
     @staticmethod
     def concat(parts: list["Rollouts"], pad_token_id: int) -> "Rollouts":
         """Rollouts of consecutive prompt chunks as one batch: prompts re-padded on the left,
@@ -122,6 +131,16 @@ class Scores:
     correct: torch.Tensor
     format: torch.Tensor
     unverifiable: torch.Tensor
+
+    def groups(self, indices: list[int]) -> "Scores":
+        """The scores of the prompt groups at ``indices`` (along P), in that order."""
+        rows = torch.tensor(indices, dtype=torch.long)
+        return Scores(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
+
+    @staticmethod
+    def concat(parts: list["Scores"]) -> "Scores":
+        """Scores of consecutive prompt chunks as one batch [sum P, n]."""
+        return Scores(*(torch.cat([getattr(s, f.name) for s in parts]) for f in dataclasses.fields(Scores)))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from podsrl.distributed import Processes
 from podsrl.methods import Method
 from podsrl.metrics import MetricsLog
 from podsrl.models import ModelBundle
+from podsrl.prompt_selection import PromptSelector
 from podsrl.rewards.scorer import Scorer
 from podsrl.rollout import GenerationEngine
 from podsrl.tasks import Example, PreparedSplit, Task
@@ -31,7 +32,6 @@ from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.logging import StageTimer
 from podsrl.trainer.run_dir import RunLock
-from podsrl.trainer.state import PromptSampler
 from podsrl.types import Rollouts, Scores
 from podsrl.update import UpdateOptions, UpdateResult
 
@@ -45,6 +45,7 @@ class StepOutcome:
     kept: Rollouts  # [P, m, Lc]
     kept_rewards: torch.Tensor  # [P, m]
     update: UpdateResult
+    prompt_record: dict = field(default_factory=dict)  # the prompt selector's numbers (none for the default)
 
 
 class StepHook(Protocol):
@@ -94,7 +95,7 @@ class Components:
 class RunState:
     """What a checkpoint restores besides weights, optimizer, scheduler and engine."""
 
-    sampler: PromptSampler  # the position in the shuffled train prompts
+    prompt_selector: PromptSelector  # which train prompts come next (a shuffled pass, or what it learned)
     generators: dict[str, torch.Generator]  # seeded streams of the rules that draw
     step: int = 0  # optimizer steps done
     train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded

@@ -17,6 +17,7 @@ import torch
 
 from podsrl.algorithms.select import Groups
 from podsrl.config import Config
+from podsrl.prompt_selection import informative_first, is_constant
 from podsrl.rewards import RewardError, RewardFn
 from podsrl.tasks.base import PreparedSplit
 from podsrl.trainer.checkpoints import list_checkpoints
@@ -33,13 +34,9 @@ from podsrl.update import batch_logprobs, flatten_for_update, update_policy
 def training_step(run: Run, timer: StageTimer) -> StepOutcome:
     """One step of the pipeline on this process's share of the step's prompts."""
     parts, cfg = run.components, run.components.cfg
-    indices = parts.procs.block(run.state.sampler.take(cfg.prompts_per_step))  # this process's prompts
-    step_prompts = parts.train_split.select(indices)  # [P] examples and their rendered prompts
     n = parts.group_size.choose(run.state.step)
-    with timer("generate"):
-        rollouts = generate_rollouts(run, step_prompts, n)  # [P, n, Lc]
-    with timer("reward"):
-        scores = score_on_every_process(run, step_prompts, rollouts)  # [P, n], NaN where skipped
+    # [P] examples and their rendered prompts, rollouts [P, n, Lc], scores [P, n] (NaN where skipped)
+    step_prompts, rollouts, scores, prompt_record = generate_and_score(run, timer, n)
     with timer("select"):
         groups = Groups(scores.reward, rollouts.generated, rollouts.completion_mask.sum(-1))  # [P, n] each
         keep = parts.method.keep(groups, cfg.num_kept, cfg.downsampling_rule, run.state.generators["rule"])  # [P, m]
@@ -57,7 +54,45 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
         for _ in range(cfg.num_iterations):
             update = update_policy(parts.model, parts.optimizer, parts.scheduler, batch, parts.update_options,
                                    parts.procs, tokens_per_process)
-    return StepOutcome(step_prompts.examples, rollouts, scores, keep, kept, kept_rewards, update)
+    return StepOutcome(step_prompts.examples, rollouts, scores, keep, kept, kept_rewards, update, prompt_record)
+
+
+def generate_and_score(run: Run, timer: StageTimer, n: int) -> tuple[PreparedSplit, Rollouts, Scores, dict]:
+    """This process's prompt groups of the step, generated and scored, and the prompt
+    selector's numbers. The selector picks the prompts and learns from the outcomes of every
+    process; one that refills (dynamic sampling) gets another round while any process has
+    fewer informative groups than its share, up to its cap, and each process then keeps its
+    share, informative groups first (constant ones fill the batch only at the cap)."""
+    parts, cfg, selector, step = run.components, run.components.cfg, run.state.prompt_selector, run.state.step
+    local_indices, rollout_rounds, score_rounds = [], [], []
+    for round_index in range(selector.refill_rounds + 1):
+        indices = selector.take(cfg.prompts_per_step, step, n)  # the same list on every process
+        mine = parts.procs.block(indices)  # this process's share
+        local_indices += mine
+        split = parts.train_split.select(mine)
+        with timer("generate"):
+            rollouts = generate_rollouts(run, split, n, round_index)  # [P, n, Lc]
+        with timer("reward"):
+            scores = score_on_every_process(run, split, rollouts)  # [P, n], NaN where skipped
+        correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [P, n]
+        selector.observe(step, indices, parts.procs.gather(correct))  # [P_all, n]: every process's outcomes
+        rollout_rounds.append(rollouts)
+        score_rounds.append(scores)
+        if not selector.refill_rounds:
+            return split, rollouts, scores, selector.record()
+        informative = int((~is_constant(Scores.concat(score_rounds).reward)).sum())
+        if not parts.procs.max([float(informative < len(mine))])[0]:
+            break
+    rollouts = Rollouts.concat(rollout_rounds, parts.bundle.tokenizer.pad_token_id)  # [P * rounds, n, Lc]
+    scores = Scores.concat(score_rounds)
+    constant = is_constant(scores.reward)  # [P * rounds]
+    keep = informative_first(constant, len(mine))  # this process's share
+    generated, constant_groups, set_aside = parts.procs.sum(
+        [float(len(constant)), float(constant.sum()), float(constant.sum() - constant[keep].sum())])
+    record = {"prompt_rounds": len(score_rounds), "prompts_generated": int(generated),
+              "generated_constant_frac": constant_groups / generated, "constant_groups_set_aside": int(set_aside)}
+    return (parts.train_split.select([local_indices[i] for i in keep]), rollouts.groups(keep), scores.groups(keep),
+            record)
 
 
 def score_on_every_process(run: Run, split: PreparedSplit, rollouts: Rollouts) -> Scores:
@@ -74,12 +109,12 @@ def score_on_every_process(run: Run, split: PreparedSplit, rollouts: Rollouts) -
     return scores
 
 
-def generate_rollouts(run: Run, split: PreparedSplit, n: int) -> Rollouts:
+def generate_rollouts(run: Run, split: PreparedSplit, n: int, round_index: int = 0) -> Rollouts:
     """The method's rollouts for each prompt of ``split`` (n of them for pods), in chunks of
     ``generation_batch_size / n`` prompts, each chunk seeded by its position in the step's
-    batch (so the split over processes does not change the samples); with
-    ``group_early_stop``, saturated groups stop early (``Rollouts.generated`` marks what
-    they skipped)."""
+    batch (so the split over processes does not change the samples) and by the generation
+    round (dynamic sampling's refills draw afresh); with ``group_early_stop``, saturated
+    groups stop early (``Rollouts.generated`` marks what they skipped)."""
     parts = run.components
     cfg, procs, tokenizer = parts.cfg, parts.procs, parts.bundle.tokenizer
     per_prompt = parts.method.generated_per_prompt(n, cfg.num_kept)
@@ -91,7 +126,8 @@ def generate_rollouts(run: Run, split: PreparedSplit, n: int) -> Rollouts:
             part = split.select(list(range(start, min(start + chunk, total))))
             stopper = (SaturationStopper(parts.scorer, part, tokenizer, cfg.num_kept, parts.reward_bounds,
                                          run.trainer_progress()) if cfg.group_early_stop else None)
-            torch.manual_seed(sampling_seed(cfg.seed, run.state.step, procs.rank * total + start))
+            first_prompt = round_index * cfg.prompts_per_step + procs.rank * total + start  # in the step's rounds
+            torch.manual_seed(sampling_seed(cfg.seed, run.state.step, first_prompt))
             chunks.append(parts.engine(parts.policy, tokenizer, part.prompts, per_prompt, stopper=stopper))
     return Rollouts.concat(chunks, tokenizer.pad_token_id)
 
@@ -141,6 +177,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
             record = step_record(parts.procs, state.step, state.train_seconds, outcome.rollouts, outcome.scores,
                                  outcome.kept, outcome.kept_rewards, outcome.update, timer.seconds,
                                  parts.scorer.failures)
+            record.update(outcome.prompt_record)
             for hook in parts.hooks:
                 hook.after_step(parts, outcome, timer, record)
             if cadence.evaluation_due(state):

@@ -123,7 +123,7 @@ class Run:
                     f"trying the previous one")
                 continue
             state.step, state.train_seconds = saved["step"], saved["train_seconds"]
-            state.sampler.epoch, state.sampler.position = saved["sampler"]["epoch"], saved["sampler"]["position"]
+            state.prompt_selector.load_state_dict(saved["sampler"])
             if GROUP_SIZE_STATE in saved:
                 parts.group_size.load_state_dict(saved[GROUP_SIZE_STATE])
             if not saved["engine_restored"] and parts.engine.state_dict():
@@ -138,7 +138,7 @@ class Run:
         group-size policy's learned state), taken at its start: an abandoned step puts it back."""
         # the state_dicts are snapshots (copies), as a checkpoint takes them: nothing to copy again
         parts = self.components
-        return {"sampler": self.state.sampler.state(), "engine": parts.engine.state_dict(),
+        return {"sampler": self.state.prompt_selector.state_dict(), "engine": parts.engine.state_dict(),
                 "group_size": parts.group_size.state_dict()}
 
     def abandon_step(self, step_start: dict, reason: Exception) -> TrainingStopped:
@@ -147,7 +147,7 @@ class Run:
         had it, and return the one-line stop to raise."""
         parts, state = self.components, self.state
         state.step -= 1
-        state.sampler.epoch, state.sampler.position = step_start["sampler"]["epoch"], step_start["sampler"]["position"]
+        state.prompt_selector.load_state_dict(step_start["sampler"])
         parts.engine.load_state_dict(step_start["engine"])
         parts.group_size.load_state_dict(step_start["group_size"])
         if not (parts.checkpoints / f"step_{state.step:07d}").is_dir():
@@ -165,7 +165,8 @@ class Run:
             save_checkpoint(parts.checkpoints, step=state.step, weights=weights, optimizer_state=optimizer_state,
                             scheduler=parts.scheduler, generators=state.generators, keep=parts.cfg.save_total_limit,
                             engine_states=engine_states,
-                            trainer_state={"train_seconds": state.train_seconds, "sampler": state.sampler.state(),
+                            trainer_state={"train_seconds": state.train_seconds,
+                                           "sampler": state.prompt_selector.state_dict(),  # the selector's state
                                            **({GROUP_SIZE_STATE: group_size} if group_size else {})})
         parts.procs.barrier()
         self.cadence.last_checkpoint_time = time.time()

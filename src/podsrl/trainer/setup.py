@@ -20,6 +20,7 @@ from podsrl.distributed import Processes
 from podsrl.methods import METHODS
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
+from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, PromptSelector
 from podsrl.provenance import record_environment
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
@@ -33,7 +34,6 @@ from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.logging import say
 from podsrl.trainer.run import Run
 from podsrl.trainer.run_dir import RunDirError, RunLock, check_output_dir, check_resume_config
-from podsrl.trainer.state import PromptSampler
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
 
 
@@ -179,9 +179,10 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                         dtype=cfg.dtype, lora_target_modules=cfg.lora_targets)
     system_prompt = cfg.system_prompt_for(task)
+    train = task.train[:cfg.max_train_prompts] if cfg.max_train_prompts else task.train
     splits = [prepare_split(examples, bundle.tokenizer, system_prompt=system_prompt,
                             use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
-              for examples in (task.train, task.test)]
+              for examples in (train, task.test)]
     if (splits[0].dropped or splits[1].dropped) and procs.is_main:
         say(f"max_prompt_tokens={cfg.max_prompt_tokens}: dropped {splits[0].dropped} train and "
             f"{splits[1].dropped} held-out prompts that are longer")
@@ -208,9 +209,20 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
                           run_name=str(run_dir)),
         update_options=update_options(cfg), eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs),
         reward_bounds=bounds)
-    state = RunState(sampler=PromptSampler(len(splits[0].examples), seed=cfg.seed),  # the same on every process
+    state = RunState(prompt_selector=prompt_selector(cfg, len(splits[0].examples)),  # the same on every process
                      generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
     return Run(components, state, Cadence.from_config(cfg))
+
+
+def prompt_selector(cfg: Config, train_prompts: int) -> PromptSelector:
+    """Which train prompts each step generates for (podsrl.prompt_selection)."""
+    if cfg.prompt_selector == "pass_rate" and train_prompts < cfg.prompts_per_step:
+        raise ValueError(f"prompt_selector: pass_rate draws prompts_per_step = {cfg.prompts_per_step} different "
+                         f"prompts per step, more than the {train_prompts} usable train prompts")
+    options = PromptSelectionOptions(seed=cfg.seed, refill_rounds=cfg.dynamic_sampling_rounds,
+                                     half_life=cfg.pass_rate_half_life, prior_strength=cfg.pass_rate_prior_strength,
+                                     exploration=cfg.pass_rate_exploration)
+    return PROMPT_SELECTORS.resolve(cfg.prompt_selector)(train_prompts, options)
 
 
 def group_size_policy(cfg: Config) -> GroupSizePolicy:

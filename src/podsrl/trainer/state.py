@@ -1,37 +1,11 @@
-"""Run state that outlives one step: the order of the training prompts and the rollout
-seeds (both reproducible and checkpointed), and clean stops on SIGINT / SIGTERM."""
+"""Run state that outlives one step: the rollout seeds (reproducible; the order of the
+training prompts is podsrl.prompt_selection's), and clean stops on SIGINT / SIGTERM."""
 
 from __future__ import annotations
 
 import signal
 import sys
 import threading
-
-import numpy as np
-
-
-class PromptSampler:
-    """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
-
-    def __init__(self, size: int, seed: int, epoch: int = 0, position: int = 0) -> None:
-        self.size, self.seed, self.epoch, self.position = size, seed, epoch, position
-
-    def _order(self) -> list[int]:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size).tolist()
-
-    def take(self, count: int) -> list[int]:
-        out, order = [], self._order()
-        while len(out) < count:
-            if self.position == self.size:
-                self.epoch, self.position = self.epoch + 1, 0
-                order = self._order()
-            take = min(count - len(out), self.size - self.position)
-            out += order[self.position:self.position + take]
-            self.position += take
-        return out
-
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
 
 
 def sampling_seed(seed: int, step: int, first_prompt: int) -> int:

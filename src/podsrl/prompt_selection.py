@@ -1,0 +1,173 @@
+"""Which train prompts a step generates for: the prompt selector (``prompt_selector``).
+
+PODS chooses which rollouts of a group to train on; a prompt selector chooses which prompts
+get a group at all, so that fewer groups come out constant (every rollout right, or every
+one wrong: advantages all 0, its n rollouts generated for nothing). Built-ins:
+
+* ``none``: a shuffled pass over the train split, epoch after epoch (the default).
+* ``dynamic_sampling``: DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2): the same pass,
+  but after scoring, constant groups are set aside and more prompts are generated for,
+  round after round (at most ``dynamic_sampling_rounds`` extra rounds), until the step has
+  ``prompts_per_step`` informative groups; constant groups fill the batch only when the cap
+  is reached. The trainer runs the rounds (``refill_rounds`` > 0).
+* ``pass_rate``: draws prompts in proportion to the predicted chance that their group of n
+  is not constant, from a per-prompt pass-rate posterior that forgets (algorithms/pass_rate.py),
+  with a share of every draw spread evenly (exploration: no prompt starves, unseen prompts
+  get tried).
+
+Every selector is deterministic given its seed and what it observed, the same on every
+process (it observes the outcomes gathered from all of them), and checkpointed through
+``state_dict`` (plain numbers: a resumed run draws what the uninterrupted one would).
+A selector from a user module (``module:Class``) takes ``(size, options)`` and implements
+:class:`PromptSelector`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from podsrl.algorithms.pass_rate import PassRatePosterior, draw_probabilities, nonconstant_probability
+from podsrl.registry import Registry
+
+
+@dataclass(frozen=True)
+class PromptSelectionOptions:
+    seed: int = 0  # the run's seed: the order of the pass, the draws
+    refill_rounds: int = 3  # dynamic_sampling: extra generation rounds at most per step
+    half_life: float = 50.0  # pass_rate: steps after which a prompt's evidence weighs half
+    prior_strength: float = 2.0  # pass_rate: pseudo-observations of the pool's pass rate per prompt
+    exploration: float = 0.1  # pass_rate: share of each draw spread evenly over the train split
+
+
+class PromptSelector(Protocol):
+    """``take`` the prompts of one generation round (indices into the train split, the same
+    list on every process), then ``observe`` their outcomes; ``refill_rounds`` > 0 asks the
+    trainer to generate for more prompts while groups come out constant."""
+
+    refill_rounds: int
+
+    def take(self, count: int, step: int, group_size: int) -> list[int]: ...
+
+    def observe(self, step: int, indices: list[int], correct: torch.Tensor) -> None:
+        """``correct`` [K, n]: 1 / 0 per generated rollout, NaN where unverifiable or not generated."""
+
+    def record(self) -> dict[str, float]:
+        """The selector's numbers for the step's metrics record (empty: none)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class ShuffledPass:
+    """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
+
+    refill_rounds = 0
+
+    def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
+        self.size, self.seed, self.epoch, self.position = size, options.seed, 0, 0
+
+    def _order(self) -> list[int]:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.size).tolist()
+
+    def take(self, count: int, step: int = 0, group_size: int = 0) -> list[int]:
+        out, order = [], self._order()
+        while len(out) < count:
+            if self.position == self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+                order = self._order()
+            take = min(count - len(out), self.size - self.position)
+            out += order[self.position:self.position + take]
+            self.position += take
+        return out
+
+    def observe(self, step: int, indices: list[int], correct: torch.Tensor) -> None:
+        pass
+
+    def record(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+class DynamicSampling(ShuffledPass):
+    """The shuffled pass, with DAPO's refill of constant groups (the trainer runs the rounds)."""
+
+    def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
+        super().__init__(size, options)
+        self.refill_rounds = options.refill_rounds
+
+
+class PassRateSelector:
+    """Prompts drawn without replacement, the first draw with probability
+    ``draw_probabilities(P(group of n not constant), exploration)`` and each next from the
+    rest in proportion (numpy's weighted sampling without replacement)."""
+
+    refill_rounds = 0
+
+    def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
+        self.size, self.options = size, options
+        self.posterior = PassRatePosterior(size, options.half_life, options.prior_strength)
+        self.rng = np.random.default_rng([options.seed, 0x9A55])
+        self.last: dict[str, float] = {}
+
+    def probabilities(self, step: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draw probabilities [N], informativeness [N]) at ``step`` for groups of ``group_size``."""
+        alpha, beta = self.posterior.beta(step)
+        informativeness = nonconstant_probability(alpha, beta, group_size)
+        return draw_probabilities(informativeness, self.options.exploration), informativeness
+
+    def take(self, count: int, step: int, group_size: int) -> list[int]:
+        if count > self.size:
+            raise ValueError(f"prompt_selector: pass_rate draws {count} different prompts per step from a train "
+                             f"split of {self.size}")
+        probabilities, informativeness = self.probabilities(step, group_size)
+        drawn = self.rng.choice(self.size, size=count, replace=False, p=probabilities.numpy()).tolist()
+        self.last = {"selector_informativeness": float(informativeness[drawn].mean()),
+                     "selector_pool_informativeness": float(informativeness.mean()),
+                     "selector_pool_pass_rate": self.posterior.pool_rate(),
+                     "selector_prompts_seen": int(self.posterior.seen.sum())}
+        return drawn
+
+    def observe(self, step: int, indices: list[int], correct: torch.Tensor) -> None:
+        verified = ~correct.isnan()  # [K, n]
+        self.posterior.observe(step, torch.tensor(indices, dtype=torch.long),
+                               torch.where(verified, correct, 0.0).sum(1), verified.sum(1))
+
+    def record(self) -> dict[str, float]:
+        return dict(self.last)
+
+    def state_dict(self) -> dict:
+        return {"posterior": self.posterior.state_dict(), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.posterior.load_state_dict(state["posterior"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", {
+    "none": ShuffledPass, "dynamic_sampling": DynamicSampling, "pass_rate": PassRateSelector})
+
+
+def is_constant(rewards: torch.Tensor) -> torch.Tensor:
+    """[P] True where every generated reward of the group is the same (NaN = not generated)."""
+    generated = ~rewards.isnan()  # [P, n]
+    high = torch.where(generated, rewards, -math.inf).amax(1)
+    low = torch.where(generated, rewards, math.inf).amin(1)
+    return ~(high > low)
+
+
+def informative_first(constant: torch.Tensor, count: int) -> list[int]:
+    """The first ``count`` groups by generation order, informative ones (``constant`` [G]
+    False) before constant ones: DAPO's batch of informative groups, filled up at the cap."""
+    order = sorted(range(len(constant)), key=lambda i: bool(constant[i]))  # stable: generation order kept
+    return order[:count]
