@@ -7,7 +7,7 @@ import random
 import pytest
 
 from podsrl.config import make_config
-from podsrl.experiments.compare import analyze, arm_configs, format_table, run_plan, write_report
+from podsrl.experiments.compare import analyze, arm_configs, arm_dir_name, format_table, run_plan, write_report
 
 
 def fake_run(root, name, method, seed, evals, n=16, m=4, rule="max_variance", step_times=(0.1, 0.05, 0.2),
@@ -246,3 +246,16 @@ def test_update_memory_column_only_for_runs_that_logged_it(tmp_path):
     assert row["update_activation_mb"] == 11.0 and row["update_peak_cuda_mb"] is None
     table = format_table(result)
     assert "update memory, MiB (activations / CUDA peak)" in table and "| 11 / n/a |" in table
+
+
+def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it():
+    base = make_config()
+    arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [16], [4], ["none", "pass_rate"])
+    assert [(a["method"], a["prompt_selector"]) for a in arms] == [
+        ("grpo", "none"), ("grpo", "pass_rate"), ("pods", "none"), ("pods", "pass_rate")]
+    assert [arm_dir_name(a) for a in arms] == ["grpo-m4", "grpo-m4-pass_rate", "pods-n16-m4-max_variance",
+                                               "pods-n16-m4-max_variance-pass_rate"]
+    assert arm_configs(base, ["pods"], ["max_variance"], [16], [4]) == [
+        {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "max_variance"}]
+    with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'oracle'"):
+        arm_configs(base, ["pods"], ["max_variance"], [16], [4], ["oracle"])

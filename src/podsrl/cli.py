@@ -121,6 +121,8 @@ def cmd_compare(argv: list[str]) -> int:
                                                         "adaptive_n starting at the config's n (default: the "
                                                         "config's)")
     parser.add_argument("--m_values", default="", help="num_kept (m) values, comma-separated (default: the config's)")
+    parser.add_argument("--prompt_selectors", default="", help="prompt selectors, comma-separated: each arm runs "
+                                                                "once per selector (default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, required=True, help="training time per run")
     parser.add_argument("--baseline", default="", help="arm name or method of the speedup baseline")
@@ -135,7 +137,8 @@ def cmd_compare(argv: list[str]) -> int:
             raise ValueError("seeds and budget_minutes: must be positive")
         n_values = _ints("n_values", args.n_values, ("auto",)) or [cfg.num_generations]
         m_values = _ints("m_values", args.m_values) or [cfg.num_kept]
-        arms = arm_configs(cfg, split_list(args.methods), split_list(args.rules), n_values, m_values)
+        arms = arm_configs(cfg, split_list(args.methods), split_list(args.rules), n_values, m_values,
+                           split_list(args.prompt_selectors))
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))
         result = analyze(run_dirs, baseline=args.baseline or None)
     except TrainingStopped as stopped:  # a signal or a failed reward: the run checkpointed; re-running resumes it

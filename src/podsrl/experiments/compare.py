@@ -31,6 +31,7 @@ from podsrl.experiments.runs import FinishedRun, arm_variants, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
+from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.trainer import train
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
@@ -275,10 +276,21 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int]) -> list[dict]:
+def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int],
+                selectors: list[str] = ()) -> list[dict]:
     """Config overrides of every arm: a method that generates m sweeps m; one that trains on
     all n sweeps n; one that selects sweeps n x m x rules (m < n). An n of 'auto' is an
-    adaptive_n arm of pods starting at the config's n."""
+    adaptive_n arm of pods starting at the config's n. With ``selectors``, each of those
+    arms runs once per prompt selector."""
+    arms = _method_arms(base, methods, rules, n_values, m_values)
+    if not selectors:
+        return arms
+    for name in selectors:
+        PROMPT_SELECTORS.resolve(name)  # an unknown one fails before any run
+    return [{**arm, "prompt_selector": name} for arm in arms for name in selectors]
+
+
+def _method_arms(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int]) -> list[dict]:
     arms = []
     for name in methods:
         if name not in METHODS:

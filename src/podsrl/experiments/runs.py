@@ -94,6 +94,10 @@ def load_run(path: Path) -> FinishedRun:
 
 
 def arm_variants(fields: dict) -> list[str]:
-    """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto')."""
+    """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto'):
+    the slots engine, early stop, and a prompt selector other than the shuffled pass (by its
+    name; a module's by the object's)."""
+    selector = fields.get("prompt_selector", "none").rpartition(":")[2]
     return [label for label, on in (("slots", fields.get("generation_engine") == "slots"),
-                                    ("early-stop", fields.get("group_early_stop"))) if on]
+                                    ("early-stop", fields.get("group_early_stop")),
+                                    (selector, selector != "none")) if on]
