@@ -59,6 +59,7 @@ def main() -> int:
     parser.add_argument("--figures", type=Path, default=None, help="copy the figures here (e.g. benchmarks/figures)")
     parser.add_argument("--record", default="", help="write each table into RESULTS.md as block NAME-EXPERIMENT")
     args, train_options = parser.parse_known_args()
+    train_options = [option for option in train_options if option != "--"]  # the separator the usage line shows
     runs_root = args.output_dir / "runs"  # shared: an arm that two experiments need runs once
     names = [e.strip() for e in args.experiments.split(",") if e.strip()]
     unknown = [name for name in names if name not in EXPERIMENTS]
