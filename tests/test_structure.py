@@ -86,6 +86,7 @@ ALLOWED = {
     "podsrl.tasks": {"podsrl.rewards", "podsrl.types", "podsrl.registry"},
     "podsrl.rewards": {"podsrl.tasks", "podsrl.types", "podsrl.registry"},  # the scorer reads a task's examples
     "podsrl.methods": {"podsrl.algorithms"},
+    "podsrl.prompt_selection": {"podsrl.algorithms", "podsrl.registry"},  # a stage: which prompts to generate for
     "podsrl.update": LOWER | {"podsrl.models"},
     "podsrl.tracking": set(),  # trackers get plain values: config.py validates report_to with it
 }
