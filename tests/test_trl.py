@@ -4,6 +4,7 @@ passes on the kept rows only, TRL's reward functions unchanged, two processes.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
@@ -199,6 +201,7 @@ def test_the_example_script_runs_offline(tmp_path):
 LAUNCHED = '''
 import json, os, sys, zlib
 import torch
+import transformers
 from datasets import Dataset
 from podsrl.models import load_model
 from podsrl.tasks.arithmetic import build_arithmetic
@@ -282,3 +285,43 @@ def test_podsrl_trl_is_the_integration_module_users_scripts_import():
     import podsrl.trl
 
     assert podsrl.trl is podsrl.integrations.trl and PODSTrainer is podsrl.integrations.trl.PODSTrainer
+
+
+def test_without_args_it_builds_its_default_config_as_grpo_trainer_does(tmp_path, monkeypatch):
+    """No ``args``: a default PODSConfig named after the model (GRPOTrainer's rule), plain GRPO
+    (num_kept = num_generations) with every other field GRPOConfig's default. GRPOConfig
+    defaults to bf16, which transformers refuses on a machine without a bf16 GPU: there both
+    trainers fail with that same message, and with the check answered as on such a GPU both
+    build."""
+    monkeypatch.chdir(tmp_path)  # the default output folder is relative to the current one
+    refusals = []
+    for cls in (GRPOTrainer, PODSTrainer):
+        with pytest.raises(ValueError) as refused:
+            cls(model=load_model("tiny").model, reward_funcs=REWARDS, train_dataset=dataset())
+        refusals.append(str(refused.value))
+    assert refusals[0] == refusals[1] and "bf16" in refusals[0]
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    built = {}
+    for cls in (GRPOTrainer, PODSTrainer):
+        bundle = load_model("tiny")
+        built[cls] = cls(model=bundle.model, reward_funcs=REWARDS, train_dataset=dataset(),
+                         processing_class=bundle.tokenizer).args
+    grpo, pods = built[GRPOTrainer], built[PODSTrainer]
+    assert isinstance(pods, PODSConfig) and pods.num_kept == pods.num_generations == grpo.num_generations
+    assert pods.output_dir.endswith("-PODS") and grpo.output_dir.endswith("-GRPO")
+    assert pods.output_dir.removesuffix("-PODS") == grpo.output_dir.removesuffix("-GRPO")
+    differing = {f.name for f in dataclasses.fields(GRPOConfig)
+                 if getattr(grpo, f.name) != getattr(pods, f.name)}
+    assert differing <= {"output_dir", "run_name", "logging_dir"}, differing
+
+
+def test_the_callers_generation_batch_is_left_whole(tmp_path):
+    """GRPOTrainer leaves the list of rows it is given as it was; PODSTrainer narrows its own
+    copy to the kept rows, not the caller's list."""
+    pods = trainer(PODSTrainer, PODSConfig(**options(tmp_path), num_kept=2))
+    batch = [{"prompt": ex.prompt, "answer": ex.answer} for ex in EXAMPLES[:4] for _ in range(4)]  # 4 groups of 4
+    before = [dict(row) for row in batch]
+    pods.model.train()
+    out = pods._generate_and_score_completions(batch)
+    assert batch == before
+    assert out["completion_ids"].shape[0] == 8  # 4 prompts x m = 2 kept rows went on

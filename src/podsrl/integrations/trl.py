@@ -37,6 +37,7 @@ from packaging.version import Version
 try:
     import trl
     from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import get_config_model_id
 except ImportError as err:  # an optional dependency
     raise ImportError(f"podsrl.integrations.trl (podsrl.trl) needs TRL: pip install 'podsrl[trl]' ({err})") from err
 
@@ -116,8 +117,11 @@ class PODSTrainer(GRPOTrainer):
     """``GRPOTrainer`` that trains on ``num_kept`` of the ``num_generations`` rollouts of each
     prompt (see the module docstring). Evaluation generates and scores as GRPOTrainer does."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, model, reward_funcs, args: PODSConfig | None = None, *more, **kwargs):
+        if args is None:  # as GRPOTrainer builds its default: named after the model; plain GRPO (m = n)
+            name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = PODSConfig(f"{name.split('/')[-1]}-PODS")
+        super().__init__(model, reward_funcs, args, *more, **kwargs)
         if not isinstance(self.args, PODSConfig):
             raise TypeError("args: PODSTrainer needs a PODSConfig (GRPOConfig plus num_kept and downsampling_rule)")
         unsupported = {"tools": bool(self.tools), "environment_factory": self.environment_factories is not None,
@@ -134,7 +138,8 @@ class PODSTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:  # evaluation: TRL's own path
             return super()._generate_and_score_completions(inputs)
-        self._pods_inputs = inputs
+        # a copy: _generate narrows the rows to the kept ones in place, and the caller's list stays whole
+        inputs = self._pods_inputs = list(inputs)
         try:
             return super()._generate_and_score_completions(inputs)
         finally:  # TRL sees n again for the next generation (samplers, vLLM, eval)
