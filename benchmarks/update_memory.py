@@ -20,6 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from podsrl.experiments.runs import largest_logged
 from podsrl.methods import METHODS
 from podsrl.metrics import read_metrics
 from podsrl.provenance import read_environment
@@ -28,21 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
 
-def largest(records: list[dict], key: str) -> float | None:
-    values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
-    return max(values) if values else None
-
-
 def row(run: Path) -> dict:
     config = json.loads((run / "config.json").read_text())
     steps = [r for r in read_metrics(run / "metrics.jsonl") if r["step"] > 0]
-    if not steps or largest(steps, "update_activation_mb") is None:
+    activation_mb = largest_logged(r.get("update_activation_mb") for r in steps)
+    if activation_mb is None:
         raise SystemExit(f"{run}: no update memory in metrics.jsonl (runs before podsrl logged it)")
     method = METHODS[config["method"]]
     rows = config["prompts_per_step"] * method.trained_per_prompt(config["num_generations"], config["num_kept"])
     return {"run": run, "method": config["method"], "rows": rows, "micro_batch": config["micro_batch_size"],
             "micro_batches": math.ceil(rows / config["micro_batch_size"]),
-            "activation_mb": largest(steps, "update_activation_mb"), "cuda_mb": largest(steps, "update_peak_cuda_mb"),
+            "activation_mb": activation_mb, "cuda_mb": largest_logged(r.get("update_peak_cuda_mb") for r in steps),
             "update_s": statistics.median(r["time_update"] for r in steps[1:] or steps),
             "machine": (read_environment(run) or [{}])[-1].get("machine", "unknown")}
 

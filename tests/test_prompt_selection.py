@@ -179,6 +179,8 @@ def test_state_survives_json_exactly():
 def test_pass_rate_refuses_more_prompts_than_the_split_holds():
     with pytest.raises(ValueError, match="prompt_selector: pass_rate draws 5 different prompts"):
         selector(size=4).take(5, 0, 16)
+    with pytest.raises(ValueError, match="prompts_per_step = 5 different prompts per step, more than the 4 usable"):
+        PassRateSelector(4, PromptSelectionOptions(prompts_per_step=5))  # at set-up, before any model loads
 
 
 def test_constant_groups_and_the_informative_first_batch():

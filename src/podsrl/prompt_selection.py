@@ -38,6 +38,7 @@ from podsrl.registry import Registry
 @dataclass(frozen=True)
 class PromptSelectionOptions:
     seed: int = 0  # the run's seed: the order of the pass, the draws
+    prompts_per_step: int = 1  # prompts taken per generation round
     refill_rounds: int = 3  # dynamic_sampling: extra generation rounds at most per step
     half_life: float = 50.0  # pass_rate: steps after which a prompt's evidence weighs half
     prior_strength: float = 2.0  # pass_rate: pseudo-observations of the pool's pass rate per prompt
@@ -46,10 +47,12 @@ class PromptSelectionOptions:
 
 class PromptSelector(Protocol):
     """``take`` the prompts of one generation round (indices into the train split, the same
-    list on every process), then ``observe`` their outcomes; ``refill_rounds`` > 0 asks the
-    trainer to generate for more prompts while groups come out constant."""
+    list on every process), then ``observe`` their outcomes (gathered from every process, for
+    a selector that ``learns``); ``refill_rounds`` > 0 asks the trainer to generate for more
+    prompts while groups come out constant."""
 
     refill_rounds: int
+    learns: bool
 
     def take(self, count: int, step: int, group_size: int) -> list[int]: ...
 
@@ -68,6 +71,7 @@ class ShuffledPass:
     """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
 
     refill_rounds = 0
+    learns = False
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
         self.size, self.seed, self.epoch, self.position = size, options.seed, 0, 0
@@ -113,8 +117,12 @@ class PassRateSelector:
     rest in proportion (numpy's weighted sampling without replacement)."""
 
     refill_rounds = 0
+    learns = True
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
+        if size < options.prompts_per_step:
+            raise ValueError(f"prompt_selector: pass_rate draws prompts_per_step = {options.prompts_per_step} "
+                             f"different prompts per step, more than the {size} usable train prompts")
         self.size, self.options = size, options
         self.posterior = PassRatePosterior(size, options.half_life, options.prior_strength)
         self.rng = np.random.default_rng([options.seed, 0x9A55])

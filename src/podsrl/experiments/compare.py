@@ -27,7 +27,7 @@ from pathlib import Path
 
 from podsrl.config import validate
 from podsrl.experiments.plots import save_accuracy_figure
-from podsrl.experiments.runs import FinishedRun, arm_variants, load_run
+from podsrl.experiments.runs import FinishedRun, arm_variants, largest_logged, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
@@ -160,12 +160,6 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
         })
     return {"baseline": base_name, "target_accuracy": target, "budget_seconds": budget, "arms": arms,
             "rows": rows, "provenance": provenance(runs)}
-
-
-def largest_logged(values) -> float | None:
-    """The largest of the values a run logged (None where it logged none)."""
-    logged = [v for v in values if v is not None]
-    return max(logged) if logged else None
 
 
 def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, Path]:

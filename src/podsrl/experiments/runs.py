@@ -4,6 +4,7 @@ training seconds) and its mean seconds per step by stage."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,14 +84,18 @@ def load_run(path: Path) -> FinishedRun:
     def per_step(*keys):
         return statistics.fmean(sum(r.get(k) or 0.0 for k in keys) for r in steps)
 
-    def largest(key):
-        values = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and r[key] == r[key]]  # not NaN
-        return max(values) if values else None
-
     return FinishedRun(path, config, evals, per_step("time_generate", "time_reward"),
                        per_step("time_logprobs", "time_update"), per_step("time_select", "time_advantages"),
                        len(steps), read_environment(path),
-                       {key: largest(key) for key in ("update_activation_mb", "update_peak_cuda_mb")})
+                       {key: largest_logged(r.get(key) for r in steps)
+                        for key in ("update_activation_mb", "update_peak_cuda_mb")})
+
+
+def largest_logged(values) -> float | None:
+    """The largest of logged values, skipping those not logged (None) or not measured (NaN:
+    metrics.jsonl's null); None when none is left."""
+    logged = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
+    return max(logged) if logged else None
 
 
 def arm_variants(fields: dict) -> list[str]:

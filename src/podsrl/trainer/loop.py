@@ -64,7 +64,7 @@ def generate_and_score(run: Run, timer: StageTimer, n: int) -> tuple[PreparedSpl
     fewer informative groups than its share, up to its cap, and each process then keeps its
     share, informative groups first (constant ones fill the batch only at the cap)."""
     parts, cfg, selector, step = run.components, run.components.cfg, run.state.prompt_selector, run.state.step
-    local_indices, rollout_rounds, score_rounds = [], [], []
+    local_indices, rollout_rounds, score_rounds, informative = [], [], [], 0
     for round_index in range(selector.refill_rounds + 1):
         indices = selector.take(cfg.prompts_per_step, step, n)  # the same list on every process
         mine = parts.procs.block(indices)  # this process's share
@@ -74,13 +74,14 @@ def generate_and_score(run: Run, timer: StageTimer, n: int) -> tuple[PreparedSpl
             rollouts = generate_rollouts(run, split, n, round_index)  # [P, n, Lc]
         with timer("reward"):
             scores = score_on_every_process(run, split, rollouts)  # [P, n], NaN where skipped
-        correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [P, n]
-        selector.observe(step, indices, parts.procs.gather(correct))  # [P_all, n]: every process's outcomes
+        if selector.learns:  # the gather is a collective: only for a selector that uses it
+            correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [P, n]
+            selector.observe(step, indices, parts.procs.gather(correct))  # [P_all, n]: every process's outcomes
         rollout_rounds.append(rollouts)
         score_rounds.append(scores)
         if not selector.refill_rounds:
             return split, rollouts, scores, selector.record()
-        informative = int((~is_constant(Scores.concat(score_rounds).reward)).sum())
+        informative += int((~is_constant(scores.reward)).sum())  # this process's, over the rounds so far
         if not parts.procs.max([float(informative < len(mine))])[0]:
             break
     rollouts = Rollouts.concat(rollout_rounds, parts.bundle.tokenizer.pad_token_id)  # [P * rounds, n, Lc]

@@ -216,10 +216,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
 
 def prompt_selector(cfg: Config, train_prompts: int) -> PromptSelector:
     """Which train prompts each step generates for (podsrl.prompt_selection)."""
-    if cfg.prompt_selector == "pass_rate" and train_prompts < cfg.prompts_per_step:
-        raise ValueError(f"prompt_selector: pass_rate draws prompts_per_step = {cfg.prompts_per_step} different "
-                         f"prompts per step, more than the {train_prompts} usable train prompts")
-    options = PromptSelectionOptions(seed=cfg.seed, refill_rounds=cfg.dynamic_sampling_rounds,
+    options = PromptSelectionOptions(seed=cfg.seed, prompts_per_step=cfg.prompts_per_step,
+                                     refill_rounds=cfg.dynamic_sampling_rounds,
                                      half_life=cfg.pass_rate_half_life, prior_strength=cfg.pass_rate_prior_strength,
                                      exploration=cfg.pass_rate_exploration)
     return PROMPT_SELECTORS.resolve(cfg.prompt_selector)(train_prompts, options)
