@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -61,14 +62,16 @@ def test_batch_arguments_and_the_errors_that_name_the_arithmetic(monkeypatch):
         PODSConfig(**options(Path("/tmp"), num_kept=5))
     with pytest.raises(ValueError, match="downsampling_rule: unknown rule 'best'"):
         PODSConfig(**options(Path("/tmp"), num_kept=2, downsampling_rule="best"))
-    with monkeypatch.context() as patch:  # two processes: 12 rows in all are whole groups, 6 per process are not
+    with monkeypatch.context() as patch:  # two processes: 12 rows in all are 3 groups, 6 per process are not whole
         patch.setattr(PODSConfig, "world_size", property(lambda self: 2))
-        with pytest.raises(ValueError, match=r"per_device_train_batch_size x steps_per_generation = 6 x 1 = 6 "
-                                             r"generated rows per process is not a multiple of num_generations \(4\)"):
-            PODSConfig(**options(Path("/tmp"), per_device_train_batch_size=6, gradient_accumulation_steps=1),
-                       num_kept=2)
-    with pytest.raises(ValueError, match=r"steps_per_generation: 3 kept rows per process \(4 generated x num_kept 3 / "
-                                         r"num_generations 4\) do not split into 2 equal micro-batches"):
+        split = options(Path("/tmp"), per_device_train_batch_size=6, gradient_accumulation_steps=1)
+        assert PODSConfig(**split, num_kept=2).groups_span_processes  # 3 x 2 = 6 kept rows: 3 per process
+        with pytest.raises(ValueError, match=r"num_kept: 3 prompt groups per generation x num_kept 3 = 9 kept rows do "
+                                             r"not split evenly over 2 processes"):
+            PODSConfig(**split, num_kept=3)
+    assert not PODSConfig(**options(Path("/tmp")), num_kept=2).groups_span_processes
+    with pytest.raises(ValueError, match=r"steps_per_generation: 3 kept rows per process \(1 groups x num_kept 3 / 1 "
+                                         r"processes\) do not split into 2 equal micro-batches"):
         PODSConfig(**options(Path("/tmp"), per_device_train_batch_size=2, gradient_accumulation_steps=2), num_kept=3)
     # every combination the helper returns passes the config's own checks
     for args in [(8, 4, 2, 4, 1), (16, 16, 4, 8, 1), (16, 8, 4, 4, 2)]:
@@ -238,23 +241,90 @@ torch.distributed.destroy_process_group()
 
 
 def test_two_processes_select_the_same_rows_without_hanging(tmp_path):
-    script = tmp_path / "launched.py"
-    script.write_text(LAUNCHED)
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    done = subprocess.run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [[json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    ranks = launch_two_processes(tmp_path, LAUNCHED)
     assert len(ranks[0]) == len(ranks[1]) == 2
     generator = torch.Generator().manual_seed(0)
     for step0, step1 in zip(*ranks):
         assert step0["rewards"] == step1["rewards"] and step0["kept"] == step1["kept"]  # one selection everywhere
         rewards = torch.tensor(step0["rewards"])  # [G_all, n], process 0's groups first
         assert rewards[0].var() == 0 and rewards[-1].var() > 0 or rewards[-1].var() == 0  # patterns differ by process
-        assert torch.equal(torch.tensor(step0["kept"]), select("random", rewards, 2, generator=generator))
+        expected = select("random", rewards, 2, generator=generator).sort(dim=1).values  # rows in generation order
+        assert torch.equal(torch.tensor(step0["kept"]), expected)
         assert len(step0["local"]) == len(step1["local"]) == 4  # equal rows per process: 2 prompts x m
+
+
+SPLIT_GROUPS = '''
+import json, os, sys, zlib
+import torch
+from datasets import Dataset
+from podsrl.models import load_model
+from podsrl.tasks.arithmetic import build_arithmetic
+from podsrl.trl import PODSConfig, PODSTrainer
+
+rank = int(os.environ["RANK"])
+
+
+def reward(completions, **kwargs):
+    return [float(zlib.crc32(c.encode()) % 3) for c in completions]
+
+
+class Recording(PODSTrainer):
+    def _select(self, rewards_per_func, local_count):
+        local, kept = super()._select(rewards_per_func, local_count)
+        self.generated_here = len(local)  # kept rows this process generated, before they are shared out
+        return local, kept
+
+    def _generate(self, prompts):
+        kept = super()._generate(prompts)
+        with open(f"{sys.argv[1]}/rank{rank}.jsonl", "a") as fh:
+            fh.write(json.dumps({"rewards": self.last_selection["rewards"].tolist(),
+                                 "kept": self.last_selection["kept"].tolist(), "completions": kept[3],
+                                 "prompts": prompts, "generated_here": self.generated_here}) + "\\n")
+        return kept
+
+
+examples = build_arithmetic(level=3, num_train=200, num_test=10, seed=0).train
+bundle = load_model("tiny")
+# 6 rows per process, n = 4: 3 groups in all, the middle one on both processes; m = 2: 3 kept rows each
+config = PODSConfig(output_dir=sys.argv[1] + "/out", max_steps=2, use_cpu=True, report_to="none", save_strategy="no",
+                    disable_tqdm=True, seed=0, max_completion_length=6, top_k=0, ddp_backend="gloo",
+                    per_device_train_batch_size=6, num_generations=4, num_kept=2)
+assert config.groups_span_processes
+Recording(model=bundle.model, processing_class=bundle.tokenizer, reward_funcs=[reward], args=config,
+          train_dataset=Dataset.from_list([{"prompt": ex.prompt} for ex in examples])).train()
+torch.distributed.destroy_process_group()
+'''
+
+
+def launch_two_processes(tmp_path, script_text: str) -> list[list[dict]]:
+    """Run ``script_text`` on two CPU processes (gloo); each rank's recorded lines."""
+    script = tmp_path / "launched.py"
+    script.write_text(script_text)
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    done = subprocess.run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [[json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+
+
+def test_groups_split_across_processes_are_selected_whole_and_shared_out_evenly(tmp_path):
+    ranks = launch_two_processes(tmp_path, SPLIT_GROUPS)
+    assert len(ranks[0]) == len(ranks[1]) == 2
+    for step0, step1 in zip(*ranks):
+        assert step0["rewards"] == step1["rewards"] and step0["kept"] == step1["kept"]  # one selection everywhere
+        rewards = torch.tensor(step0["rewards"])  # [3 groups, n = 4], the middle one generated on both processes
+        kept = torch.tensor(step0["kept"])
+        assert torch.equal(kept, select("max_variance", rewards, 2).sort(dim=1).values)
+        assert len(step0["completions"]) == len(step1["completions"]) == 3  # 6 kept rows, 3 per process
+        # the rows each process trains on, in process order, are the kept rows in global order with their rewards
+        trained = step0["completions"] + step1["completions"]
+        assert [float(zlib.crc32(c.encode()) % 3) for c in trained] == rewards.gather(1, kept).flatten().tolist()
+        prompts = step0["prompts"] + step1["prompts"]
+        assert prompts[0] == prompts[1] and prompts[2] == prompts[3] and prompts[4] == prompts[5]  # whole groups
+    moved = [step0["generated_here"] != 3 for step0 in ranks[0]]
+    assert any(moved), "no step needed rows moved between the processes: the sharing went untested"
 
 
 def test_pods_trainer_logs_the_trainers_selection_statistics_under_the_same_names():

@@ -15,16 +15,24 @@ gathered rewards; only the kept rows go on to TRL's old-policy / reference / imp
 sampling log-prob passes, its advantages (normalised over the kept m, as the paper does)
 and the loss. The rewards of the kept rows are not recomputed.
 
-Batch accounting (checked in :class:`PODSConfig`): TRL counts rows, not prompts.
-``per_device_train_batch_size x steps_per_generation`` generated rows per process must be
-whole prompt groups (a multiple of n), and the kept rows (``x m / n``) must split evenly
-into the ``steps_per_generation`` micro-batches. :func:`pods_batch_arguments` derives
-these arguments from prompts per step, n, m, the micro-batch size and the process count.
+Tools, environments (``environment_factory``, one or several, environment-owned rewards and
+data), custom rollout functions and vision-language models: TRL runs the tool calls and
+environments as usual; selection uses the final rewards (after the last tool turn, with the
+rollout function's fields and each row's environment in the reward kwargs), and every kept
+row keeps its own tool mask, images, rollout fields and environment instance.
+
+Batch accounting (checked in :class:`PODSConfig`): TRL counts rows, not prompts. The
+kept rows (groups x m) must split evenly over the processes and then into the
+``steps_per_generation`` micro-batches. When the generated rows per process are not whole
+prompt groups (one prompt's n rows on two processes), selection still sees every group
+whole (the rewards are gathered), and the kept rows are then shared out evenly between the
+processes (refused with ``environment_factory``: an environment instance cannot move).
+:func:`pods_batch_arguments` derives whole-group arguments from prompts per step, n, m,
+the micro-batch size and the process count.
 
 Supported TRL: the range in :data:`SUPPORTED_TRL` (this module relies on private methods of
 ``GRPOTrainer`` that change between releases: ``_generate`` and ``_calculate_rewards``).
-Not supported yet, refused with an error: tools, environments, custom rollout functions,
-vision-language models. Not run by the developers: vLLM and GPUs (tested on CPU only).
+Not run by the developers: vLLM and GPUs (tested on CPU only).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from accelerate.utils import gather_object
 from packaging.version import Version
 
 try:
@@ -44,6 +53,9 @@ except ImportError as err:  # an optional dependency
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, Groups, select
 
+# GRPOTrainer's per-row state of the generation batch: each rollout's environment instance,
+# its environment's name (which tools its prompt shows) and its tool functions
+ENVIRONMENT_STATE = ("environments", "_batch_environments", "_sync_tool_dicts", "_async_tool_dicts")
 SUPPORTED_TRL = ("1.16.0", "1.17.0")  # [lowest tested, first untested)
 if not Version(SUPPORTED_TRL[0]) <= Version(trl.__version__) < Version(SUPPORTED_TRL[1]):
     raise ImportError(f"podsrl.integrations.trl supports trl >= {SUPPORTED_TRL[0]}, < {SUPPORTED_TRL[1]} (it "
@@ -80,6 +92,44 @@ def pods_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: 
             "num_generations": num_generations, "num_kept": num_kept}
 
 
+def rows_with_extra_fields(inputs: list[dict], extra_fields: dict) -> list[dict]:
+    """The rows TRL's reward step sees: each dataset row with a rollout function's extra
+    fields merged in (a list gives one value per row, anything else is shared), as
+    ``GRPOTrainer._generate_and_score_completions`` merges them. New dicts: the rows stay."""
+    merged = []
+    for i, row in enumerate(inputs):
+        row = dict(row)
+        for key, values in extra_fields.items():
+            if not isinstance(values, list):
+                row[key] = values
+            elif i < len(values):
+                row[key] = values[i]
+        merged.append(row)
+    return merged
+
+
+def keep_rows(values: list | None, local_rows: list[int], rows: int, name) -> list | None:
+    """The kept rows' entries of a per-row list (one entry per generated row)."""
+    if values is None:
+        return None
+    if len(values) != rows:
+        raise ValueError(f"PODSTrainer: {name} has {len(values)} entries for {rows} generated rows; cannot tell "
+                         "which entries belong to the kept rows")
+    return [values[i] for i in local_rows]
+
+
+def dataset_images(inputs: list[dict]) -> list | None:
+    """The images of the dataset rows, one entry per row, as GRPOTrainer reads them (an
+    ``images`` list or one ``image``), or None when the rows carry none."""
+    if "images" in inputs[0]:
+        images = [row.get("images") for row in inputs]
+    elif "image" in inputs[0]:
+        images = [[row["image"]] if row.get("image") is not None else None for row in inputs]
+    else:
+        return None
+    return None if all(entry == [] for entry in images) else images
+
+
 @dataclass
 class PODSConfig(GRPOConfig):
     """``GRPOConfig`` plus the two PODS fields. ``num_generations`` keeps TRL's meaning: n,
@@ -98,37 +148,43 @@ class PODSConfig(GRPOConfig):
         if not 2 <= self.num_kept <= self.num_generations:
             raise ValueError(f"num_kept: must be between 2 (an advantage needs a group) and num_generations "
                              f"({self.num_generations}), got {self.num_kept}")
-        generated = self.per_device_train_batch_size * self.steps_per_generation
-        if generated % self.num_generations:
+        n, m, steps, processes = self.num_generations, self.num_kept, self.steps_per_generation, self.world_size
+        generated = self.per_device_train_batch_size * steps  # rows per process; GRPOConfig: x processes = groups
+        groups = generated * processes // n
+        if groups * m % processes:
             raise ValueError(
-                f"per_device_train_batch_size x steps_per_generation = {self.per_device_train_batch_size} x "
-                f"{self.steps_per_generation} = {generated} generated rows per process is not a multiple of "
-                f"num_generations ({self.num_generations}): a prompt's group would be split across processes, and "
-                f"PODS selects within whole groups (see podsrl.trl.pods_batch_arguments)")
-        kept = generated // self.num_generations * self.num_kept
-        if kept % self.steps_per_generation:
+                f"num_kept: {groups} prompt groups per generation x num_kept {m} = {groups * m} kept rows do not split "
+                f"evenly over {processes} processes ({generated} generated rows per process, num_generations {n})")
+        kept = groups * m // processes
+        if kept % steps:
             raise ValueError(
-                f"steps_per_generation: {kept} kept rows per process ({generated} generated x num_kept "
-                f"{self.num_kept} / num_generations {self.num_generations}) do not split into "
-                f"{self.steps_per_generation} equal micro-batches; TRL would drop the remainder silently")
+                f"steps_per_generation: {kept} kept rows per process ({groups} groups x num_kept {m} / {processes} "
+                f"processes) do not split into {steps} equal micro-batches; TRL would drop the remainder silently")
+
+    @property
+    def groups_span_processes(self) -> bool:
+        """Whether one prompt's n rows can lie on two processes (generated rows per process
+        not a multiple of n): the kept rows are then shared out again after selection."""
+        return self.per_device_train_batch_size * self.steps_per_generation % self.num_generations != 0
 
 
 class PODSTrainer(GRPOTrainer):
     """``GRPOTrainer`` that trains on ``num_kept`` of the ``num_generations`` rollouts of each
     prompt (see the module docstring). Evaluation generates and scores as GRPOTrainer does."""
 
-    def __init__(self, model, reward_funcs, args: PODSConfig | None = None, *more, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: PODSConfig | None = None, *more, **kwargs):
         if args is None:  # as GRPOTrainer builds its default: named after the model; plain GRPO (m = n)
             name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = PODSConfig(f"{name.split('/')[-1]}-PODS")
         super().__init__(model, reward_funcs, args, *more, **kwargs)
         if not isinstance(self.args, PODSConfig):
             raise TypeError("args: PODSTrainer needs a PODSConfig (GRPOConfig plus num_kept and downsampling_rule)")
-        unsupported = {"tools": bool(self.tools), "environment_factory": self.environment_factories is not None,
-                       "rollout_func": self.rollout_func is not None, "a vision-language model": self._is_vlm}
-        refused = [name for name, used in unsupported.items() if used]
-        if refused:
-            raise NotImplementedError(f"PODSTrainer does not support {', '.join(refused)} yet; use GRPOTrainer")
+        if self.args.groups_span_processes and self.environment_factories is not None:
+            raise ValueError(
+                "environment_factory: with per_device_train_batch_size x steps_per_generation not a multiple of "
+                "num_generations, a prompt's rollouts lie on two processes and PODSTrainer moves kept rows between "
+                "them; an environment instance holds its rollout's state in the process that ran it and cannot move. "
+                "Make the generated rows per process a multiple of num_generations (podsrl.trl.pods_batch_arguments)")
         # the same stream on every process: rules that draw choose the same rows everywhere
         self.selection_generator = torch.Generator().manual_seed(self.args.seed)
         self._pods_inputs = None  # the generation batch's dataset rows while it is being scored
@@ -151,21 +207,52 @@ class PODSTrainer(GRPOTrainer):
         if self._pods_inputs is None:
             return out
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = out
-        rewards_per_func = super()._calculate_rewards(self._pods_inputs, prompts, completions, completion_ids)
-        local_rows, kept_global_rows = self._select(rewards_per_func, len(prompts))
-
-        def take(values):
-            return values if values is None else [values[i] for i in local_rows]
-
-        prompts[:] = take(prompts)  # TRL's caller holds these lists: it continues with the kept rows only
-        self._pods_inputs[:] = take(self._pods_inputs)
-        for column, values in self._pending_extra_logs.items():  # reward functions' log_extra: one per row
-            self._pending_extra_logs[column] = take(values)
-        extra_fields = {k: take(v) if isinstance(v, list) else v for k, v in extra_fields.items()}
+        # score the final completions (after any tool calls) with what TRL's reward step sees:
+        # the dataset row plus the rollout function's per-row fields, and every row's environment
+        scored = rows_with_extra_fields(self._pods_inputs, extra_fields)
+        rewards_per_func = super()._calculate_rewards(scored, prompts, completions, completion_ids)
+        rows = len(prompts)
+        local_rows, kept_global_rows = self._select(rewards_per_func, rows)
+        if images is None:  # TRL then falls back to the dataset's images: narrow those
+            images = dataset_images(self._pods_inputs)
+        per_row = {"prompts": prompts, "inputs": self._pods_inputs, "prompt_ids": prompt_ids,
+                   "completion_ids": completion_ids, "tool_mask": tool_mask, "completions": completions,
+                   "logprobs": logprobs, "images": images, "tool_images": tool_images or None,
+                   **{("extra", key): v for key, v in extra_fields.items() if isinstance(v, list)},
+                   **{("log", column): v for column, v in self._pending_extra_logs.items()}}
+        # each kept row keeps its own environment and tools; when rows move between processes
+        # there are none to keep (environments are refused; the tool loop has finished)
+        if not self.args.groups_span_processes:
+            per_row.update({name: getattr(self, name) for name in ENVIRONMENT_STATE
+                            if isinstance(getattr(self, name, None), list)})
+        kept = {key: keep_rows(values, local_rows, rows, key) for key, values in per_row.items()}
+        if self.args.groups_span_processes:
+            kept = self._share_kept_rows(kept)
+        prompts[:] = kept["prompts"]  # TRL's caller holds these lists: it continues with the kept rows only
+        self._pods_inputs[:] = kept["inputs"]
+        for key, values in kept.items():
+            if isinstance(key, tuple) and key[0] == "log":  # reward functions' log_extra: one value per row
+                self._pending_extra_logs[key[1]] = values
+            elif key in ENVIRONMENT_STATE:
+                setattr(self, key, values)
+        extra_fields = {key: kept[("extra", key)] if isinstance(v, list) else v for key, v in extra_fields.items()}
         self._pods_kept_rewards = rewards_per_func[kept_global_rows]
         self.num_generations = self.args.num_kept  # advantages are normalised over the kept m
-        return (take(prompt_ids), take(completion_ids), take(tool_mask), take(completions), take(logprobs),
-                extra_fields, images, take(tool_images) if tool_images else tool_images)
+        return (kept["prompt_ids"], kept["completion_ids"], kept["tool_mask"], kept["completions"], kept["logprobs"],
+                extra_fields, kept["images"], kept["tool_images"] or tool_images)
+
+    def _share_kept_rows(self, kept: dict) -> dict:
+        """Groups that span processes: each process holds the kept rows it generated, which
+        need not be as many as the others'. Gather every process's kept rows (process order
+        is global row order, as the gathered rewards are) and give each process an equal,
+        contiguous share, so that TRL's per-process slice of the kept rewards matches."""
+        everyone = gather_object([kept])  # [processes] dicts of per-row lists
+        keys = {key for share in everyone for key in share}
+        merged = {key: [value for share in everyone
+                        for value in (share.get(key) or [None] * len(share["prompts"]))] for key in keys}
+        size = len(merged["prompts"]) // self.accelerator.num_processes  # PODSConfig: an even split
+        mine = slice(self.accelerator.process_index * size, (self.accelerator.process_index + 1) * size)
+        return {key: None if all(v is None for v in values) else values[mine] for key, values in merged.items()}
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         if self._pods_kept_rewards is not None:  # the kept rows were scored before selection
@@ -181,8 +268,9 @@ class PODSTrainer(GRPOTrainer):
         n, m = self.args.num_generations, self.args.num_kept
         weights = self.reward_weights.to(rewards_per_func.device)
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1).float().cpu()  # [R_all]
-        groups = rewards.view(-1, n)  # [G_all, n]: whole groups per process (PODSConfig checks)
+        groups = rewards.view(-1, n)  # [G_all, n]: all processes' rows are whole groups (GRPOConfig checks)
         keep = select(self.args.downsampling_rule, Groups(groups), m, generator=self.selection_generator)  # [G_all, m]
+        keep = keep.sort(dim=1).values  # rows stay in generation order (with m = n: exactly GRPOTrainer's rows)
         kept_global_rows = (torch.arange(groups.shape[0]).unsqueeze(1) * n + keep).flatten()  # [G_all * m]
         first = self.accelerator.process_index * local_count
         mine = (kept_global_rows >= first) & (kept_global_rows < first + local_count)
