@@ -22,6 +22,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 exec .venv-lowest/bin/python -m pytest -p no:cacheprovider \
   tests/test_config.py tests/test_algo.py tests/test_select.py tests/test_precision.py tests/test_checkpoint.py \
-  tests/test_rewards.py tests/test_reward_inputs.py tests/test_trainer.py tests/test_trl.py \
+  tests/test_rewards.py tests/test_reward_inputs.py tests/test_trainer.py tests/test_trl.py tests/test_trl_agentic.py \
   "tests/test_distributed.py::test_sequence_aggregation_matches_one_process" \
   "tests/test_distributed.py::test_unsupported_distributed_modes_are_refused" "$@"
