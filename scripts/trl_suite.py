@@ -120,8 +120,8 @@ def parse_junit(report: Path) -> dict[str, tuple[str, str]]:
             node = case.find(tag)
             if node is not None:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                reason = (node.get("message") or node.text or "").strip().splitlines()[0][:160] if (
-                    node.get("message") or node.text) else ""
+                text = (node.get("message") or node.text or "").strip()
+                reason = text.splitlines()[0][:160] if text else ""
                 break
         results[test] = (outcome, reason)
     return results

@@ -76,12 +76,12 @@ ZEN_PROMPTS = ["Beautiful is better than", "Explicit is", "Simple is better", "C
                "If the implementation is easy", "Namespaces are one honking great idea", "The sky is"]
 
 
-def chat_tokenizer(source: str | Path = TINY_DIR):
-    """The byte-level tokenizer at ``source`` with ChatML / tool-call special tokens and
+def chat_tokenizer():
+    """The built-in tiny model's byte-level tokenizer with ChatML / tool-call special tokens and
     TRL's Qwen3 chat template; ``<|im_end|>`` ends a turn (eos), ``<|endoftext|>`` pads."""
     from trl.chat_template_utils import qwen3_chat_template
 
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    tokenizer = AutoTokenizer.from_pretrained(str(TINY_DIR))
     tokenizer.add_special_tokens({"additional_special_tokens": CHAT_TOKENS})
     tokenizer.chat_template = qwen3_chat_template
     tokenizer.eos_token = "<|im_end|>"
@@ -135,12 +135,11 @@ def qwen_id_tokenizer():
     from trl.chat_template_utils import qwen3_chat_template
 
     symbols = byte_symbols()
-    order = sorted(symbols, key=lambda b: (b not in range(ord("!"), ord("~") + 1), ord(symbols[b])))
 
     def written(text: str) -> str:
         return "".join(symbols[b] for b in text.encode())
 
-    vocab = {symbols[b]: i for i, b in enumerate(order)}
+    vocab = {symbol: i for i, symbol in enumerate(symbols.values())}  # byte_symbols is in id order
     vocab.update({written(word): i for i, word in QWEN_WORD_IDS.items()})
     vocab.update({token: i for i, token in QWEN_SPECIAL_IDS.items()})
     taken = set(vocab.values())
