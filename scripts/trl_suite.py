@@ -32,6 +32,7 @@ from pathlib import Path
 
 MODES = ("grpo", "pods_m_eq_n", "pods_m_lt_n")
 TEST_FILE = "tests/test_grpo_trainer.py"
+PLUGIN_FILE = "podsrl_trl_suite_plugin.py"  # also marks a scratch folder as this script's
 EXTRA_PACKAGES = {"jmespath": "jmespath"}  # module -> requirement: TRL's tool tests skip without it
 
 # Loaded by pytest in the scratch folder (-p): swaps the test module's trainer and config.
@@ -84,7 +85,7 @@ def prepare(trl_repo: Path, work: Path, scripted_ids: bool) -> None:
         sys.exit(f"trl_suite: {trl_repo / TEST_FILE} not found: TRL_REPO must be a copy of TRL's repository")
     shutil.copytree(trl_repo / "tests", work / "tests", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("distributed", "experimental", "__pycache__"))
-    (work / "podsrl_trl_suite_plugin.py").write_text(PLUGIN)
+    (work / PLUGIN_FILE).write_text(PLUGIN)
     from podsrl.build.chat_standins import build_standins
 
     build_standins(work, scripted_ids=scripted_ids)
@@ -102,8 +103,9 @@ def run_mode(mode: str, work: Path, select: str | None, timeout: float) -> dict[
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PODSRL_TRL_SUITE_MODE": mode, "PODSRL_TRL_SUITE_LOG": str(log),
            "PYTHONPATH": os.pathsep.join([str(work), str(work / "site"), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "pytest", TEST_FILE, "-p", "podsrl_trl_suite_plugin", "-p", "no:cacheprovider",
-               "-q", "--no-header", "-rN", f"--junitxml={report}"] + (["-k", select] if select else [])
+    command = [sys.executable, "-m", "pytest", TEST_FILE, "-p", PLUGIN_FILE.removesuffix(".py"),
+               "-p", "no:cacheprovider", "-q", "--no-header", "-rN", f"--junitxml={report}"]
+    command += ["-k", select] if select else []
     try:
         subprocess.run(command, cwd=work, env=env, timeout=timeout, stdout=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
@@ -188,6 +190,9 @@ def main() -> int:
     version_file = args.trl_repo / "VERSION"
     repo_version = version_file.read_text().strip() if version_file.exists() else "unknown"
     print(f"TRL installed {trl.__version__}; tests from {args.trl_repo} (version {repo_version})")
+    if args.work and args.work.is_dir() and any(args.work.iterdir()) and not (args.work / PLUGIN_FILE).exists():
+        parser.error(f"--work: {args.work} is not empty and is not a folder this script made; its files could be "
+                     "overwritten. Name a new or empty folder")
     work = args.work or Path(tempfile.mkdtemp(prefix="podsrl-trl-suite-"))
     work.mkdir(parents=True, exist_ok=True)
     prepare(args.trl_repo, work, args.scripted_ids)

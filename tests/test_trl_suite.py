@@ -115,3 +115,15 @@ def test_trls_own_tool_and_environment_tests_pass_against_pods_trainer(tmp_path)
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "pods_m_eq_n: passes" in done.stdout and "pods_m_lt_n: passes" in done.stdout
+
+
+def test_a_folder_the_script_did_not_make_is_never_written_into(tmp_path):
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "finished.txt").write_text("a week of work")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "trl_suite.py"), str(tmp_path / "trl"),
+                           "--work", str(mine)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"--work: {mine} is not empty and is not a folder this script made" in done.stderr
+    assert [p.name for p in mine.iterdir()] == ["finished.txt"]
+    assert (mine / "finished.txt").read_text() == "a week of work"
