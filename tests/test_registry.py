@@ -70,9 +70,9 @@ def test_a_module_function_reward_and_its_mistakes(tmp_path):
 def test_config_refuses_a_rule_or_engine_that_does_not_resolve_before_anything_loads():
     with pytest.raises(ValueError, match="^downsampling_rule: .* has no function 'nope'"):
         make_config(overrides={"downsampling_rule": f"{EXAMPLE}:nope"})
-    with pytest.raises(ValueError, match=r"^generation_engine: unknown engine 'vllm': neither a built-in engine "
-                                         r"\(hf, slots\)"):
-        make_config(overrides={"generation_engine": "vllm"})
+    with pytest.raises(ValueError, match=r"^generation_engine: unknown engine 'sglang': neither a built-in engine "
+                                         r"\(hf, slots, vllm\)"):
+        make_config(overrides={"generation_engine": "sglang"})
 
 
 def test_a_comparison_arm_named_by_a_file_rule_is_one_folder():

@@ -136,7 +136,9 @@ class Config:
     max_completion_length: int = _f(8, "Maximum completion length in tokens (TRL's field).")
     generation_engine: str = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
                                       "on whole prompt groups; 'slots' = decoding slots refilled sample by sample "
-                                      "(n bounded by time, not memory).")
+                                      "(n bounded by time, not memory); 'vllm' = a vLLM engine in the training "
+                                      "process, the policy's weights pushed to it after every optimizer step, also "
+                                      "used for evaluation (needs vLLM: docs/generation.md).")
     generation_batch_size: int = _f(0, "hf engine: max sequences decoded at once, in whole prompt groups (0 = the "
                                        "whole batch). Not TRL's generation_batch_size (P x n rows per step).")
     generation_micro_group: int = _f(0, "slots engine: sequences decoded at once (g); 0 = as many as "
@@ -167,6 +169,32 @@ class Config:
     share_prompt_in_update: bool = _f(True, "In the update's forward/backward, run each prompt once per group "
                                             "and reuse its KV cache for the group's completions (same "
                                             "log-probs and gradient, fewer tokens).")
+    # --- vLLM engine (generation_engine vllm; TRL's names where TRL has the field) -------------
+    vllm_gpu_memory_utilization: float = _f(0.3, "Share of the GPU's memory vLLM may take for weights and KV cache "
+                                                 "(TRL's field and default for colocate mode); GPU only.")
+    vllm_kv_cache_memory_mb: float = _f(0.0, "KV-cache size of the vLLM engine in MiB, on any device (0 = on a GPU "
+                                             "from vllm_gpu_memory_utilization; on the CPU, room for every row of "
+                                             "a step at full length, at most 4096 MiB). vLLM decodes fewer rows at "
+                                             "once when they do not fit.")
+    vllm_max_model_length: int = _f(0, "Longest sequence (prompt + completion) vLLM plans for (TRL's field); 0 = "
+                                       "max_prompt_tokens + max_completion_length, capped at the model's maximum.")
+    vllm_enable_sleep_mode: bool = _f(False, "Free vLLM's GPU memory (weights and KV cache) during the update and "
+                                             "restore it before generating (TRL's field); CUDA only, refused on "
+                                             "the CPU.")
+    vllm_enforce_eager: bool = _f(True, "Run vLLM without graph capture or compilation (vLLM's enforce_eager): "
+                                        "starts in seconds. false compiles the model at start-up (CUDA graphs on a "
+                                        "GPU), which pays off on long runs (docs/generation.md).")
+    vllm_importance_sampling_correction: bool = _f(True, "Correct the update for the difference between vLLM's "
+                                                         "sampling log-probs and the policy's (TRL's field and "
+                                                         "default): weights per vllm_importance_sampling_mode.")
+    vllm_importance_sampling_mode: str = _f("sequence_mask", "TRL's values: 'token_truncate' / 'token_mask' (each "
+                                                             "token's ratio clipped to / masked outside [clip_min, "
+                                                             "clip_max]) or 'sequence_truncate' / 'sequence_mask' "
+                                                             "(the sequence's ratio, the product over its tokens).")
+    vllm_importance_sampling_clip_max: float = _f(3.0, "Upper bound C_max of the importance ratio (TRL's field; "
+                                                       "was vllm_importance_sampling_cap).")
+    vllm_importance_sampling_clip_min: float = _f(0.0, "Lower bound C_min of the importance ratio (TRL's field; 0 = "
+                                                       "none).")
     # --- LoRA (rank 0 = full fine-tuning) ------------------------------------------------
     lora_rank: int = _f(0, "LoRA rank; 0 trains every parameter.")
     lora_alpha: float = _f(16.0, "LoRA alpha.")
@@ -264,7 +292,7 @@ BOOKKEEPING_FIELDS = frozenset({"output_dir", "resume", "progress", "report_to",
 RENAMED = dict(n="num_generations", m="num_kept", rule="downsampling_rule", lr="learning_rate", steps="max_steps",
                max_new_tokens="max_completion_length", clip_eps_low="epsilon", clip_eps_high="epsilon_high",
                checkpoint_every="save_steps", keep_checkpoints="save_total_limit", eval_every="eval_steps",
-               loss_aggregation="loss_type")
+               loss_aggregation="loss_type", vllm_importance_sampling_cap="vllm_importance_sampling_clip_max")
 
 
 def parse_value(name: str, raw: Any, source: str = "") -> Any:

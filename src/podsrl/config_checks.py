@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from podsrl.algorithms.advantages import ADVANTAGES
+from podsrl.algorithms.importance import SAMPLER_CORRECTION_MODES
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.select import RULES
 from podsrl.config_ranges import check_numbers
@@ -20,6 +21,7 @@ from podsrl.models.loading import check_dtype
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.rewards import load_reward_fn
 from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
+from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
 from podsrl.tasks import TASKS, is_known_task
 from podsrl.tasks.arithmetic import LEVELS, space_size
 from podsrl.tasks.data import is_local
@@ -71,6 +73,9 @@ def _check_names(cfg) -> None:
                            "(GPUs since Ampere, and CPUs) or float32")
     require(not cfg.bf16 or cfg.dtype == "float32",
              f"bf16: mixed precision keeps float32 master weights, so dtype must be float32 (got {cfg.dtype!r})")
+    require(cfg.vllm_importance_sampling_mode in SAMPLER_CORRECTION_MODES,
+            f"vllm_importance_sampling_mode: unknown mode {cfg.vllm_importance_sampling_mode!r}; known: "
+            f"{', '.join(SAMPLER_CORRECTION_MODES)}")
     require(cfg.reward_error_policy in ("raise", "zero"),
              f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
     tracker_names(cfg.report_to)  # a missing tracker package fails now, not after the model loads
@@ -112,6 +117,8 @@ def _check_combinations(cfg) -> None:
             f"step, more than the {cfg.max_train_prompts} train prompts kept")
     if cfg.group_early_stop:
         _check_early_stop(cfg)
+    if cfg.generation_engine == "vllm":
+        _check_vllm(cfg)
     if cfg.adaptive_n:
         require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
                                              f"{cfg.method} trains on what it generates")
@@ -141,3 +148,19 @@ def _check_early_stop(cfg) -> None:
     require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
             "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
             "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")
+
+
+def _check_vllm(cfg) -> None:
+    require(vllm_available(), INSTALL_HINT)
+    require(not cfg.generation_memory_mb,
+            "generation_memory_mb: caps what the hf and slots engines decode at once; the vllm engine sizes its own "
+            "KV cache (vllm_kv_cache_memory_mb, vllm_gpu_memory_utilization)")
+    require(cfg.vllm_importance_sampling_clip_min <= cfg.vllm_importance_sampling_clip_max,
+            f"vllm_importance_sampling_clip_min: {cfg.vllm_importance_sampling_clip_min} is above "
+            f"vllm_importance_sampling_clip_max {cfg.vllm_importance_sampling_clip_max}")
+    if cfg.vllm_enable_sleep_mode:
+        import torch
+
+        require(cfg.device != "cpu" and torch.cuda.is_available(),
+                "vllm_enable_sleep_mode: vLLM's sleep mode frees CUDA memory; it is refused on the CPU (no GPU here "
+                "or device cpu)")

@@ -87,6 +87,12 @@ RANGES: dict[str, Range] = {
     "generation_micro_group": NON_NEGATIVE,
     "generation_probe_tokens": Range(2, why="the length_aware probe decodes at least 2 tokens"),
     "generation_memory_mb": Range(0, why="0 = no cap"),
+    # vLLM engine
+    "vllm_gpu_memory_utilization": Range(0, 1, low_closed=False),
+    "vllm_kv_cache_memory_mb": Range(0, why="0 = chosen for the device"),
+    "vllm_max_model_length": Range(0, why="0 = prompt and completion limits"),
+    "vllm_importance_sampling_clip_max": POSITIVE,
+    "vllm_importance_sampling_clip_min": NON_NEGATIVE,
     # LoRA
     "lora_rank": NON_NEGATIVE,
     "lora_alpha": POSITIVE,

@@ -42,6 +42,9 @@ class Rollouts:
                      prefill), and the engine's own (e.g. slots)
     generated        [P, n] bool: False where a sample was never generated (early stop skipped
                      it: its completion is empty, its mask 0, its text ""); None = all were
+    sampling_logp    [P, n, Lc] float32: the log-prob of each generated token under the engine
+                     that sampled it, when that engine is not the policy itself (vllm); None
+                     otherwise (hf and slots sample from the policy's own forward pass)
     """
 
     prompt_ids: torch.Tensor
@@ -51,6 +54,7 @@ class Rollouts:
     texts: list[list[str]]
     stats: dict = field(default_factory=dict)
     generated: torch.Tensor | None = None
+    sampling_logp: torch.Tensor | None = None
 
     @property
     def group_size(self) -> int:
@@ -81,6 +85,7 @@ class Rollouts:
             texts=[[self.texts[p][j] for j in row] for p, row in enumerate(keep.tolist())],
             stats=self.stats,
             generated=None if self.generated is None else self.generated.gather(1, keep),
+            sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows, keep],
         )
 
     def groups(self, indices: list[int]) -> "Rollouts":
@@ -90,7 +95,8 @@ class Rollouts:
         return dataclasses.replace(self, prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
                                    completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
                                    texts=[self.texts[i] for i in indices],
-                                   generated=None if self.generated is None else self.generated[rows])
+                                   generated=None if self.generated is None else self.generated[rows],
+                                   sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows])
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_token_id: int) -> "Rollouts":
@@ -110,11 +116,14 @@ class Rollouts:
 
         stats = {k: sum(r.stats[k] for r in parts) for k in ("generated_tokens", "decode_steps")}
         generated = None if all(r.generated is None for r in parts) else torch.cat([r.generated_mask for r in parts])
+        sampling_logp = None if any(r.sampling_logp is None for r in parts) else torch.cat(
+            [right(r.sampling_logp, 0.0) for r in parts])  # [P, n, Lc]
         return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in parts]),  # [P, Lp]
                         prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in parts]),
                         completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in parts]),
                         completion_mask=torch.cat([right(r.completion_mask, 0) for r in parts]),  # [P, n, Lc]
-                        texts=[group for r in parts for group in r.texts], stats=stats, generated=generated)
+                        texts=[group for r in parts for group in r.texts], stats=stats, generated=generated,
+                        sampling_logp=sampling_logp)
 
 
 @dataclass
@@ -153,6 +162,7 @@ class UpdateBatch:
     advantages       [B]           one per sequence
     old_logp         [B, Lc]       the generating policy's log-probs (num_iterations > 1), or None
     ref_logp         [B, Lc]       the reference policy's log-probs (beta > 0), or None
+    sampling_logp    [B, Lc]       the sampling engine's log-probs (Rollouts.sampling_logp), or None
     """
 
     input_ids: torch.Tensor
@@ -161,6 +171,7 @@ class UpdateBatch:
     advantages: torch.Tensor
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    sampling_logp: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.advantages.shape[0]
@@ -186,7 +197,7 @@ class UpdateBatch:
 
         return UpdateBatch(self.input_ids[:, first_real:end], self.attention_mask[:, first_real:end],
                            completion(self.completion_mask), self.advantages, completion(self.old_logp),
-                           completion(self.ref_logp))
+                           completion(self.ref_logp), completion(self.sampling_logp))
 
     def to(self, device) -> "UpdateBatch":
         return UpdateBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)

@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 from transformers import get_scheduler
 
+from podsrl.algorithms.importance import SamplerCorrection, sampler_importance_weights, sampler_logp_difference
 from podsrl.algorithms.loss import Aggregate, Aggregation, policy_loss
 from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
@@ -34,6 +35,9 @@ class UpdateOptions:
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
     share_prompt: bool = True  # run each prompt once per group in the forward/backward
     activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)
+    # importance weights between the sampling engine and the policy, for batches that carry the
+    # engine's log-probs (UpdateBatch.sampling_logp); None: the difference is logged, not corrected
+    sampler_correction: SamplerCorrection | None = None
 
 
 # transformers.get_scheduler's schedules that need nothing beyond warm-up and total steps
@@ -77,9 +81,11 @@ def flatten_for_update(kept: Rollouts, advantages: torch.Tensor) -> UpdateBatch:
     prompt_mask = kept.prompt_mask.repeat_interleave(m, dim=0)
     completion_ids = kept.completion_ids.reshape(num_prompts * m, -1)  # [B, Lc]
     completion_mask = kept.completion_mask.reshape(num_prompts * m, -1)
+    sampling_logp = None if kept.sampling_logp is None else kept.sampling_logp.reshape(num_prompts * m, -1)
     return UpdateBatch(input_ids=torch.cat([prompt_ids, completion_ids], 1),  # [B, Lp + Lc]
                        attention_mask=torch.cat([prompt_mask, completion_mask], 1),
-                       completion_mask=completion_mask, advantages=advantages.reshape(-1))
+                       completion_mask=completion_mask, advantages=advantages.reshape(-1),
+                       sampling_logp=sampling_logp)
 
 
 def micro_batches(batch: UpdateBatch, size: int, device: torch.device | str = "cpu") -> Iterator[UpdateBatch]:
@@ -114,9 +120,15 @@ class UpdateResult:
     lr: float  # the rate this step used (the scheduler moves it after)
     update_activation_mb: float  # largest micro-batch's activations saved for backward (models/memory.py)
     update_peak_cuda_mb: float  # CUDA allocator's peak during the update; NaN off CUDA
+    # only for rollouts sampled by another engine (vllm): |policy - engine| log-prob per token,
+    # mean and max, and the mean importance weight applied (1 without the correction)
+    sampling_logp_difference_mean: float | None = None
+    sampling_logp_difference_max: float | None = None
+    importance_sampling_weight_mean: float | None = None
 
     def as_record(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+        """The fields as metrics; those that do not apply to the run (None) are left out."""
+        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
 
 
 def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: UpdateOptions,
@@ -138,6 +150,7 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     num_tokens = num_tokens or float(batch.completion_mask.sum())
     optimizer.zero_grad(set_to_none=True)
     total_loss, clip_fraction, kl = 0.0, 0.0, 0.0
+    sampler = SamplerGap()
     device = procs.unwrap(model).device
     memory = UpdateMemory(model, device)
     parts = list(micro_batches(batch, options.micro_batch_size, device=device))
@@ -153,7 +166,8 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
                 logp, old_logp, part.advantages, part.completion_mask,
                 epsilon=options.epsilon, epsilon_high=options.epsilon_high,
                 ref_logp=part.ref_logp, beta=options.beta, aggregation=options.loss_aggregation,
-                num_sequences=num_sequences, num_tokens=num_tokens)
+                num_sequences=num_sequences, num_tokens=num_tokens,
+                sampler_weights=sampler.weights(old_logp, part, options.sampler_correction))
             procs.backward(loss)
         share = len(part) / num_sequences
         total_loss += loss.item()
@@ -170,4 +184,40 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
         scheduler.step()
     return UpdateResult(loss=total_loss, grad_norm=grad_norm, clip_fraction=clip_fraction, kl=kl,
                         skipped_step=int(skipped), lr=lr, update_activation_mb=memory.activation_mb,
-                        update_peak_cuda_mb=memory.peak_cuda_mb)
+                        update_peak_cuda_mb=memory.peak_cuda_mb, **sampler.record())
+
+
+class SamplerGap:
+    """The sampling engine's log-probs against the policy's, over a step's micro-batches: the
+    importance weights of each (when corrected) and the step's totals for the record. The
+    policy's log-probs are those the update's loss uses as the generating policy's (its own
+    forward pass with one iteration), so measuring costs no extra pass."""
+
+    def __init__(self) -> None:
+        self.difference_sum = self.tokens = self.difference_max = self.weight_sum = 0.0
+        self.seen = False
+
+    def weights(self, policy_logp: torch.Tensor, part: UpdateBatch,
+                correction: SamplerCorrection | None) -> torch.Tensor | None:
+        """[b, lc] or [b, 1] importance weights for ``part`` (None: nothing to correct)."""
+        if part.sampling_logp is None:
+            return None
+        mask = part.completion_mask.to(policy_logp.dtype)
+        total, tokens, largest = sampler_logp_difference(policy_logp, part.sampling_logp, mask)
+        self.seen = True
+        self.difference_sum, self.tokens = self.difference_sum + total, self.tokens + tokens
+        self.difference_max = max(self.difference_max, largest)
+        if correction is None:
+            self.weight_sum += tokens
+            return None
+        weights = sampler_importance_weights(policy_logp, part.sampling_logp, mask, correction)
+        self.weight_sum += float((weights * mask).sum())  # per token, sequence weights broadcast
+        return weights
+
+    def record(self) -> dict[str, float]:
+        if not self.seen:
+            return {}
+        tokens = max(self.tokens, 1.0)
+        return dict(sampling_logp_difference_mean=self.difference_sum / tokens,
+                    sampling_logp_difference_max=self.difference_max,
+                    importance_sampling_weight_mean=self.weight_sum / tokens)

@@ -44,7 +44,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float = 0.2,
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
                 aggregation: Aggregation | Aggregate = "sequence", num_sequences: int | None = None,
-                num_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                num_tokens: float | None = None, sampler_weights: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped policy-gradient loss (PPO clip, GRPO/PODS objective).
 
     logp, old_logp, mask [B, Lc]; advantages [B]; ref_logp [B, Lc] or None.
@@ -58,6 +59,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     TRL's "dapo"); or any aggregation function (``LOSSES``). For gradient accumulation pass
     the *whole* batch's ``num_sequences`` / ``num_tokens``: the micro-batch losses then add up
     to the full-batch loss exactly.
+
+    ``sampler_weights`` [B, Lc] or [B, 1]: importance weights between the engine that sampled
+    the rollouts and the policy (:mod:`podsrl.algorithms.importance`), multiplying the
+    policy-gradient term before the KL term is added, as TRL does.
     """
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)  # [B, Lc]
@@ -66,6 +71,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # [B, Lc]
     stats = {"clip_fraction": float(((unclipped != clipped).to(logp.dtype) * mask).sum() / mask.sum().clamp_min(1))}
+    if sampler_weights is not None:
+        per_token = per_token * sampler_weights.to(logp.dtype)
     if beta != 0.0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp")

@@ -30,9 +30,16 @@ processes (refused with ``environment_factory``: an environment instance cannot 
 :func:`pods_batch_arguments` derives whole-group arguments from prompts per step, n, m,
 the micro-batch size and the process count.
 
+vLLM: TRL generates with vLLM as it does for GRPOTrainer (server or colocate), and the kept
+rows carry their vLLM log-probs to TRL's importance-sampling correction. On vLLM's CPU
+backend TRL's colocate weight sync fails (vLLM repacks each linear layer for oneDNN and
+leaves an empty parameter TRL cannot load into), so there PODSTrainer pushes the weights
+TRL prepares through vLLM's ``reload_weights`` (:class:`CPUWeightSync`); on GPUs TRL's
+own sync runs.
+
 Supported TRL: the range in :data:`SUPPORTED_TRL` (this module relies on private methods of
 ``GRPOTrainer`` that change between releases: ``_generate`` and ``_calculate_rewards``).
-Not run by the developers: vLLM and GPUs (tested on CPU only).
+Not run by the developers: GPUs, and vLLM on a GPU (vLLM colocate ran on vLLM's CPU backend).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ except ImportError as err:  # an optional dependency
 
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, Groups, select
+from podsrl.rollout.vllm import load_weights_into
 
 # GRPOTrainer's per-row state of the generation batch: each rollout's environment instance,
 # its environment's name (which tools its prompt shows) and its tool functions
@@ -168,6 +176,28 @@ class PODSConfig(GRPOConfig):
         return self.per_device_train_batch_size * self.steps_per_generation % self.num_generations != 0
 
 
+def vllm_runs_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+class CPUWeightSync:
+    """TRL's colocated vLLM generation (``trl.generation.vllm_generation.VLLMGeneration``) with
+    a weight sync that works on vLLM's CPU backend: the weights TRL prepares (its own
+    parameter walk: PEFT merged, names fixed) go through vLLM's ``reload_weights``
+    (:func:`podsrl.rollout.vllm.load_weights_into`). Everything else is TRL's object."""
+
+    def __init__(self, generation) -> None:
+        self.generation = generation
+
+    def __getattr__(self, name: str):
+        return getattr(self.generation, name)
+
+    def sync_weights(self) -> None:
+        load_weights_into(self.generation.llm, self.generation._iter_named_params())
+
+
 class PODSTrainer(GRPOTrainer):
     """``GRPOTrainer`` that trains on ``num_kept`` of the ``num_generations`` rollouts of each
     prompt (see the module docstring). Evaluation generates and scores as GRPOTrainer does."""
@@ -185,6 +215,8 @@ class PODSTrainer(GRPOTrainer):
                 "num_generations, a prompt's rollouts lie on two processes and PODSTrainer moves kept rows between "
                 "them; an environment instance holds its rollout's state in the process that ran it and cannot move. "
                 "Make the generated rows per process a multiple of num_generations (podsrl.trl.pods_batch_arguments)")
+        if self.use_vllm and self.vllm_mode == "colocate" and vllm_runs_on_cpu():
+            self.vllm_generation = CPUWeightSync(self.vllm_generation)
         # the same stream on every process: rules that draw choose the same rows everywhere
         self.selection_generator = torch.Generator().manual_seed(self.args.seed)
         self._pods_inputs = None  # the generation batch's dataset rows while it is being scored

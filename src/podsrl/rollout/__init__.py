@@ -14,6 +14,12 @@ of what is decoded at once (:func:`podsrl.rollout.memory.generation_memory_bytes
   is an error.
 - ``slots``: podsrl's own decoder with a bounded number of slots (micro-groups, continuous
   refill, length-aware scheduling), so n is not bounded by memory.
+- ``vllm``: a vLLM engine in the training process, fed the policy's weights when they
+  change (:mod:`podsrl.rollout.vllm`); it reports its own log-probs of the sampled tokens
+  (``Rollouts.sampling_logp``). Not bound by ``memory_mb``: vLLM sizes its own KV cache.
+
+An engine may also have ``close()`` (called when the run ends, however it ends) and a
+``generate`` with the signature of :func:`generate`, which evaluation then uses.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from podsrl.rollout.hf import generate, to_rollouts
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor, Schedule
 from podsrl.rollout.slots import Stopper, generate_in_slots
+from podsrl.rollout.vllm import VLLMEngine, VLLMOptions
 from podsrl.types import Rollouts
 
 MB = 2**20
@@ -43,6 +50,7 @@ class GenerationOptions:
     refill: str = "continuous"  # slots: "continuous" or "group"
     schedule: str = "fifo"  # slots: a name in SCHEDULES, or module:Schedule
     probe_tokens: int = 4  # slots, schedule length_aware: tokens decoded before the length prediction
+    vllm: VLLMOptions = VLLMOptions()  # vllm: how the engine is built
 
 
 class GenerationEngine(Protocol):
@@ -158,8 +166,8 @@ class SlotsEngine:
             self.predictor.load_state_dict(state["length_predictor"])
 
 
-ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine})
+ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine, "vllm": VLLMEngine})
 
 __all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationEngine", "GenerationOptions", "HFEngine", "LengthPredictor",
-           "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "generate", "generate_in_slots",
-           "generation_memory_bytes", "to_rollouts"]
+           "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "VLLMEngine", "VLLMOptions", "generate",
+           "generate_in_slots", "generation_memory_bytes", "to_rollouts"]

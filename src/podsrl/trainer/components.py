@@ -26,7 +26,7 @@ from podsrl.metrics import MetricsLog
 from podsrl.models import ModelBundle
 from podsrl.prompt_selection import PromptSelector
 from podsrl.rewards.scorer import Scorer
-from podsrl.rollout import GenerationEngine
+from podsrl.rollout import GenerationEngine, generate
 from podsrl.tasks import Example, PreparedSplit, Task
 from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import EvalOptions
@@ -83,6 +83,7 @@ class Components:
     eval_options: EvalOptions
     hooks: list[StepHook] = field(default_factory=list)  # run after each step, in order
     reward_bounds: tuple[float, float] | None = None  # declared bounds of the reward (group_early_stop)
+    eval_generate: Callable[..., Rollouts] = generate  # evaluation's sampler: transformers, or the engine's own
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
     lock: RunLock | None = None  # the run folder's lock, held by the main process until the run ends
 

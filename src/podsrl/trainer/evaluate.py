@@ -20,6 +20,7 @@ from podsrl.models import ModelBundle, load_model
 from podsrl.rewards.scorer import reward_inputs
 from podsrl.rollout import generate
 from podsrl.tasks import PreparedSplit, Task, TaskOptions, build_task, prepare_split
+from podsrl.types import Rollouts
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,10 @@ class Evaluation:
 def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperature: float, max_new_tokens: int,
                        seed: int, correct_fn: Callable[..., list],
                        extract_fn: Callable[[str], str | None] | None = None, top_p: float = 1.0,
-                       batch_size: int = 512) -> list[dict]:
+                       batch_size: int = 512, generate_fn: Callable[..., Rollouts] = generate) -> list[dict]:
     """One record per completion of ``split``'s prompts: prompt, completion, extracted
-    answer, gold, correct (a None / NaN verdict counts as not correct).
+    answer, gold, correct (a None / NaN verdict counts as not correct). ``generate_fn``:
+    :func:`podsrl.rollout.generate` (transformers), or an engine's ``generate`` (vllm).
 
     ``correct_fn`` is called as every reward function is (:func:`reward_inputs`). Runs
     under its own seeded RNG (``torch.random.fork_rng``) so evaluating never changes the
@@ -55,8 +57,9 @@ def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperatur
     device = bundle.model.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        rollouts = generate(bundle.model, bundle.tokenizer, list(split.prompts), samples,
-                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=batch_size)
+        rollouts = generate_fn(bundle.model, bundle.tokenizer, list(split.prompts), samples,
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                               batch_size=batch_size)
     completions = [text for group in rollouts.texts for text in group]
     correct = correct_fn(**reward_inputs(split, rollouts).kwargs())
     records = []
@@ -79,7 +82,7 @@ def accuracy(records: Sequence[dict]) -> float:
 
 
 def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, seed: int,
-             procs: Processes | None = None) -> Evaluation:
+             procs: Processes | None = None, generate_fn: Callable[..., Rollouts] = generate) -> Evaluation:
     """Accuracy on the first ``options.prompts`` prompts of ``split``: sampled, and greedy
     when ``options.greedy``. With several processes each grades every world_size-th prompt
     and the counts are summed. A fixed ``seed`` gives every evaluation of a run the same
@@ -96,7 +99,7 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
             records = generate_and_grade(bundle, split, samples=samples, temperature=temperature,
                                          max_new_tokens=options.max_new_tokens, seed=seed,
                                          correct_fn=task.correct_fn, extract_fn=task.extract_fn,
-                                         batch_size=options.batch_size)
+                                         batch_size=options.batch_size, generate_fn=generate_fn)
         correct, count = procs.sum([float(sum(r["correct"] for r in records)), float(len(records))])
         result.accuracies[name] = correct / max(1.0, count)
         result.records = result.records or records

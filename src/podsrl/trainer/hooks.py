@@ -29,9 +29,19 @@ class GroupSizeFeedback:
         policy.observe(procs.gather(outcome.scores.reward), generation, procs.max([timer.total])[0] - generation)
 
 
-def step_hooks(cfg: Config, procs: Processes) -> list[StepHook]:
+class EngineRecord:
+    """An engine's own numbers for the step (the vllm engine: seconds spent pushing weights),
+    averaged over the processes."""
+
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+        record.update(components.procs.mean(components.engine.step_record()))
+
+
+def step_hooks(cfg: Config, procs: Processes, engine=None) -> list[StepHook]:
     """The hooks a run with ``cfg`` over ``procs`` needs, in the order they run."""
     hooks: list[StepHook] = []
+    if hasattr(engine, "step_record"):
+        hooks.append(EngineRecord())
     if procs.world_size > 1 and not procs.sharded:
         hooks.append(ParameterDrift())
     if cfg.adaptive_n:

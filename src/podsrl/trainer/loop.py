@@ -158,9 +158,7 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
         try:
             return run_steps(run, stop)
         finally:
-            run.components.trackers.finish()  # flushed and closed however the run ends
-            if run.components.lock:
-                run.components.lock.release()
+            run.release()
 
 
 def run_steps(run: Run, stop: StopSignals) -> RunResult:

@@ -47,8 +47,22 @@ class Run:
         parts = self.components
         seed = parts.cfg.seed + EVAL_SEED_OFFSET + parts.procs.rank
         with self.autocast():
-            accuracy = evaluate(parts.bundle, parts.task, parts.test_split, parts.eval_options, seed, parts.procs)
+            accuracy = evaluate(parts.bundle, parts.task, parts.test_split, parts.eval_options, seed, parts.procs,
+                                generate_fn=parts.eval_generate)
         return accuracy.accuracies
+
+    def release(self) -> None:
+        """However the run ends: trackers flushed and closed, the generation engine shut down
+        (vllm frees its memory), the run folder's lock released."""
+        parts = self.components
+        try:
+            parts.trackers.finish()
+            close = getattr(parts.engine, "close", None)
+            if close:
+                close()
+        finally:
+            if parts.lock:
+                parts.lock.release()
 
     def autocast(self):
         """Forward passes in bfloat16 under ``bf16`` (weights stay float32), else a no-op."""

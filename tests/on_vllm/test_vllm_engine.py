@@ -1,0 +1,151 @@
+"""The vllm engine on the real vLLM (vLLM's CPU backend here): run by scripts/test_vllm.sh in
+.venv-vllm, skipped where vLLM is not installed (the main suite).
+
+The engine's greedy output equals transformers' on the same weights, and on the *updated*
+weights after an optimizer step (the test that fails if weights never reach vLLM), with and
+without LoRA; its log-probs are the policy's; seeded calls repeat and building the engine
+leaves the trainer's random streams alone."""
+
+import copy
+import random
+
+import numpy as np
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: scripts/test_vllm.sh runs these in .venv-vllm")
+
+from podsrl.models import load_model  # noqa: E402
+from podsrl.models.logprobs import token_logprobs  # noqa: E402
+from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions, generate  # noqa: E402
+from podsrl.tasks.arithmetic import build_arithmetic  # noqa: E402
+
+PROMPTS = [example.prompt for example in build_arithmetic(level=3, num_train=10, num_test=24, seed=3).test]
+
+
+def completions(rollouts) -> list[list[int]]:
+    return rollouts.completion_id_lists()
+
+
+def make_engine(max_new_tokens=8, **vllm_options):
+    return VLLMEngine(GenerationOptions(max_new_tokens=max_new_tokens, vllm=VLLMOptions(**vllm_options)))
+
+
+@pytest.fixture
+def engine():
+    # one engine at a time: vLLM keeps its parallel state in globals of the process, which
+    # closing an engine tears down (a run has one engine; so does each test)
+    engine = make_engine()
+    yield engine
+    engine.close()
+
+
+def greedy(engine, bundle, prompts=PROMPTS):
+    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=8, temperature=0)
+    ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=8, temperature=0)
+    return completions(hf), completions(ours)
+
+
+def sgd_steps(model, prompts, tokenizer, steps=3, lr=0.5):
+    """A few real optimizer steps (SGD on the prompts' next-token loss): the weights move the
+    way training moves them, in place."""
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    ids = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    for _ in range(steps):
+        out = model(**ids, labels=ids["input_ids"].masked_fill(ids["attention_mask"] == 0, -100))
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_greedy_output_equals_transformers_on_the_same_weights(engine, tiny):
+    hf, ours = greedy(engine, tiny)
+    assert ours == hf
+
+
+def test_after_an_update_the_engine_generates_from_the_updated_weights(engine):
+    bundle = load_model("tiny")
+    before, _ = greedy(engine, bundle)
+    sgd_steps(bundle.model, PROMPTS[:8], bundle.tokenizer)
+    hf, ours = greedy(engine, bundle)
+    assert hf != before, "the update must change transformers' greedy output, or this test shows nothing"
+    assert ours == hf
+
+
+def test_lora_is_merged_into_what_the_engine_gets(engine):
+    bundle = load_model("tiny", lora_rank=8, lora_alpha=32)
+    before, _ = greedy(engine, bundle)
+    sgd_steps(bundle.model, PROMPTS[:8], bundle.tokenizer, steps=4, lr=2.0)
+    hf, ours = greedy(engine, bundle)
+    assert hf != before
+    assert ours == hf
+    assert not any(getattr(m, "merged", False) for m in bundle.model.modules())  # the policy stays unmerged
+
+
+def test_the_engines_log_probs_are_the_policys(engine, tiny):
+    torch.manual_seed(0)
+    rollouts = engine(tiny.model, tiny.tokenizer, PROMPTS[:6], 4)
+    assert rollouts.completion_ids.shape[:2] == (6, 4) and rollouts.sampling_logp.shape == rollouts.completion_ids.shape
+    rows = rollouts.completion_ids.view(24, -1)
+    prompt_ids = rollouts.prompt_ids.repeat_interleave(4, 0)
+    prompt_mask = rollouts.prompt_mask.repeat_interleave(4, 0)
+    mask = rollouts.completion_mask.view(24, -1)
+    with torch.no_grad():
+        policy = token_logprobs(tiny.model, torch.cat([prompt_ids, rows], 1), torch.cat([prompt_mask, mask], 1),
+                                rows.shape[1])
+    engine_logp = rollouts.sampling_logp.view(24, -1)
+    gap = ((policy - engine_logp).abs() * mask).sum() / mask.sum()
+    assert gap < 1e-4
+    assert (engine_logp * (1 - mask)).abs().sum() == 0  # nothing after the end of a completion
+
+
+def reseed(seed):
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def test_seeded_calls_repeat_and_building_an_engine_leaves_the_random_streams_alone(tiny):
+    reseed(7)
+    python_and_numpy = (random.random(), np.random.rand())
+    first = make_engine()
+    reseed(7)
+    a = first(tiny.model, tiny.tokenizer, PROMPTS[:4], 8)  # builds the engine: vLLM seeds every generator
+    assert (random.random(), np.random.rand()) == python_and_numpy
+    reseed(7)
+    b = first(tiny.model, tiny.tokenizer, PROMPTS[:4], 8)  # built already
+    first.close()
+    second = make_engine()
+    reseed(7)
+    c = second(tiny.model, tiny.tokenizer, PROMPTS[:4], 8)  # a fresh engine, the same seed
+    second.close()
+    assert completions(a) == completions(b) == completions(c)
+    assert len({tuple(ids) for ids in completions(a)}) > 4  # sampled, not all alike
+
+
+def test_float32_and_bfloat16_engines_start_and_sample(tiny):
+    engine = make_engine(dtype="bfloat16")
+    torch.manual_seed(0)
+    rollouts = engine(tiny.model, tiny.tokenizer, PROMPTS[:4], 4)
+    engine.close()
+    assert rollouts.completion_mask.sum() > 0 and torch.isfinite(rollouts.sampling_logp).all()
+
+
+def test_closing_releases_the_engine_and_a_later_call_builds_it_again(tiny):
+    engine = make_engine()
+    first = completions(engine.generate(tiny.model, tiny.tokenizer, PROMPTS[:3], 1, max_new_tokens=8,
+                                        temperature=0))
+    engine.close()
+    assert engine.llm is None and engine.config_dir is None
+    again = completions(engine.generate(tiny.model, tiny.tokenizer, PROMPTS[:3], 1, max_new_tokens=8,
+                                        temperature=0))
+    engine.close()
+    assert first == again
+
+
+def test_the_model_is_not_changed_by_generating(engine):
+    bundle = load_model("tiny")
+    before = copy.deepcopy(bundle.model.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the trainer's bf16 autocast must not reach vLLM
+        engine(bundle.model, bundle.tokenizer, PROMPTS[:4], 2)
+    assert all(torch.equal(before[k], v) for k, v in bundle.model.state_dict().items())
