@@ -3,14 +3,15 @@ a run configures it) and the vllm engine (vLLM in the training process), in one 
 
     python benchmarks/engines.py [--models tiny,smollm2] [--rows 128,512,2048] [--tokens 12,128]
         [--dtypes float32,bfloat16] [--engines hf,vllm] [--repeats 2] [--cell_limit 600]
-        [--random_init] [--json out.json] [--record NAME]
+        [--random_init] [--vllm_compiled] [--step_regimes main,headroom] [--steps 6] [--step_set F=V]
+        [--json out.json] [--record NAME]
 
 Each cell (model, dtype, rows, tokens, engine) runs in its own subprocess, back to back: load the
 model, one warm-up call (engine start-up and first-call costs excluded; reported apart), then
 ``--repeats`` timed calls, the best kept. Rows are P prompts x n = 16 samples (P = rows / 16);
 prompts are level-3 arithmetic problems (in the chat template for SmolLM2), sampled at
-temperature 1. Every row decodes exactly T tokens: the tokenizer handed to both engines has an
-end-of-sequence id outside the vocabulary, so a decode step is the same work on both.
+temperature 1. Every row decodes exactly T tokens (``min_new_tokens`` = T: no end of sequence
+before), so a decode step is the same work on both.
 
 * hf, float32: dtype float32. hf, bfloat16: float32 weights under bf16 autocast, the only
   low-precision mode podsrl trains in (``bf16: true``).
@@ -21,6 +22,10 @@ prompt); tokens/s = rows x T / seconds. A cell whose time, predicted from the sa
 smaller cells (linear in rows and in tokens), exceeds ``--cell_limit`` seconds is skipped and
 listed as such. ``--random_init``: a randomly initialised model of the named architecture (no
 weights to carry, e.g. to a lent GPU; timings only).
+
+``--step_regimes main,headroom`` also runs a few training steps of each regime on each engine
+(``podsrl train``, evaluation left out) and prints the mean seconds per stage: the main job,
+and #29's headroom shape (configs/smollm2-headroom.yaml on SmolLM2-135M-Instruct itself).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,20 +43,6 @@ from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
 SAMPLES = 16  # n per prompt, PODS' default
 MODELS = {"tiny": "tiny", "smollm2": "smollm2-135m-instruct"}
-
-
-class ForcedLength:
-    """The tokenizer with an end-of-sequence id no model can sample: every row runs to T."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.eos_token_id = len(tokenizer) + 1000
-
-    def __getattr__(self, name):
-        return getattr(self.tokenizer, name)
-
-    def __call__(self, *args, **kwargs):
-        return self.tokenizer(*args, **kwargs)
 
 
 def prompts(tokenizer, model: str, count: int) -> list[str]:
@@ -78,25 +70,27 @@ def load(model: str, dtype: str, random_init: bool):
 
 
 def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, repeats: int,
-           random_init: bool) -> dict:
+           random_init: bool, compiled: bool) -> dict:
     import torch
 
     from podsrl.models.precision import autocast
-    from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions
+    from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, generate
 
     policy, tokenizer = load(model, dtype, random_init)
     if torch.cuda.is_available():
         policy = policy.cuda()
     batch = prompts(tokenizer, model, rows // SAMPLES)
-    forced = ForcedLength(tokenizer)
     longest = max(len(ids) for ids in tokenizer(batch, add_special_tokens=False)["input_ids"])
     options = GenerationOptions(max_new_tokens=tokens, temperature=1.0,
-                                vllm=VLLMOptions(dtype=dtype, max_model_length=longest + tokens))
+                                vllm=VLLMOptions(dtype=dtype, max_model_length=longest + tokens,
+                                                 enforce_eager=not compiled))
     engine = ENGINES[engine_name](options)
+    sample = getattr(engine, "generate", generate)  # the hf engine is transformers' generate on whole groups
 
     def call():
         with autocast(policy.device, dtype if engine_name == "hf" and dtype == "bfloat16" else ""):
-            return engine(policy, forced, batch, SAMPLES)
+            return sample(policy, tokenizer, batch, SAMPLES, max_new_tokens=tokens, temperature=1.0,
+                          min_new_tokens=tokens)
 
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -119,7 +113,7 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
 
 def run_cell(args, model: str, dtype: str, rows: int, tokens: int, engine: str) -> dict:
     command = [sys.executable, __file__, "--worker", json.dumps([model, dtype, rows, tokens, engine, args.repeats,
-                                                                 args.random_init])]
+                                                                 args.random_init, args.vllm_compiled])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=max(3 * args.cell_limit, 600))
     if done.returncode:
         return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine,
@@ -157,6 +151,48 @@ def table(results: list[dict], engines: list[str]) -> str:
     return "\n".join(lines)
 
 
+STEP_REGIMES = {
+    # the main job: `podsrl train` with no arguments
+    "main": [],
+    # #29's headroom regime (configs/smollm2-headroom.yaml) on SmolLM2-135M-Instruct itself, not
+    # the format-warmed copy: the step's shape (8 prompts x 16, LoRA r16, 12 tokens) is the same
+    "headroom": ["--config", "configs/smollm2-headroom.yaml", "--model", "smollm2-135m-instruct"],
+}
+
+
+def step_split(regime: str, engine: str, steps: int, extra: list[str], out: Path) -> dict:
+    """Mean seconds per stage over steps 2..steps of a short run (step 1 pays first-call costs)."""
+    from podsrl.metrics import read_metrics
+
+    run_dir = out / f"{regime}-{engine}"
+    command = [sys.executable, "-c", "import sys; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))",
+               "train", *STEP_REGIMES[regime], "--generation_engine", engine, "--max_steps", str(steps),
+               "--eval_steps", "0", "--eval_prompts", "16", "--save_steps", "0", "--progress", "false",
+               "--output_dir", str(run_dir), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode:
+        return {"regime": regime, "engine": engine, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= 2]
+    stages = sorted({k for r in records for k in r if k.startswith("time_")})
+    mean = {k: sum(r.get(k, 0.0) for r in records) / len(records) for k in stages}
+    return {"regime": regime, "engine": engine, "steps": len(records), **mean,
+            "step_seconds": sum(mean.values()),
+            "weight_sync_seconds": sum(r.get("weight_sync_seconds", 0.0) for r in records) / len(records)}
+
+
+def split_table(rows: list[dict]) -> str:
+    lines = ["| regime | engine | steps averaged | generate s | of which weight push s | reward s | update s | "
+             "step s |", "|" + " --- |" * 8]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['regime']} | {r['engine']} | failed: {r['error']} |" + " |" * 5)
+            continue
+        lines.append(f"| {r['regime']} | {r['engine']} | {r['steps']} | {r['time_generate']:.3f} | "
+                     f"{r['weight_sync_seconds']:.3f} | {r['time_reward']:.3f} | {r['time_update']:.3f} | "
+                     f"{r['step_seconds']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -168,6 +204,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cell_limit", type=float, default=600.0, help="skip a cell predicted to take longer (s)")
     parser.add_argument("--random_init", action="store_true", help="random weights of the named architecture")
+    parser.add_argument("--vllm_compiled", action="store_true", help="vllm_enforce_eager false: compile at start-up")
+    parser.add_argument("--step_regimes", default="", help="also time training steps: main,headroom")
+    parser.add_argument("--steps", type=int, default=6, help="training steps per regime and engine")
+    parser.add_argument("--step_set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a config override for the step runs (e.g. bf16=true)")
     parser.add_argument("--json", default="", help="write every cell's numbers here")
     parser.add_argument("--record", default="", help="write the table into benchmarks/RESULTS.md as block NAME")
     args = parser.parse_args()
@@ -188,11 +229,23 @@ def main() -> int:
                         else:
                             results.append(run_cell(args, model, dtype, rows, tokens, engine))
                         print(json.dumps(results[-1]), flush=True)
-    body = table(results, engines)
+    body = table(results, engines) if results else ""
     starts = [f"{r['engine']} {r['model']} {r['dtype']}: {r['warmup_seconds']:.1f} s" for r in results
               if "warmup_seconds" in r and r["rows"] == min(int(x) for x in args.rows.split(","))
               and r["tokens"] == min(int(t) for t in args.tokens.split(","))]
-    body += "\n\nFirst call (vLLM's engine start-up included), smallest cell: " + "; ".join(starts) + "."
+    if starts:
+        body += "\n\nFirst call (vLLM's engine start-up included), smallest cell: " + "; ".join(starts) + "."
+    if args.step_regimes:
+        extra = [word for pair in args.step_set for word in (f"--{pair.split('=', 1)[0]}", pair.split("=", 1)[1])]
+        with tempfile.TemporaryDirectory() as out:
+            splits = [step_split(regime, engine, args.steps, extra, Path(out))
+                      for regime in args.step_regimes.split(",") for engine in engines]
+        for row in splits:
+            print(json.dumps(row), flush=True)
+        results += splits
+        overrides = f" (overrides: {' '.join(args.step_set)})" if args.step_set else ""
+        body += (f"\n\nTraining steps, seconds per stage (mean of steps 2-{args.steps}){overrides}:\n\n"
+                 + split_table(splits))
     print(body)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -34,7 +34,7 @@ def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: i
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None,
-             share_prefill: bool = True) -> Rollouts:
+             share_prefill: bool = True, min_new_tokens: int = 0) -> Rollouts:
     """Sample ``num_samples`` completions per prompt (greedy when ``temperature == 0``).
 
     Prompts are left-padded so every row's completion starts at the same column.
@@ -42,6 +42,7 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     ``batch_size`` bounds the number of sequences decoded at once (whole prompt groups).
     ``share_prefill`` computes each prompt's KV cache once for its n samples (PODS
     generates many rollouts per prompt, so the prompt would otherwise be paid n times).
+    ``min_new_tokens``: no EOS before that many tokens (benchmarks force every row to one length).
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp]
@@ -49,6 +50,8 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     prompts_per_call = num_prompts if not batch_size else max(1, batch_size // num_samples)
     sampling = dict(do_sample=False) if temperature == 0 else dict(
         do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    if min_new_tokens:
+        sampling["min_new_tokens"] = min_new_tokens
     was_training = model.training
     model.eval()
     chunks = []

@@ -112,10 +112,12 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:
+                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None,
+                 min_new_tokens: int = 0) -> Rollouts:
         """``num_samples`` completions per prompt from the policy's current weights (greedy at
         temperature 0), the group axis kept. ``batch_size`` is ignored: vLLM schedules its own
-        batch (at most max_num_seqs sequences at once)."""
+        batch (at most max_num_seqs sequences at once). ``min_new_tokens``: no EOS before that
+        many tokens, as for :func:`podsrl.rollout.generate`."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -124,7 +126,8 @@ class VLLMEngine:
         requests = [TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
                     for ids, mask in zip(prompt_ids, prompt_mask)]
         sampling = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p if temperature else 1.0,
-                                  top_k=0, max_tokens=max_new_tokens, stop_token_ids=[tokenizer.eos_token_id],
+                                  top_k=0, max_tokens=max_new_tokens, min_tokens=min_new_tokens,
+                                  stop_token_ids=[tokenizer.eos_token_id],
                                   logprobs=0, flat_logprobs=True, detokenize=False)
         # vLLM computes in its own dtype: the trainer's bf16 autocast must not reach its kernels
         with torch.autocast(model.device.type, enabled=False):
