@@ -160,13 +160,14 @@ STEP_REGIMES = {
 }
 
 
-def step_split(regime: str, engine: str, steps: int, extra: list[str], out: Path) -> dict:
+def step_split(regime: str, engine: str, steps: int, extra: list[str], out: Path, compiled: bool) -> dict:
     """Mean seconds per stage over steps 2..steps of a short run (step 1 pays first-call costs)."""
     from podsrl.metrics import read_metrics
 
     run_dir = out / f"{regime}-{engine}"
     command = [sys.executable, "-c", "import sys; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))",
                "train", *STEP_REGIMES[regime], "--generation_engine", engine, "--max_steps", str(steps),
+               "--vllm_enforce_eager", str(not compiled).lower(),
                "--eval_steps", "0", "--eval_prompts", "16", "--save_steps", "0", "--progress", "false",
                "--output_dir", str(run_dir), *extra]
     done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
@@ -238,7 +239,7 @@ def main() -> int:
     if args.step_regimes:
         extra = [word for pair in args.step_set for word in (f"--{pair.split('=', 1)[0]}", pair.split("=", 1)[1])]
         with tempfile.TemporaryDirectory() as out:
-            splits = [step_split(regime, engine, args.steps, extra, Path(out))
+            splits = [step_split(regime, engine, args.steps, extra, Path(out), args.vllm_compiled)
                       for regime in args.step_regimes.split(",") for engine in engines]
         for row in splits:
             print(json.dumps(row), flush=True)

@@ -181,9 +181,9 @@ class Config:
     vllm_enable_sleep_mode: bool = _f(False, "Free vLLM's GPU memory (weights and KV cache) during the update and "
                                              "restore it before generating (TRL's field); CUDA only, refused on "
                                              "the CPU.")
-    vllm_enforce_eager: bool = _f(True, "Run vLLM without graph capture or compilation (vLLM's enforce_eager): "
-                                        "starts in seconds. false compiles the model at start-up (CUDA graphs on a "
-                                        "GPU), which pays off on long runs (docs/generation.md).")
+    vllm_enforce_eager: bool = _f(False, "Run vLLM without compilation or CUDA graphs (vLLM's enforce_eager). "
+                                         "false (vLLM's and TRL's default) compiles at start-up, for CUDA graphs on "
+                                         "a GPU; on the CPU that cost 200 s for no measured speed: set true there.")
     vllm_importance_sampling_correction: bool = _f(True, "Correct the update for the difference between vLLM's "
                                                          "sampling log-probs and the policy's (TRL's field and "
                                                          "default): weights per vllm_importance_sampling_mode.")

@@ -77,3 +77,21 @@ def test_trainers_train_with_vllm_colocate_and_sync_their_weights(trainer_class,
     after = engine_greedy_equals_transformers(trainer, tokenizer)
     assert not all(before), "the change must alter transformers' greedy output, or this test shows nothing"
     assert all(after)
+
+
+def test_trls_direct_load_fails_where_vllms_cpu_backend_repacked_the_layers():
+    """Why PODSTrainer carries its own sync on the CPU: TRL's colocate sync calls the engine
+    model's load_weights, which cannot load into a layer vLLM's CPU backend has repacked for
+    oneDNN (float32 here). If this starts passing, vLLM fixed it and CPUWeightSync can go."""
+    from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
+
+    bundle = load_model("tiny")
+    engine = VLLMEngine(GenerationOptions(max_new_tokens=4, vllm=VLLMOptions(dtype="float32", enforce_eager=True)))
+    try:
+        engine(bundle.model, bundle.tokenizer, [TASK.test[0].prompt], 1)  # builds it
+        model = engine.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        with pytest.raises(AttributeError, match="weight_loader"):
+            for name, param in bundle.model.named_parameters():  # what TRL's VLLMGeneration.sync_weights does
+                model.load_weights([(name, param.data)])
+    finally:
+        engine.close()

@@ -28,6 +28,7 @@ def completions(rollouts) -> list[list[int]]:
 
 
 def make_engine(max_new_tokens=8, **vllm_options):
+    vllm_options.setdefault("enforce_eager", True)  # compiling costs minutes on the CPU, for no speed
     return VLLMEngine(GenerationOptions(max_new_tokens=max_new_tokens, vllm=VLLMOptions(**vllm_options)))
 
 

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def quick_config(output_dir, **overrides):
-    values = dict(model="tiny", generation_engine="vllm", max_steps=4, prompts_per_step=4, num_generations=8,
+    values = dict(model="tiny", generation_engine="vllm", vllm_enforce_eager=True, max_steps=4, prompts_per_step=4,
+                  num_generations=8,
                   num_kept=4, eval_prompts=16, eval_samples=2, eval_steps=0, save_steps=0, progress=False,
                   output_dir=str(output_dir))
     values.update(overrides)
@@ -109,7 +110,8 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_leaves_no_engine_process(tm
     out = tmp_path / "run"
     before = engine_processes()
     process = subprocess.Popen(
-        [sys.executable, "-c", CHILD, "train", "--generation_engine", "vllm", "--max_steps", "200", "--save_steps",
+        [sys.executable, "-c", CHILD, "train", "--generation_engine", "vllm", "--vllm_enforce_eager", "true",
+         "--max_steps", "200", "--save_steps",
          "0", "--eval_prompts", "16", "--eval_steps", "0", "--progress", "false", "--output_dir", str(out)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240

@@ -61,7 +61,7 @@ class VLLMOptions:
     kv_cache_memory_mb: float = 0.0  # 0: on a GPU from gpu_memory_utilization, on the CPU sized below
     gpu_memory_utilization: float = 0.3
     enable_sleep_mode: bool = False  # CUDA only (config_checks refuses it on the CPU)
-    enforce_eager: bool = True
+    enforce_eager: bool = False  # vLLM's default: compile (CUDA graphs on a GPU)
     processes: int = 1  # data-parallel training processes, each with its own engine
 
 
