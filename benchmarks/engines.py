@@ -81,6 +81,10 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
         policy = policy.cuda()
     batch = prompts(tokenizer, model, rows // SAMPLES)
     longest = max(len(ids) for ids in tokenizer(batch, add_special_tokens=False)["input_ids"])
+    positions = policy.config.max_position_embeddings
+    if longest + tokens > positions:  # vLLM stops there; transformers would run past the trained positions
+        return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine_name,
+                "skipped": f"n/a: prompt + T > the model's {positions} positions"}
     options = GenerationOptions(max_new_tokens=tokens, temperature=1.0,
                                 vllm=VLLMOptions(dtype=dtype, max_model_length=longest + tokens,
                                                  enforce_eager=not compiled))
