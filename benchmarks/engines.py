@@ -178,7 +178,7 @@ def step_split(regime: str, engine: str, steps: int, extra: list[str], out: Path
     if done.returncode:
         return {"regime": regime, "engine": engine, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= 2]
-    stages = sorted({k for r in records for k in r if k.startswith("time_")})
+    stages = sorted({k for r in records for k in r if k.startswith("time_") and k != "time_eval"})  # training only
     mean = {k: sum(r.get(k, 0.0) for r in records) / len(records) for k in stages}
     return {"regime": regime, "engine": engine, "steps": len(records), **mean,
             "step_seconds": sum(mean.values()),

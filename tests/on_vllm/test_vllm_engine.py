@@ -150,3 +150,22 @@ def test_the_model_is_not_changed_by_generating(engine):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the trainer's bf16 autocast must not reach vLLM
         engine(bundle.model, bundle.tokenizer, PROMPTS[:4], 2)
     assert all(torch.equal(before[k], v) for k, v in bundle.model.state_dict().items())
+
+
+def test_smollm2_greedy_output_equals_transformers():
+    """A pretrained model (SmolLM2-135M-Instruct, from the GGUF file scripts/test_vllm.sh
+    installs; ~1 min): chat-templated prompts, completions that end on their own EOS."""
+    from podsrl.tasks import prepare_split
+
+    bundle = load_model("smollm2-135m-instruct")
+    task = build_arithmetic(level=2, num_train=10, num_test=12, seed=0)
+    prompts = list(prepare_split(task.test, bundle.tokenizer, system_prompt="", use_chat_template=True,
+                                 max_prompt_tokens=512).prompts)
+    engine = make_engine(max_new_tokens=12, max_model_length=256)
+    try:
+        ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=12, temperature=0)
+    finally:
+        engine.close()
+    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=12, temperature=0)
+    assert completions(ours) == completions(hf)
+    assert any(row[-1] == bundle.tokenizer.eos_token_id for row in completions(hf))  # some stop on EOS

@@ -127,3 +127,26 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_leaves_no_engine_process(tm
     assert engine_processes() <= before  # the engine ran in the trainer's process and went with it
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] < 200
+
+
+def test_two_processes_each_with_an_engine_match_one_process(tmp_path):
+    """DDP under `accelerate launch` (two gloo processes): each process builds its own engine
+    beside torch.distributed (vLLM's external_launcher) and pushes the weights every step. The
+    rollouts are seeded per chunk of prompts, so two processes sample what one samples, and the
+    parameters stay identical across processes."""
+    from tests.test_distributed import OPTIONS, launch, one_process, steps, weights
+
+    engine = dict(generation_engine="vllm", vllm_enforce_eager=True)
+    done = launch(tmp_path / "two", **engine)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two, one = steps(tmp_path / "two"), steps(one_process(tmp_path / "one", **engine))
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, OPTIONS["max_steps"] + 1))
+    for a, b in zip(two, one):
+        assert a["rank_param_spread"] == 0.0 and a["sampling_logp_difference_mean"] < 1e-4
+        for key in ("reward_mean", "kept_reward_mean", "kept_reward_std", "completion_len", "correct_rate"):
+            assert a[key] == b[key], (a["step"], key)  # the same rollouts
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4) and b["grad_norm"] > 1e-3
+        # the loss is ~0 (advantages sum to zero per group) times importance weights 1 +- 1e-7
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    w2, w1 = weights(tmp_path / "two"), weights(tmp_path / "one")
+    assert w2.keys() == w1.keys() and all(torch.allclose(w2[k], w1[k], atol=1e-5) for k in w1)
