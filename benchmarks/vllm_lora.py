@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,9 @@ def worker(way: str, args) -> dict:
             dtype=args.dtype, max_model_length=512, enforce_eager=True)))
         engine(model, tokenizer, batch[:1], 1)  # builds the engine and pushes the weights
         llm = engine.llm
-    else:
+    else:  # in process, as the engine runs (weights passed by reference)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         config_dir = tempfile.mkdtemp()
         model.get_base_model().config.save_pretrained(config_dir)
         llm = LLM(model=config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=args.dtype,
