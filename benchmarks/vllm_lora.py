@@ -37,7 +37,7 @@ def worker(way: str, args) -> dict:
 
     from podsrl.models import load_model
     from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
-    from podsrl.rollout.vllm import load_weights_into
+    from podsrl.rollout.vllm import CPU_BLOCK_SIZE, load_weights_into
 
     bundle = load_model(MODELS[args.model], lora_rank=args.rank, lora_alpha=2 * args.rank)
     model, tokenizer = bundle.model, bundle.tokenizer
@@ -65,6 +65,7 @@ def worker(way: str, args) -> dict:
         model.get_base_model().config.save_pretrained(config_dir)
         llm = LLM(model=config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=args.dtype,
                   enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=1024 * 2**20, enable_lora=True,
+                  block_size=CPU_BLOCK_SIZE,
                   max_lora_rank=args.rank, max_loras=1, generation_config="vllm")
         base = [(name.removeprefix("base_model.model.").replace(".base_layer", ""), p)
                 for name, p in model.named_parameters() if ".lora_" not in name]
