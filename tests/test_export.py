@@ -177,21 +177,38 @@ def test_refusals_name_the_path(full_run, tmp_path, capsys):
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "notes.txt").write_text("mine")
-    assert f"{occupied}: exists and is not empty; pass --overwrite" in refused(full_run, occupied)
-    assert f"{occupied}: refusing to replace a folder that holds no model" in \
-        refused(full_run, occupied, "--overwrite")
+    for flags in ((), ("--overwrite",)):
+        assert f"{occupied}: exists, is not empty and is not a podsrl export" in refused(full_run, occupied, *flags)
     assert (occupied / "notes.txt").read_text() == "mine"
     assert "choose another folder" in refused(full_run, full_run / "model", "--overwrite")
     assert "choose another folder" in refused(full_run, full_run.parent, "--overwrite")
     assert not (tmp_path / "out").exists()
 
 
-def test_overwrite_replaces_a_previous_export(full_run, tmp_path):
+def test_overwrite_replaces_only_what_podsrl_exported(full_run, tmp_path, capsys):
+    """#38: --overwrite deleted any destination holding a config.json: a run, a user's model
+    or project folder. Now only a folder carrying podsrl's export marker is replaced."""
+
+    def refused(*args):
+        assert main(["export", *map(str, args)]) == 2
+        return capsys.readouterr().err
+
+    other_run = shutil.copytree(full_run, tmp_path / "other_run")
+    users_model = shutil.copytree(full_run / "model", tmp_path / "users_model")
+    (users_model / "notes.txt").write_text("mine")
+    before = {folder: sorted(p.relative_to(folder) for p in folder.rglob("*")) for folder in (other_run, users_model)}
+    assert f"{other_run}: exists, is not empty and is a podsrl run" in refused(full_run, other_run, "--overwrite")
+    assert f"{users_model}: exists, is not empty and is not a podsrl export" in \
+        refused(full_run, users_model, "--overwrite")
+    assert before == {folder: sorted(p.relative_to(folder) for p in folder.rglob("*")) for folder in before}
     export(full_run, tmp_path / "hf")
+    marker = json.loads((tmp_path / "hf" / "podsrl_export.json").read_text())
+    assert marker == {"run_dir": str(full_run.resolve()), "source": "final model", "step": marker["step"]}
+    assert f"{tmp_path / 'hf'}: holds an earlier podsrl export; pass --overwrite" in refused(full_run, tmp_path / "hf")
     (tmp_path / "hf" / "stale.txt").write_text("from before")
     export(full_run, tmp_path / "hf", "--overwrite")
     assert not (tmp_path / "hf" / "stale.txt").exists() and (tmp_path / "hf" / "README.md").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temporary folder left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "other_run", "users_model"]  # no temporary folder
 
 
 def test_a_failed_export_leaves_the_destination_as_it_was(full_run, tmp_path, monkeypatch, capsys):

@@ -185,7 +185,7 @@ def export_parser() -> argparse.ArgumentParser:
     parser.add_argument("output_dir", type=Path, help="the folder to write (must not exist or be empty)")
     parser.add_argument("--checkpoint", default="", help="export this checkpoint (a path, or a name in "
                                                          "RUN_DIR/checkpoints) instead of the final model")
-    parser.add_argument("--overwrite", action="store_true", help="replace output_dir if it holds a model")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier podsrl export")
     return parser
 
 

@@ -4,7 +4,9 @@ Face model folder: weights that load with plain ``AutoModelForCausalLM.from_pret
 chat template, and a model card (README.md).
 
 The folder is written next to its destination under a temporary name and renamed into
-place at the end, so a failed export leaves no half-written folder behind.
+place at the end, so a failed export leaves no half-written folder behind. It carries
+EXPORT_MARKER, and ``--overwrite`` replaces only a folder that does: podsrl deletes no
+folder it did not write (a run, a user's model or project folder).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from podsrl.models import ModelBundle, load_model
 from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, check_weights, copy_weights, fsync, list_checkpoints
 from podsrl.trainer.model_card import model_card
 from podsrl.trainer.run_info import RunInfo, Source, read_run_info
+
+EXPORT_MARKER = "podsrl_export.json"  # what was exported, from where; --overwrite requires it
 
 
 def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None = None,
@@ -40,6 +44,8 @@ def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None
         model.save_pretrained(folder)
         bundle.tokenizer.save_pretrained(folder)  # with its chat template
         (folder / "README.md").write_text(card)
+        marker = {"run_dir": str(info.run_dir.resolve()), "source": source.label, "step": source.step}
+        (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
     _write_atomically(output, write)
     return output
@@ -81,10 +87,13 @@ def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) ->
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"{output}: exists and is not a folder")
     if output.is_dir() and any(output.iterdir()):
+        if not (output / EXPORT_MARKER).is_file():  # a run, a user's model or project: never replaced
+            what = "a podsrl run" if (output / "metrics.jsonl").exists() or (output / "checkpoints").is_dir() \
+                else "not a podsrl export"
+            raise FileExistsError(f"{output}: exists, is not empty and is {what} (no {EXPORT_MARKER}); podsrl "
+                                  f"replaces only folders it exported: choose a new or empty folder")
         if not overwrite:
-            raise FileExistsError(f"{output}: exists and is not empty; pass --overwrite to replace it")
-        if not (output / "config.json").is_file():  # --overwrite replaces models, not any folder by mistake
-            raise FileExistsError(f"{output}: refusing to replace a folder that holds no model (no config.json)")
+            raise FileExistsError(f"{output}: holds an earlier podsrl export; pass --overwrite to replace it")
 
 
 # --- loading and merging ---------------------------------------------------------------------
