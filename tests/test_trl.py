@@ -58,8 +58,18 @@ def test_batch_arguments_and_the_errors_that_name_the_arithmetic(monkeypatch):
         pods_batch_arguments(3, 16, 4, 8, 2)
     with pytest.raises(ValueError, match="micro_batch_size: 8 prompts per process x num_kept 4 = 32 kept rows"):
         pods_batch_arguments(16, 16, 4, 12, 2)
+    # #38: zero, negative, bool and float counts, m > n (zero steps divided by zero later)
+    for args, field, value in [((0, 16, 4, 8), "prompts_per_step", "0"), ((16, 16, 4, 0), "micro_batch_size", "0"),
+                               ((16, -2, 4, 8), "num_generations", "-2"), ((16, 16, True, 8), "num_kept", "True"),
+                               ((16, 16, 4, 8, 1.0), "num_processes", "1.0")]:
+        with pytest.raises(ValueError, match=f"{field}: must be a whole number >= 1, got {value}$"):
+            pods_batch_arguments(*args)
+    with pytest.raises(ValueError, match="num_kept: 8 is more than num_generations 4"):
+        pods_batch_arguments(16, 4, 8, 8)
     with pytest.raises(ValueError, match="num_kept: must be between 2"):
         PODSConfig(**options(Path("/tmp"), num_kept=5))
+    with pytest.raises(ValueError, match="num_kept: must be a whole number, got '4'"):
+        PODSConfig(**options(Path("/tmp"), num_kept="4"))
     with pytest.raises(ValueError, match="downsampling_rule: unknown rule 'best'"):
         PODSConfig(**options(Path("/tmp"), num_kept=2, downsampling_rule="best"))
     with monkeypatch.context() as patch:  # two processes: 12 rows in all are 3 groups, 6 per process are not whole

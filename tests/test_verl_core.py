@@ -12,6 +12,7 @@ from podsrl.algorithms.select import select
 from podsrl.integrations.verl_core import (
     VerlConfigError,
     check_batch_settings,
+    main,
     pods_batch_arguments,
     select_sessions,
     split_key,
@@ -112,3 +113,15 @@ def test_a_stock_grpo_batch_setting_is_refused_with_the_arithmetic():
     with pytest.raises(VerlConfigError, match=r"64 prompts x num_kept 4 = 256 kept rows .* ppo_mini_batch_size 64 x "
                                               r"rollout.n 16 = 1024 rows"):
         check_batch_settings(64, 16, 64, 4)
+
+
+def test_the_helper_refuses_an_unknown_trainer_mode_or_rule(capsys):
+    """#38: unknown --rule / --trainer_mode values printed overrides with exit 0; the error
+    appeared only on the cluster."""
+    assert main(["8", "8", "4", "--trainer_mode", "async"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: trainer_mode: 'async' is not one of verl's sync, "
+                                               "colocate_async, separate_async")
+    assert main(["8", "8", "4", "--rule", "best"]) == 2
+    assert "downsampling_rule: unknown rule 'best'" in capsys.readouterr().err
+    assert main(["8", "8", "4", "--trainer_mode", "colocate_async"]) == 0
+    assert "custom_sampler.name=PODSReplayBufferAsync" in capsys.readouterr().out

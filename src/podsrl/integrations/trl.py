@@ -84,6 +84,11 @@ def pods_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: 
         if not ok:
             raise ValueError(message)
 
+    counts = {"prompts_per_step": prompts_per_step, "num_generations": num_generations, "num_kept": num_kept,
+              "micro_batch_size": micro_batch_size, "num_processes": num_processes}
+    for name, value in counts.items():  # zero steps would reach PODSConfig as a division by zero
+        need(_is_count(value), f"{name}: must be a whole number >= 1, got {value!r}")
+    need(num_kept <= num_generations, f"num_kept: {num_kept} is more than num_generations {num_generations}")
     need(prompts_per_step % num_processes == 0,
          f"prompts_per_step: {prompts_per_step} prompts do not split evenly over {num_processes} processes")
     local_prompts = prompts_per_step // num_processes
@@ -98,6 +103,10 @@ def pods_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: 
     return {"per_device_train_batch_size": micro_batch_size * num_generations // num_kept,
             "gradient_accumulation_steps": steps, "steps_per_generation": steps,
             "num_generations": num_generations, "num_kept": num_kept}
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def rows_with_extra_fields(inputs: list[dict], extra_fields: dict) -> list[dict]:
@@ -153,6 +162,8 @@ class PODSConfig(GRPOConfig):
         if self.num_kept is None:
             self.num_kept = self.num_generations
         RULES.resolve(self.downsampling_rule)  # a registered name, or module:function
+        if not _is_count(self.num_kept):
+            raise ValueError(f"num_kept: must be a whole number, got {self.num_kept!r}")
         if not 2 <= self.num_kept <= self.num_generations:
             raise ValueError(f"num_kept: must be between 2 (an advantage needs a group) and num_generations "
                              f"({self.num_generations}), got {self.num_kept}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from podsrl.algorithms.group_stats import group_stats
-from podsrl.algorithms.select import Groups, select
+from podsrl.algorithms.select import RULES, Groups, select
 
 
 class VerlConfigError(ValueError):
@@ -122,11 +122,18 @@ def check_batch_settings(train_batch_size: int, rollout_n: int, ppo_mini_batch_s
             f"ppo_mini_batch_size")
 
 
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # trainer.v1.trainer_mode in verl 0.9
+
+
 def sampler_overrides(prompts_per_step: int, num_generations: int, num_kept: int, mini_batches_per_step: int = 1,
                       data_parallel_size: int = 1, downsampling_rule: str = "max_variance",
                       trainer_mode: str = "sync") -> list[str]:
     """The Hydra overrides that switch a verl GRPO command to PODS: the sampler, its options
-    and the batch settings of :func:`pods_batch_arguments`."""
+    and the batch settings of :func:`pods_batch_arguments`. An unknown trainer mode or rule is
+    refused here, not on the cluster."""
+    if trainer_mode not in TRAINER_MODES:
+        raise VerlConfigError(f"trainer_mode: {trainer_mode!r} is not one of verl's {', '.join(TRAINER_MODES)}")
+    RULES.resolve(downsampling_rule)  # a registered name, or module:function (raises naming the field)
     name = "PODSReplayBuffer" if trainer_mode == "sync" else "PODSReplayBufferAsync"
     batch = pods_batch_arguments(prompts_per_step, num_generations, num_kept, mini_batches_per_step, data_parallel_size)
     return ["trainer.v1.sampler.custom_sampler.path=pkg://podsrl.integrations.verl",
@@ -146,12 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mini_batches", type=int, default=1, help="actor mini-batches per step")
     parser.add_argument("--dp", type=int, default=1, help="actor data-parallel ranks (GPUs)")
     parser.add_argument("--rule", default="max_variance", help="downsampling_rule")
-    parser.add_argument("--trainer_mode", default="sync", help="trainer.v1.trainer_mode")
+    parser.add_argument("--trainer_mode", default="sync", help=f"trainer.v1.trainer_mode: {', '.join(TRAINER_MODES)}")
     args = parser.parse_args(argv)
     try:
         print(" ".join(sampler_overrides(args.prompts_per_step, args.num_generations, args.num_kept,
                                          args.mini_batches, args.dp, args.rule, args.trainer_mode)))
-    except VerlConfigError as err:
+    except ValueError as err:  # VerlConfigError, or the rule registry's refusal
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
