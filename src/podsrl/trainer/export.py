@@ -22,6 +22,7 @@ from podsrl.config import split_list
 from podsrl.models import ModelBundle, load_model
 from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, check_weights, copy_weights, fsync, list_checkpoints
 from podsrl.trainer.model_card import model_card
+from podsrl.trainer.run_dir import is_model_folder, is_run_folder
 from podsrl.trainer.run_info import RunInfo, Source, read_run_info
 
 EXPORT_MARKER = "podsrl_export.json"  # what was exported, from where; --overwrite requires it
@@ -88,8 +89,8 @@ def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) ->
         raise FileExistsError(f"{output}: exists and is not a folder")
     if output.is_dir() and any(output.iterdir()):
         if not (output / EXPORT_MARKER).is_file():  # a run, a user's model or project: never replaced
-            what = "a podsrl run" if (output / "metrics.jsonl").exists() or (output / "checkpoints").is_dir() \
-                else "not a podsrl export"
+            what = ("a podsrl run" if is_run_folder(output) else
+                    "not a podsrl export (a model folder)" if is_model_folder(output) else "not a podsrl export")
             raise FileExistsError(f"{output}: exists, is not empty and is {what} (no {EXPORT_MARKER}); podsrl "
                                   f"replaces only folders it exported: choose a new or empty folder")
         if not overwrite:

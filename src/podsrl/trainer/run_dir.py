@@ -40,7 +40,8 @@ class RunExistsError(RunDirError, FileExistsError):
     """The output folder holds a run already (a FileExistsError too, as it always was)."""
 
 
-def _is_run(path: Path) -> bool:
+def is_run_folder(path: Path) -> bool:
+    """A podsrl run: its metrics.jsonl and a config.json that is podsrl's, not a model's."""
     config = path / "config.json"
     if not ((path / "metrics.jsonl").exists() and config.exists()):
         return False
@@ -50,7 +51,8 @@ def _is_run(path: Path) -> bool:
         return False
 
 
-def _is_model_folder(path: Path) -> bool:
+def is_model_folder(path: Path) -> bool:
+    """Weights, an adapter, a tokenizer, or a config.json with a model_type."""
     if any((path / name).exists() for name in MODEL_FILES):
         return True
     try:
@@ -67,14 +69,14 @@ def check_output_dir(output_dir: str, resume: bool) -> Path:
     if path.exists() and not path.is_dir():
         raise RunDirError(f"output_dir: {path} is a file, not a folder; choose another --output_dir")
     if resume:
-        if not _is_run(path):
+        if not is_run_folder(path):
             raise RunDirError(f"resume: {path} holds no podsrl run to resume (no metrics.jsonl and config.json); "
                               f"drop --resume to start a new run there, or name the run's folder")
         return path
-    if _is_run(path):
+    if is_run_folder(path):
         raise RunExistsError(f"output_dir: {path} already holds a run; pass --resume true to continue it or "
                           f"choose another --output_dir")
-    if path.is_dir() and _is_model_folder(path):
+    if path.is_dir() and is_model_folder(path):
         raise RunDirError(f"output_dir: {path} holds a model (config.json / weights / tokenizer), not a run; "
                           f"podsrl never writes into a model folder: choose another --output_dir")
     others = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
