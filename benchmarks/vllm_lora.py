@@ -52,19 +52,22 @@ def worker(way: str, args) -> dict:
                 if "lora_B" in name:
                     p.add_(torch.randn_like(p) * 1e-3)
 
-    engine, adapters = None, tempfile.mkdtemp()
+    max_model_len = min(512, model.get_base_model().config.max_position_embeddings)  # the tiny model has 128
+    scratch = tempfile.TemporaryDirectory()  # the adapters' config and each step's adapter
+    adapters = Path(scratch.name)
+    engine = None
     if way == "merged":
         engine = VLLMEngine(GenerationOptions(max_new_tokens=args.tokens, vllm=VLLMOptions(
-            dtype=args.dtype, max_model_length=512, enforce_eager=True)))
+            dtype=args.dtype, max_model_length=max_model_len, enforce_eager=True)))
         engine(model, tokenizer, batch[:1], 1)  # builds the engine and pushes the weights
         llm = engine.llm
     else:  # in process, as the engine runs (weights passed by reference)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        config_dir = tempfile.mkdtemp()
+        config_dir = adapters / "config"
         model.get_base_model().config.save_pretrained(config_dir)
-        llm = LLM(model=config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=args.dtype,
-                  enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=1024 * 2**20, enable_lora=True,
+        llm = LLM(model=str(config_dir), skip_tokenizer_init=True, load_format="dummy", dtype=args.dtype,
+                  enforce_eager=True, max_model_len=max_model_len, kv_cache_memory_bytes=1024 * 2**20, enable_lora=True,
                   block_size=CPU_BLOCK_SIZE,
                   max_lora_rank=args.rank, max_loras=1, generation_config="vllm")
         base = [(name.removeprefix("base_model.model.").replace(".base_layer", ""), p)
@@ -79,13 +82,16 @@ def worker(way: str, args) -> dict:
             engine.push_weights(model)
             lora = None
         else:
-            path = Path(adapters) / f"step{step}"
+            path = adapters / f"step{step}"
             model.save_pretrained(path, save_embedding_layers=False)
             lora = LoRARequest(f"step{step}", step + 1, str(path))
         update = time.perf_counter() - start
         start = time.perf_counter()
         llm.generate(requests, sampling, use_tqdm=False, lora_request=lora)
         steps.append({"update": update, "generate": time.perf_counter() - start})
+    if engine is not None:
+        engine.close()
+    scratch.cleanup()
     return {"way": way, "steps": steps}
 
 
