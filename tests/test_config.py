@@ -216,4 +216,4 @@ def test_loss_type_takes_trls_values_that_podsrl_implements():
     assert make_config().loss_type == "grpo"  # the paper's: token mean per sequence, then mean
     for loss_type, aggregation in (("grpo", "sequence"), ("dapo", "token")):
         cfg = make_config(overrides={"loss_type": loss_type})
-        assert LOSSES[cfg.loss_type] is update_options(cfg).loss_aggregation is AGGREGATIONS[aggregation]
+        assert LOSSES[cfg.loss_type] is update_options(cfg).loss_aggregation.fn is AGGREGATIONS[aggregation]

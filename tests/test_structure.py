@@ -75,18 +75,22 @@ def test_the_cycle_finder_finds_cycles():
 
 
 # what each layer may import (podsrl modules); the pipeline's stages sit below the trainer
-# podsrl.registry (the one registration form of every extension kind) sits at the bottom, beside types
-LOWER = {"podsrl.types", "podsrl.registry", "podsrl.algorithms", "podsrl.distributed"}
+# podsrl.registry (the one registration form of every extension kind) sits at the bottom, beside types,
+# with the contracts it holds every kind to and the interruptible calls into user code
+BOTTOM = {"podsrl.registry", "podsrl.contracts", "podsrl.interrupts"}
+LOWER = {"podsrl.types", "podsrl.algorithms", "podsrl.distributed"} | BOTTOM
 ALLOWED = {
     "podsrl.types": set(),
-    "podsrl.registry": set(),
-    "podsrl.algorithms": {"podsrl.registry"},
-    "podsrl.models": {"podsrl.build", "podsrl.registry"},  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
-    "podsrl.rollout": {"podsrl.types", "podsrl.registry"},
-    "podsrl.tasks": {"podsrl.rewards", "podsrl.types", "podsrl.registry"},
-    "podsrl.rewards": {"podsrl.tasks", "podsrl.types", "podsrl.registry"},  # the scorer reads a task's examples
+    "podsrl.interrupts": set(),
+    "podsrl.contracts": {"podsrl.interrupts"},
+    "podsrl.registry": {"podsrl.contracts", "podsrl.interrupts"},
+    "podsrl.algorithms": BOTTOM,
+    "podsrl.models": {"podsrl.build"} | BOTTOM,  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
+    "podsrl.rollout": {"podsrl.types"} | BOTTOM,
+    "podsrl.tasks": {"podsrl.rewards", "podsrl.types"} | BOTTOM,
+    "podsrl.rewards": {"podsrl.tasks", "podsrl.types"} | BOTTOM,  # the scorer reads a task's examples
     "podsrl.methods": {"podsrl.algorithms"},
-    "podsrl.prompt_selection": {"podsrl.algorithms", "podsrl.registry"},  # a stage: which prompts to generate for
+    "podsrl.prompt_selection": {"podsrl.algorithms"} | BOTTOM,  # a stage: which prompts to generate for
     "podsrl.update": LOWER | {"podsrl.models"},
     "podsrl.tracking": set(),  # trackers get plain values: config.py validates report_to with it
 }

@@ -18,12 +18,14 @@ one wrong: advantages all 0, its n rollouts generated for nothing). Built-ins:
 Every selector is deterministic given its seed and what it observed, the same on every
 process (it observes the outcomes gathered from all of them), and checkpointed through
 ``state_dict`` (plain numbers: a resumed run draws what the uninterrupted one would).
-A selector from a user module (``module:Class``) takes ``(size, options)`` and implements
-:class:`PromptSelector`.
+A selector from a user module (``module:Class``) takes ``(size, options)``, ``size`` the number
+of usable train prompts, and implements :class:`PromptSelector`; :class:`CheckedSelector`
+holds it to that contract.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from podsrl.algorithms.pass_rate import PassRatePosterior, draw_probabilities, nonconstant_probability
+from podsrl.contracts import broken, calling, error_line, index_list, number_record
 from podsrl.registry import Registry
 
 
@@ -162,8 +165,69 @@ class PassRateSelector:
         self.rng.bit_generator.state = state["rng"]
 
 
+class CheckedSelector:
+    """A user's prompt selector held to its contract (:mod:`podsrl.contracts`): ``take`` gives
+    ``count`` indices into the train split, ``record`` finite numbers, ``state_dict`` JSON (a
+    checkpoint stores it as JSON), and every call can be stopped and fails in one line naming it."""
+
+    def __init__(self, inner, field: str, spec: str, size: int) -> None:
+        self.inner, self.field, self.spec, self.size = inner, field, spec, size
+        for method in ("take", "observe", "record", "state_dict", "load_state_dict"):
+            if not callable(getattr(inner, method, None)):
+                raise ValueError(f"{field}: {spec} has no method {method}() (see podsrl.prompt_selection."
+                                 f"PromptSelector)")
+        rounds, learns = getattr(inner, "refill_rounds", 0), getattr(inner, "learns", False)
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0 or not isinstance(learns, bool):
+            raise ValueError(f"{field}: {spec} needs refill_rounds, an int >= 0, and learns, a bool (got "
+                             f"{rounds!r}, {learns!r})")
+        self.refill_rounds, self.learns = rounds, learns
+        self.state_dict()  # not JSON: said now, not at the first checkpoint
+
+    def take(self, count: int, step: int, group_size: int) -> list[int]:
+        with calling(self.field, self.spec):
+            indices = self.inner.take(count, step, group_size)
+        return index_list(indices, self.field, f"{self.spec}.take()", count, self.size)
+
+    def observe(self, step: int, indices: list[int], correct: torch.Tensor) -> None:
+        with calling(self.field, self.spec):
+            self.inner.observe(step, indices, correct)
+
+    def record(self) -> dict[str, float]:
+        with calling(self.field, self.spec):
+            numbers = self.inner.record()
+        return number_record(numbers, self.field, self.spec, taken=lambda key: False)
+
+    def state_dict(self) -> dict:
+        with calling(self.field, self.spec):
+            state = self.inner.state_dict()
+        try:
+            json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise broken(self.field, f"{self.spec}.state_dict()", f"a state that is not JSON ({error_line(err)}); "
+                                                                 f"checkpoints store it as JSON") from None
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        with calling(self.field, self.spec):
+            self.inner.load_state_dict(state)
+
+
+def add_selector_record(numbers: dict[str, float], record: dict) -> None:
+    """The prompt selector's ``numbers`` into the step's metrics ``record``, refused where one
+    would overwrite a metric the trainer writes itself (``loss``, ``reward_mean``, ...)."""
+    record.update(number_record(numbers, "prompt_selector", "the prompt selector's record()",
+                                taken=record.__contains__))
+
+
+def checked_selector(value, args: tuple, field: str, spec: str):
+    """The registry's contract for selectors: a user's class gets a :class:`CheckedSelector`."""
+    builtin = type(value) in (ShuffledPass, DynamicSampling, PassRateSelector)
+    return value if builtin else CheckedSelector(value, field, spec, size=args[0])
+
+
 PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", {
-    "none": ShuffledPass, "dynamic_sampling": DynamicSampling, "pass_rate": PassRateSelector})
+    "none": ShuffledPass, "dynamic_sampling": DynamicSampling, "pass_rate": PassRateSelector},
+    takes="(size, options)", arity=2, check_output=checked_selector)
 
 
 def is_constant(rewards: torch.Tensor) -> torch.Tensor:

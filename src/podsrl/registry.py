@@ -18,27 +18,27 @@ import importlib
 import importlib.util
 import re
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
+from podsrl.contracts import calling, check_signature, error_line, spec_name
 
-def error_line(err: BaseException) -> str:
-    """``Type: message`` on one line, cut to a readable length."""
-    try:
-        text = " ".join(str(err).split())
-    except Exception:  # a user exception whose __str__ fails
-        text = "(unprintable message)"
-    text = text if len(text) <= 300 else text[:297] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+__all__ = ["Checked", "Registry", "error_line", "load_object"]
 
 
 class Registry(dict):
     """Named implementations of one kind, looked up by a config ``field``. A dict (``name in
-    RULES``, ``RULES[name]`` keep working) with :meth:`register` and :meth:`resolve`."""
+    RULES``, ``RULES[name]`` keep working) with :meth:`register`, :meth:`resolve` and
+    :meth:`checked`. The kind's contract (:mod:`podsrl.contracts`): what it must accept
+    (``takes``, ``arity`` positional arguments), checked when resolved, and ``check_output``,
+    ``(value, args, field, spec) -> value``, run on what each checked call returns."""
 
-    def __init__(self, kind: str, field: str, entries: dict[str, Any] | None = None) -> None:
+    def __init__(self, kind: str, field: str, entries: dict[str, Any] | None = None, *, takes: str = "",
+                 arity: int | None = None, check_output: Callable[..., Any] | None = None) -> None:
         super().__init__(entries or {})
         self.kind, self.field = kind, field
+        self.takes, self.arity, self.check_output = takes, arity, check_output
 
     def register(self, name: str | None = None) -> Callable[[Any], Any]:
         """Decorator: add the object under ``name`` (default: its ``__name__``)."""
@@ -52,13 +52,45 @@ class Registry(dict):
 
     def resolve(self, spec: str):
         """The registered object named ``spec``, else the object ``module:attr`` /
-        ``file.py:attr`` names; a one-line ValueError naming the field otherwise."""
+        ``file.py:attr`` names, its signature checked against the kind's; a one-line
+        ValueError naming the field otherwise."""
         if spec in self:
-            return self[spec]
-        if ":" not in spec:
+            obj = self[spec]
+        elif ":" not in spec:
             raise ValueError(f"{self.field}: unknown {self.kind} {spec!r}: neither a built-in {self.kind} "
                              f"({', '.join(sorted(self))}) nor 'module:function' / 'file.py:function'")
-        return load_object(spec, self.field)
+        else:
+            obj = load_object(spec, self.field)
+        if self.arity is not None:
+            check_signature(obj, self.field, spec, self.takes, self.arity)
+        return obj
+
+    def checked(self, spec: "str | Callable") -> "Checked":
+        """``spec`` (a name, ``module:function``, or the object itself) as a callable that
+        keeps the kind's contract on every call."""
+        if isinstance(spec, str):
+            return Checked(self.resolve(spec), self, spec)
+        if self.arity is not None:
+            check_signature(spec, self.field, spec_name(spec), self.takes, self.arity)
+        return Checked(spec, self, spec_name(spec))
+
+
+class Checked:
+    """A component with its kind's contract: each call is interruptible, its exceptions are
+    the component's failure, its output is checked (:meth:`Registry.checked`)."""
+
+    def __init__(self, fn: Callable, registry: Registry, spec: str) -> None:
+        self.fn, self.field, self.spec, self.check_output = fn, registry.field, spec, registry.check_output
+        self.takes_groups = getattr(fn, "takes_groups", False)  # a selection rule's form
+        self.users = not any(fn is builtin for builtin in registry.values())  # a user's: a stop may end it
+
+    def __call__(self, *args):
+        with calling(self.field, self.spec) if self.users else nullcontext():
+            value = self.fn(*args)
+        return self.check_output(value, args, self.field, self.spec) if self.check_output else value
+
+    def __repr__(self) -> str:
+        return f"Checked({self.field}={self.spec})"
 
 
 def load_object(spec: str, field: str):

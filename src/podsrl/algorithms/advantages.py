@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from podsrl.contracts import finite, tensor_like
 from podsrl.registry import Registry
 
 
@@ -30,4 +31,11 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: floa
     return centred.masked_fill(constant, 0.0)
 
 
-ADVANTAGES = Registry("advantage estimator", "advantage_estimator", {"group": group_advantages})
+def advantages_like(value, args: tuple, field: str, spec: str) -> torch.Tensor:
+    """An estimator's contract: finite floating-point advantages [P, m], the rewards' shape."""
+    rewards = args[0]
+    return finite(tensor_like(value, field, spec, rewards.shape, floating=True), field, spec)
+
+
+ADVANTAGES = Registry("advantage estimator", "advantage_estimator", {"group": group_advantages},
+                      takes="(rewards, scale_by_std)", arity=2, check_output=advantages_like)

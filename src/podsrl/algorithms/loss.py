@@ -16,6 +16,7 @@ from typing import Callable, Literal
 
 import torch
 
+from podsrl.contracts import broken, tensor_like
 from podsrl.registry import Registry
 
 Aggregation = Literal["sequence", "token"]
@@ -36,7 +37,22 @@ def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, 
 # TRL's loss_type values that podsrl implements (TRL's grpo_trainer.py: "grpo" averages each
 # sequence's tokens then the sequences; "dapo" divides by the token count of the whole
 # accumulated step, over all processes)
-LOSSES = Registry("loss", "loss_type", {"grpo": sequence_mean, "dapo": token_mean})
+def loss_value(value, args: tuple, field: str, spec: str) -> torch.Tensor:
+    """An aggregation's contract: one floating-point number, finite wherever the per-token
+    terms are (a non-finite term is the model's: the step is skipped, as documented), carrying
+    the gradient of the terms."""
+    per_token = args[0]
+    loss = tensor_like(value.reshape(()) if isinstance(value, torch.Tensor) and value.numel() == 1 else value,
+                       field, spec, (), floating=True)
+    if not bool(torch.isfinite(loss)) and bool(torch.isfinite(per_token).all()):
+        raise broken(field, spec, f"{float(loss.detach())} from finite per-token terms")
+    if per_token.requires_grad and not loss.requires_grad:
+        raise broken(field, spec, "a loss without a gradient (detached from the per-token terms)")
+    return loss
+
+
+LOSSES = Registry("loss", "loss_type", {"grpo": sequence_mean, "dapo": token_mean},
+                  takes="(per_token, mask, num_sequences, num_tokens)", arity=4, check_output=loss_value)
 AGGREGATIONS: dict[str, Aggregate] = {"sequence": sequence_mean, "token": token_mean}
 
 

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from podsrl.algorithms.early_stop import fill_skipped
+from podsrl.contracts import broken, tensor_like
 from podsrl.registry import Registry
 
 Rule = Callable[[torch.Tensor, int, "torch.Generator | None"], torch.Tensor]
@@ -116,20 +117,39 @@ def random_subset(rewards: torch.Tensor, m: int, generator: torch.Generator | No
     return keys.argsort(dim=1)[:, :m].sort(dim=1).values
 
 
+def kept_indices(value, args: tuple, field: str, spec: str) -> torch.Tensor:
+    """A rule's contract: indices [P, m] (integers) into each group's n samples, none repeated
+    within a group, none a sample early stop skipped; returned sorted within each row (the
+    form every rule gives: with m == n that is arange(n), GRPO's computation)."""
+    source, m = args[0], args[1]
+    groups = source if isinstance(source, Groups) else Groups(source)
+    num_prompts, n = groups.rewards.shape
+    index = tensor_like(value, field, spec, (num_prompts, m), floating=False).long()
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
+        bad = int(index[(index < 0) | (index >= n)][0])
+        raise broken(field, spec, f"index {bad}, outside 0..{n - 1} (the group's samples)")
+    ordered = index.sort(dim=1).values  # [P, m]
+    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+        raise broken(field, spec, "an index twice within one group (each kept sample must be different)")
+    return ordered
+
+
 RULES = Registry("rule", "downsampling_rule", {
     "max_variance": max_variance,
     "max_reward": max_reward,
     "random": random_subset,
-})
+}, takes="(rewards, m, generator=None)", arity=3, check_output=kept_indices)
 
 
 def select(rule: str | Callable, groups: Groups | torch.Tensor, m: int,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """Indices [P, m] of the rollouts to keep: the rule (a name, ``module:function``, or the
     function) applied to ``groups`` (a :class:`Groups`, or bare rewards [P, n]);
-    ``generator``: the run's seeded stream, for rules that draw."""
+    ``generator``: the run's seeded stream, for rules that draw. The rule's output is checked
+    (:func:`kept_indices`); a rule that keeps a sample early stop never generated fails here."""
     groups = groups if isinstance(groups, Groups) else Groups(groups)
-    fn = RULES.resolve(rule) if isinstance(rule, str) else rule
-    if getattr(fn, "takes_groups", False):
-        return fn(groups, m, generator)
-    return fn(groups.selectable_rewards(), m, generator)
+    fn = RULES.checked(rule)
+    keep = fn(groups, m, generator) if fn.takes_groups else fn(groups.selectable_rewards(), m, generator)
+    if groups.generated is not None and not bool(groups.generated.gather(1, keep).all()):
+        raise broken(fn.field, fn.spec, "a sample early stop never generated (it has no completion to train on)")
+    return keep

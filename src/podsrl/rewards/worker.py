@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from podsrl import interrupts
 from podsrl.registry import error_line
 
 RewardFn = Callable[..., list]
@@ -77,7 +78,8 @@ class RewardWorker:
             self.start(fn)
         try:
             self.conn.send_bytes(request)
-            reply = self.conn.recv_bytes() if self.conn.poll(timeout) else None
+            with interrupts.user_code(f"reward_funcs {reward_name(fn)}"):  # a stop does not wait for the timeout
+                reply = self.conn.recv_bytes() if self.conn.poll(timeout) else None
         except (EOFError, OSError):  # the function ended the process: os._exit, a crash, the OOM killer
             raise CallFailed(f"its worker process ended ({self.stop()})") from None
         except BaseException:  # Ctrl-C in the trainer: the worker is mid-call, out of step with us

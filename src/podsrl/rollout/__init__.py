@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from podsrl.contracts import broken, calling
 from podsrl.registry import Registry
 from podsrl.rollout.hf import generate, to_rollouts
 from podsrl.rollout.memory import generation_memory_bytes
@@ -166,7 +167,45 @@ class SlotsEngine:
             self.predictor.load_state_dict(state["length_predictor"])
 
 
-ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine, "vllm": VLLMEngine})
+class CheckedEngine:
+    """A user's engine held to its contract (:mod:`podsrl.contracts`): each call can be stopped,
+    fails in one line naming it, and must return :class:`Rollouts` [P, num_samples, Lc] for its
+    P prompts; everything else (``state_dict``, ``close``, ``generate``, ...) is the engine's."""
+
+    def __init__(self, inner, field: str, spec: str) -> None:
+        for method in ("state_dict", "load_state_dict", "check_state"):
+            if not callable(getattr(inner, method, None)):
+                raise ValueError(f"{field}: {spec} has no method {method}() (see podsrl.rollout.GenerationEngine)")
+        self.inner, self.field, self.spec = inner, field, spec
+
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 stopper: Stopper | None = None) -> Rollouts:
+        with calling(self.field, self.spec):
+            rollouts = self.inner(model, tokenizer, prompts, num_samples, stopper=stopper)
+        if not isinstance(rollouts, Rollouts):
+            raise broken(self.field, self.spec, f"a {type(rollouts).__name__}, expected podsrl.types.Rollouts")
+        expected = (len(prompts), num_samples)
+        for name in ("completion_ids", "completion_mask"):
+            shape = tuple(getattr(rollouts, name).shape)
+            if shape[:2] != expected or len(shape) != 3:
+                raise broken(self.field, self.spec, f"{name} of shape {list(shape)}, expected [{expected[0]}, "
+                                                    f"{expected[1]}, Lc] ({expected[0]} prompts x {expected[1]})")
+        if rollouts.prompt_ids.dim() != 2 or rollouts.prompt_ids.shape[0] != len(prompts):
+            raise broken(self.field, self.spec, f"prompt_ids of shape {list(rollouts.prompt_ids.shape)}, "
+                                                f"expected [{len(prompts)}, Lp]")
+        return rollouts
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def checked_engine(value, args: tuple, field: str, spec: str):
+    """The registry's contract for engines: a user's engine gets a :class:`CheckedEngine`."""
+    return value if type(value) in (HFEngine, SlotsEngine, VLLMEngine) else CheckedEngine(value, field, spec)
+
+
+ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine, "vllm": VLLMEngine},
+                   takes="(options)", arity=1, check_output=checked_engine)
 
 __all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationEngine", "GenerationOptions", "HFEngine", "LengthPredictor",
            "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "VLLMEngine", "VLLMOptions", "generate",

@@ -17,7 +17,9 @@ import torch
 
 from podsrl.algorithms.select import Groups
 from podsrl.config import Config
-from podsrl.prompt_selection import informative_first, is_constant
+from podsrl.contracts import UserCodeError
+from podsrl.interrupts import StopNow
+from podsrl.prompt_selection import add_selector_record, informative_first, is_constant
 from podsrl.rewards import RewardError, RewardFn
 from podsrl.tasks.base import PreparedSplit
 from podsrl.trainer.checkpoints import list_checkpoints
@@ -41,8 +43,6 @@ def training_step(run: Run, timer: StageTimer) -> StepOutcome:
         groups = Groups(scores.reward, rollouts.generated, rollouts.completion_mask.sum(-1))  # [P, n] each
         keep = parts.method.keep(groups, cfg.num_kept, cfg.downsampling_rule, run.state.generators["rule"])  # [P, m]
         kept, kept_rewards = rollouts.select(keep), scores.reward.gather(1, keep)  # [P, m, Lc], [P, m]
-        if kept.generated is not None and not kept.generated.all():
-            raise RuntimeError("early stop: selection kept a sample that was never generated (a bug in podsrl)")
     with timer("advantages"):
         advantages = parts.advantage_estimator(kept_rewards, cfg.scale_rewards)  # [P, m]
         batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
@@ -154,9 +154,18 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
     task's reward like the config's ``reward_funcs`` names do (not both); weighted by the
     config's ``reward_weights``."""
     with StopSignals() as stop:
-        run = set_up(cfg, reward_funcs)
+        try:
+            run = set_up(cfg, reward_funcs)
+        except StopNow as interrupted:
+            raise TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained",
+                                  signum=interrupted.signum) from None
         try:
             return run_steps(run, stop)
+        except StopNow as interrupted:  # outside a step: evaluating, logging, writing a checkpoint
+            good = list_checkpoints(run.components.checkpoints)
+            raise TrainingStopped(f"stopped by {interrupted} after step {run.state.step}; last checkpoint: "
+                                  f"{good[-1] if good else 'none'}; continue with the same command plus --resume true",
+                                  signum=interrupted.signum) from None
         finally:
             run.release()
 
@@ -176,7 +185,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
             record = step_record(parts.procs, state.step, state.train_seconds, outcome.rollouts, outcome.scores,
                                  outcome.kept, outcome.kept_rewards, outcome.update, timer.seconds,
                                  parts.scorer.failures)
-            record.update(outcome.prompt_record)
+            add_selector_record(outcome.prompt_record, record)
             for hook in parts.hooks:
                 hook.after_step(parts, outcome, timer, record)
             if cadence.evaluation_due(state):
@@ -196,14 +205,21 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
 
 def timed_step(run: Run) -> tuple[StepOutcome, StageTimer]:
     """The step's pipeline with each stage timed; the run's training time advances by the
-    slowest process's. A reward failure (the 'raise' policy) abandons the step: the run
-    stops with the last finished step checkpointed."""
+    slowest process's. A reward failure (the 'raise' policy), a user component's failure or a
+    stop that could not wait for the step abandons it: the run stops with the last finished
+    step checkpointed (:meth:`Run.abandon_step`)."""
     timer, step_start = StageTimer(), run.step_start()
     try:
         with run.autocast():
             outcome = training_step(run, timer)
     except RewardError as err:
-        raise run.abandon_step(step_start, err) from None
+        raise run.abandon_step(step_start, err, "fix the reward function, then continue with --resume true") from None
+    except UserCodeError as err:
+        raise run.abandon_step(step_start, err, "fix it, then continue with --resume true",
+                               update_began="update" in timer.seconds) from None
+    except StopNow as stop:
+        raise run.abandon_step(step_start, stop, "continue with the same command plus --resume true",
+                               update_began="update" in timer.seconds) from None
     run.state.train_seconds += run.components.procs.max([timer.total])[0]  # the slowest process sets the pace
     return outcome, timer
 

@@ -10,8 +10,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from podsrl.interrupts import StopNow
 from podsrl.models.precision import autocast
 from podsrl.provenance import record_environment
+from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import TrainerProgress
 from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from podsrl.trainer.components import Cadence, Components, RunState
@@ -155,19 +157,30 @@ class Run:
         return {"sampler": self.state.prompt_selector.state_dict(), "engine": parts.engine.state_dict(),
                 "group_size": parts.group_size.state_dict()}
 
-    def abandon_step(self, step_start: dict, reason: Exception) -> TrainingStopped:
-        """Undo the unfinished step (a reward function failed under the 'raise' policy: the
-        update has not run), checkpoint the last finished step exactly as an uninterrupted run
-        had it, and return the one-line stop to raise."""
+    def abandon_step(self, step_start: dict, reason: BaseException, advice: str,
+                     update_began: bool = False) -> TrainingStopped:
+        """Undo the unfinished step (a reward function failed under the 'raise' policy, a user
+        component failed, or a stop could not wait), checkpoint the last finished step exactly
+        as an uninterrupted run had it, and return the one-line stop to raise. Not where the
+        step's update had begun (the weights may have moved), nor where only this process
+        failed in a multi-process run (a checkpoint needs every process): the last checkpoint
+        on disk is then left as it was."""
         parts, state = self.components, self.state
         state.step -= 1
+        signum = getattr(reason, "signum", None)
+        agreed = isinstance(reason, RewardError) or parts.procs.world_size == 1
+        how = f"by {reason}" if isinstance(reason, StopNow) else f"{reason}"
+        if update_began or not agreed:
+            good = list_checkpoints(parts.checkpoints)
+            return TrainingStopped(f"stopped in step {state.step + 1}: {how}; last checkpoint, left as it was: "
+                                   f"{good[-1] if good else 'none'}; {advice}", signum=signum)
         state.prompt_selector.load_state_dict(step_start["sampler"])
         parts.engine.load_state_dict(step_start["engine"])
         parts.group_size.load_state_dict(step_start["group_size"])
         if not (parts.checkpoints / f"step_{state.step:07d}").is_dir():
             self.checkpoint()
-        return TrainingStopped(f"stopped in step {state.step + 1}: {reason}; checkpoint of step {state.step} in "
-                               f"{parts.checkpoints}: fix the reward function, then continue with --resume true")
+        return TrainingStopped(f"stopped in step {state.step + 1}: {how}; checkpoint of step {state.step} in "
+                               f"{parts.checkpoints}: {advice}", signum=signum)
 
     def checkpoint(self) -> None:
         """Write a checkpoint of the current step (every process must call this)."""

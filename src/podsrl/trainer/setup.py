@@ -17,6 +17,7 @@ from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.config import Config, validate
+from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
 from podsrl.methods import METHODS
 from podsrl.metrics import MetricsLog
@@ -25,6 +26,7 @@ from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, Pr
 from podsrl.provenance import record_environment
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
+from podsrl.rewards.worker import reward_name
 from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, generate
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
@@ -77,6 +79,7 @@ def reward_functions(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None 
     for fn in fns:
         if not callable(fn):
             raise TypeError(f"reward_funcs: {fn!r} is not callable (expected fn(prompts, completions, **columns))")
+        check_reward_signature(fn, "reward_funcs", reward_name(fn))
     if cfg.reward_weights and len(cfg.reward_weight_values) != len(fns):
         raise ValueError(f"reward_weights: {len(cfg.reward_weight_values)} weights for {len(fns)} reward functions")
     return fns
@@ -91,7 +94,7 @@ def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions
 
 def update_options(cfg: Config) -> UpdateOptions:
     return UpdateOptions(micro_batch_size=cfg.micro_batch_size, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                         beta=cfg.beta, loss_aggregation=LOSSES.resolve(cfg.loss_type),
+                         beta=cfg.beta, loss_aggregation=LOSSES.checked(cfg.loss_type),
                          max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
                          activation_checkpointing=cfg.gradient_checkpointing,
                          sampler_correction=sampler_correction(cfg))
@@ -215,7 +218,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
-    engine = ENGINES.resolve(cfg.generation_engine)(generation_options(cfg, procs.world_size))
+    engine = ENGINES.checked(cfg.generation_engine)(generation_options(cfg, procs.world_size))
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
     policy = bundle.model.to(procs.device(cfg.device))
@@ -226,7 +229,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     components = Components(
         cfg=cfg, procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0], test_split=splits[1],
         scorer=scorer, engine=engine, group_size=group_size_policy(cfg), method=METHODS[cfg.method],
-        advantage_estimator=ADVANTAGES.resolve(cfg.advantage_estimator), policy=policy,
+        advantage_estimator=ADVANTAGES.checked(cfg.advantage_estimator), policy=policy,
         reference=reference, optimizer=optimizer, scheduler=scheduler,
         metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
@@ -245,7 +248,7 @@ def prompt_selector(cfg: Config, train_prompts: int) -> PromptSelector:
                                      refill_rounds=cfg.dynamic_sampling_rounds,
                                      half_life=cfg.pass_rate_half_life, prior_strength=cfg.pass_rate_prior_strength,
                                      exploration=cfg.pass_rate_exploration)
-    return PROMPT_SELECTORS.resolve(cfg.prompt_selector)(train_prompts, options)
+    return PROMPT_SELECTORS.checked(cfg.prompt_selector)(train_prompts, options)
 
 
 def group_size_policy(cfg: Config) -> GroupSizePolicy:

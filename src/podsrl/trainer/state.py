@@ -7,6 +7,8 @@ import signal
 import sys
 import threading
 
+from podsrl import interrupts
+
 
 def sampling_seed(seed: int, step: int, first_prompt: int) -> int:
     """The RNG seed of the rollouts of one chunk of a step's prompts.
@@ -27,25 +29,34 @@ class TrainingStopped(RuntimeError):
 
 
 class StopSignals:
-    """SIGINT / SIGTERM request a clean stop after the current step; a second SIGINT
-    interrupts at once. Handlers are installed only in the main thread, and restored."""
+    """SIGINT / SIGTERM request a clean stop after the current step; user code running then
+    (or later in the step) gets a few seconds to return before it is interrupted, and a second
+    SIGINT or SIGTERM interrupts at once (:mod:`podsrl.interrupts`: both raise ``StopNow``, a
+    ``KeyboardInterrupt``). Handlers are installed only in the main thread, and restored."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
+        interrupts.clear()
         if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+                self._previous[sig] = signal.getsignal(sig)
             for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._request)
+                signal.signal(sig, self._request)
         return self
 
     def _request(self, signum, _frame) -> None:
+        if self.signum is not None:
+            interrupts.stop_now(signum)  # the second: no more waiting
         self.signum = signum
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is not ignored
-        print(f"\n{signal.Signals(signum).name}: stopping after this step and writing a checkpoint ...",
-              file=sys.stderr, flush=True)
+        print(f"\n{signal.Signals(signum).name}: stopping after this step and writing a checkpoint ... "
+              f"(again: stop at once)", file=sys.stderr, flush=True)
+        interrupts.stop_requested(signum)
 
     def __exit__(self, *exc) -> None:
+        interrupts.clear()
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: a handler not installed from Python, left as it is
+                signal.signal(sig, handler)

@@ -1,0 +1,165 @@
+"""The contract of every extension kind, kept where user code meets podsrl.
+
+A registered name or ``module:function`` resolves through a :class:`podsrl.registry.Registry`,
+which checks the object's signature once, at start-up (``Registry.resolve``), and whose
+``checked`` form runs each call inside :func:`calling` and checks what came back (the kind's
+``check_output``). So a rule, advantage estimator, loss, prompt selector or engine that raises,
+exits, hangs or returns the wrong thing is reported as that function failing, in one line
+naming the config field, the function and what was wrong, never as a traceback deep in the
+update or as a run that trains on garbage. The checks are a few comparisons on tensors of
+[P, m] or smaller per call (``benchmarks/contract_cost.py`` measures them).
+
+The trainer stops on a :class:`UserCodeError` as it does on a failed reward: the unfinished
+step is undone and the last finished step checkpointed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Sequence
+
+import torch
+
+from podsrl import interrupts
+
+
+class UserCodeError(ValueError):
+    """An extension (a user's, or podsrl's own) raised or broke its contract; the message is
+    one line naming the config field and the function (a ValueError: a bad value, in a sense,
+    as a bad config is)."""
+
+
+def spec_name(obj: Any) -> str:
+    """How errors name a component given as an object (a name from the config is used as is)."""
+    module = getattr(obj, "__module__", "") or ""
+    return f"{module}:{getattr(obj, '__qualname__', type(obj).__name__)}".lstrip(":")
+
+
+def error_line(err: BaseException) -> str:
+    """``Type: message`` on one line, cut to a readable length."""
+    try:
+        text = " ".join(str(err).split())
+    except Exception:  # a user exception whose __str__ fails
+        text = "(unprintable message)"
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _user_line(err: BaseException) -> str:
+    """``, at FILE:LINE``: the innermost frame of the traceback outside podsrl and the standard
+    library, where the user's code went wrong."""
+    tb, found = err.__traceback__, ""
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if "/podsrl/" not in path and not path.startswith(sys.prefix) and not path.startswith(sys.base_prefix):
+            found = f", at {path}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
+def check_signature(obj: Any, field: str, spec: str, takes: str, arity: int) -> None:
+    """``obj`` must accept ``arity`` positional arguments (``takes`` says which, in words)."""
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin without a signature: the first call tells
+        return
+    try:
+        signature.bind(*([None] * arity))
+    except TypeError:
+        raise ValueError(f"{field}: {spec} must accept {takes}; it takes {signature}") from None
+
+
+def check_reward_signature(fn: Any, field: str, spec: str) -> None:
+    """A reward function is called as TRL calls it, ``fn(prompts=..., completions=..., **columns)``
+    (the data's other columns, ``completion_ids``, ``trainer_state``): it must take those."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    takes_columns = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+    try:
+        signature.bind(prompts=None, completions=None)
+    except TypeError:
+        takes_columns = False
+    if not takes_columns:
+        raise ValueError(f"{field}: {spec} must accept (prompts, completions, **kwargs), TRL's reward signature "
+                         f"(the other columns come as keywords); it takes {signature}")
+
+
+@contextmanager
+def calling(field: str, spec: str):
+    """Run a user's component: a stop can end it (:mod:`podsrl.interrupts`), and whatever it
+    raises (``SystemExit`` included) becomes a :class:`UserCodeError` naming it. (podsrl's own
+    components are not run through this: their errors are already podsrl's one-line errors,
+    and their calls end.)"""
+    with interrupts.user_code(f"{field} {spec}"):
+        try:
+            yield
+        except UserCodeError:
+            raise
+        except (Exception, SystemExit) as err:
+            raise UserCodeError(f"{field}: {spec} failed: {error_line(err)}{_user_line(err)}") from err
+
+
+def broken(field: str, spec: str, what: str) -> UserCodeError:
+    return UserCodeError(f"{field}: {spec} returned {what}")
+
+
+def tensor_like(value: Any, field: str, spec: str, shape: Sequence[int], floating: bool) -> torch.Tensor:
+    """``value`` as a tensor of ``shape``, floating point or integer (not bool) as asked."""
+    if not isinstance(value, torch.Tensor):
+        raise broken(field, spec, f"a {type(value).__name__}, not a torch.Tensor of shape {list(shape)}")
+    if tuple(value.shape) != tuple(shape):
+        raise broken(field, spec, f"shape {list(value.shape)}, expected {list(shape)}")
+    if floating and not value.is_floating_point():
+        raise broken(field, spec, f"dtype {value.dtype}, expected a floating-point tensor")
+    if not floating and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+        raise broken(field, spec, f"dtype {value.dtype}, expected integer indices")
+    return value
+
+
+def finite(value: torch.Tensor, field: str, spec: str, where: torch.Tensor | None = None) -> torch.Tensor:
+    """``value``, refused if it holds NaN or inf (where ``where`` is True, if given)."""
+    bad = ~torch.isfinite(value)
+    if where is not None:
+        bad = bad & where
+    if bool(bad.any()):
+        count = int(bad.sum())
+        raise broken(field, spec, f"{count} non-finite value{'s' if count > 1 else ''} (NaN or inf)")
+    return value
+
+
+def index_list(value: Any, field: str, spec: str, count: int, size: int) -> list[int]:
+    """``value`` as ``count`` indices into ``range(size)`` (ints, numpy ints or a 1-d tensor)."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if value.dim() == 1 and not value.is_floating_point() else [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise broken(field, spec, f"a {type(value).__name__}, expected a list of {count} prompt indices") from None
+    if len(items) != count:
+        raise broken(field, spec, f"{len(items)} prompt indices, expected {count}")
+    out = []
+    for item in items:
+        if isinstance(item, bool) or not hasattr(item, "__index__"):
+            raise broken(field, spec, f"{item!r} among its prompt indices, expected integers")
+        if not 0 <= int(item) < size:
+            raise broken(field, spec, f"prompt index {int(item)}, outside 0..{size - 1}")
+        out.append(int(item))
+    return out
+
+
+def number_record(value: Any, field: str, spec: str, taken: Callable[[str], bool]) -> dict[str, float]:
+    """A dict of metric names to numbers, none of them a name ``taken`` by the trainer."""
+    if not isinstance(value, dict):
+        raise broken(field, spec, f"a {type(value).__name__} from record(), expected a dict of numbers")
+    for key, number in value.items():
+        if not isinstance(key, str) or taken(key):
+            raise broken(field, spec, f"the metric {key!r} from record(), a name the trainer writes itself; "
+                                      f"give it another name")
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+            raise broken(field, spec, f"{key}={number!r} from record(), expected a finite number")
+    return value

@@ -1,0 +1,97 @@
+"""Stops that reach user code: a signal ends a run within seconds even while a user's rule,
+estimator, loss, prompt selector, engine or reward hangs.
+
+The trainer's signal handler (:class:`podsrl.trainer.state.StopSignals`) asks for a clean stop
+after the current step. That is enough while podsrl's own code runs, since a step ends; user
+code may never return. So every call into user code runs inside :func:`user_code`: a stop
+asked for while it runs (or already pending when it starts) gives it ``GRACE_SECONDS`` to
+return, then :class:`StopNow` is raised inside it (from a ``SIGALRM`` timer, in the main
+thread, where Python runs signal handlers: a ``time.sleep``, a socket wait or a pure-Python
+loop is interrupted; a C extension that never returns to the interpreter is not). A second
+signal raises :class:`StopNow` at once, wherever the run is.
+
+:class:`StopNow` is a ``KeyboardInterrupt``: user code that catches ``Exception`` does not
+swallow it, and code that cleans up after a Ctrl-C cleans up after it too.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+
+GRACE_SECONDS = 2.0  # how long user code may take to return once a stop is asked for
+
+
+class StopNow(KeyboardInterrupt):
+    """A stop that could not wait for the step to end: ``signum`` the signal, ``where`` the
+    user code it interrupted ('' where it was podsrl's own)."""
+
+    def __init__(self, signum: int, where: str = "") -> None:
+        super().__init__(f"{signal.Signals(signum).name}{f' in {where}' if where else ''}")
+        self.signum, self.where = signum, where
+
+
+class _Stops:
+    """The process's one view of stops: which user code runs now, and the pending signal."""
+
+    inside: str | None = None  # a label of the user code running now ('advantage_estimator my.py:adv')
+    pending: int | None = None  # the signal of a stop asked for and not yet done
+
+
+_stops = _Stops()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_if_inside(_signum, _frame) -> None:
+    """SIGALRM: the grace is over; interrupt the user code still running."""
+    if _stops.inside is not None and _stops.pending is not None:
+        raise StopNow(_stops.pending, _stops.inside)
+
+
+def _arm(seconds: float) -> None:
+    if _in_main_thread():
+        signal.signal(signal.SIGALRM, _raise_if_inside)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def _disarm() -> None:
+    if _in_main_thread():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@contextmanager
+def user_code(label: str):
+    """Run user code (``label`` names it, e.g. ``"loss_type my_losses.py:mean"``) where a stop
+    can end it: see the module's docstring."""
+    outer, _stops.inside = _stops.inside, label
+    if outer is None and _stops.pending is not None:
+        _arm(GRACE_SECONDS)  # a stop is pending: this call gets the grace, not forever
+    try:
+        yield
+    finally:
+        _stops.inside = outer
+        if outer is None:
+            _disarm()
+
+
+def stop_requested(signum: int) -> None:
+    """A first signal: the run stops after the step; user code running now gets the grace."""
+    _stops.pending = signum
+    if _stops.inside is not None:
+        _arm(GRACE_SECONDS)
+
+
+def stop_now(signum: int) -> None:
+    """A second signal: stop wherever the run is."""
+    _stops.pending = signum
+    raise StopNow(signum, _stops.inside or "")
+
+
+def clear() -> None:
+    """The run is over (or a new one starts): no stop pending, no timer left."""
+    _stops.pending, _stops.inside = None, None
+    _disarm()

@@ -1,0 +1,339 @@
+"""Every extension kind keeps its contract at the boundary (podsrl.contracts): a wrong
+signature is refused at start-up, a wrong output on the call that returns it, both in one line
+naming the field and the function; user code that raises, or hangs while a stop is asked
+for, ends the run with the last finished step checkpointed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+import time
+
+import pytest
+import torch
+
+from podsrl.algorithms.advantages import ADVANTAGES
+from podsrl.algorithms.loss import LOSSES
+from podsrl.algorithms.select import RULES, Groups, max_variance, select
+from podsrl.config import make_config, validate
+from podsrl.contracts import UserCodeError
+from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, add_selector_record
+from podsrl.rollout import ENGINES, GenerationOptions
+from podsrl.trainer import TrainingStopped, train
+from podsrl.trainer.checkpoints import list_checkpoints
+
+
+def user_file(tmp_path, source: str, name: str = "mine.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+# --- signatures, at start-up ------------------------------------------------------------------
+WRONG_SIGNATURES = {
+    "downsampling_rule": "def wrong(rewards):\n    return rewards\n",
+    "advantage_estimator": "def wrong(rewards):\n    return rewards\n",
+    "loss_type": "def wrong(per_token, mask):\n    return per_token.sum()\n",
+    "prompt_selector": "class wrong:\n    def __init__(self):\n        pass\n",
+    "generation_engine": "class wrong:\n    def __init__(self, a, b):\n        pass\n",
+}
+
+
+@pytest.mark.parametrize("field", sorted(WRONG_SIGNATURES))
+def test_a_wrong_signature_is_refused_before_any_work_naming_field_and_function(tmp_path, field):
+    spec = f"{user_file(tmp_path, WRONG_SIGNATURES[field])}:wrong"
+    with pytest.raises(ValueError) as refused:
+        validate(make_config(overrides={field: spec, "output_dir": str(tmp_path / "run")}))
+    message = str(refused.value)
+    assert message.startswith(f"{field}: {spec} must accept (") and "\n" not in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_reward_without_trls_signature_is_refused_before_the_model_loads(tmp_path, random_model_dir):
+    spec = user_file(tmp_path, "def wrong(completions):\n    return [0.0] * len(completions)\n") + ":wrong"
+    cfg = make_config(overrides={"model": random_model_dir, "reward_funcs": spec, "output_dir": str(tmp_path / "run")})
+    with pytest.raises(ValueError, match=r"reward_funcs: .*wrong must accept \(prompts, completions, \*\*kwargs\)"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+# --- rules: what comes back -------------------------------------------------------------------
+def rule_returning(value):
+    def rule(rewards, m, generator=None):
+        return value(rewards, m) if callable(value) else value
+    return rule
+
+
+BAD_INDICES = {
+    "one column, m=2": (lambda r, m: torch.zeros(r.shape[0], 1, dtype=torch.long),
+                        r"shape \[3, 1\], expected \[3, 2\]"),
+    "m+2 columns": (lambda r, m: torch.zeros(r.shape[0], m + 2, dtype=torch.long), r"shape \[3, 4\]"),
+    "an index twice": (lambda r, m: torch.zeros(r.shape[0], m, dtype=torch.long), "an index twice within one group"),
+    "out of range": (lambda r, m: torch.full((r.shape[0], m), 6), r"index 6, outside 0..5"),
+    "negative": (lambda r, m: torch.tensor([[0, -1]] * r.shape[0]), r"index -1, outside 0..5"),
+    "floats": (lambda r, m: torch.zeros(r.shape[0], m), "dtype torch.float32, expected integer indices"),
+    "bools": (lambda r, m: torch.ones(r.shape[0], m, dtype=torch.bool), "expected integer indices"),
+    "a list": (lambda r, m: [[0, 1]] * r.shape[0], "a list, not a torch.Tensor"),
+    "None": (lambda r, m: None, "a NoneType, not a torch.Tensor"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INDICES))
+def test_a_rules_wrong_indices_are_one_line_naming_the_rule(case):
+    make, expected = BAD_INDICES[case]
+    rule = rule_returning(make)
+    with pytest.raises(UserCodeError, match=expected) as refused:
+        select(rule, torch.rand(3, 6), 2)
+    assert str(refused.value).startswith("downsampling_rule: ") and "rule_returning.<locals>.rule" in str(refused.value)
+
+
+def test_any_valid_subset_passes_and_comes_back_sorted_within_each_group():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        num_prompts, n = int(torch.randint(1, 5, ())), int(torch.randint(1, 9, ()))
+        m = int(torch.randint(1, n + 1, ()))
+        chosen = torch.stack([torch.randperm(n, generator=generator)[:m] for _ in range(num_prompts)])  # [P, m]
+        keep = select(rule_returning(chosen.int()), torch.rand(num_prompts, n), m)
+        assert keep.dtype == torch.long and torch.equal(keep, chosen.sort(dim=1).values)
+
+
+def test_a_groups_rule_may_not_keep_a_sample_early_stop_skipped():
+    def keeps_the_last(groups, m, generator=None):
+        return torch.arange(6 - m, 6).expand(groups.rewards.shape[0], m)
+    keeps_the_last.takes_groups = True
+    generated = torch.ones(2, 6, dtype=torch.bool)
+    generated[1, 5] = False
+    with pytest.raises(UserCodeError, match="a sample early stop never generated"):
+        select(keeps_the_last, Groups(torch.rand(2, 6), generated), 2)
+
+
+def test_a_rule_that_raises_is_named_with_the_line_in_the_users_file(tmp_path):
+    spec = user_file(tmp_path, "def rule(rewards, m, generator=None):\n    return 1 / 0\n") + ":rule"
+    with pytest.raises(UserCodeError, match=rf"downsampling_rule: {spec} failed: ZeroDivisionError: .*mine.py:2"):
+        select(spec, torch.rand(2, 4), 2)
+
+
+def test_the_built_in_rules_pass_unchanged():
+    rewards = torch.rand(5, 8)
+    assert torch.equal(select("max_variance", rewards, 3), max_variance(rewards, 3))
+    assert RULES.resolve("max_variance") is max_variance  # resolving still gives the function itself
+
+
+# --- estimators and losses --------------------------------------------------------------------
+@pytest.mark.parametrize("output, expected", [
+    (lambda r: r * float("nan"), "non-finite value"),
+    (lambda r: r[:, :1], r"shape \[2, 1\], expected \[2, 3\]"),
+    (lambda r: r.long(), "expected a floating-point tensor"),
+    (lambda r: r.tolist(), "a list, not a torch.Tensor"),
+])
+def test_an_estimators_wrong_output_is_one_line(output, expected):
+    estimator = ADVANTAGES.checked(lambda rewards, scale_by_std: output(rewards))
+    with pytest.raises(UserCodeError, match=expected) as refused:
+        estimator(torch.rand(2, 3), True)
+    assert str(refused.value).startswith("advantage_estimator: ")
+
+
+def test_the_group_estimator_passes_its_own_check():
+    rewards = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    assert torch.equal(ADVANTAGES.checked("group")(rewards, True), ADVANTAGES["group"](rewards, True))
+
+
+def per_token_terms(finite: bool = True) -> torch.Tensor:
+    terms = torch.rand(2, 4, requires_grad=True)
+    return terms * (1 if finite else float("nan"))
+
+
+@pytest.mark.parametrize("output, expected", [
+    (lambda t, mask: t.sum() * float("nan"), "nan from finite per-token terms"),
+    (lambda t, mask: t.sum().detach(), "a loss without a gradient"),
+    (lambda t, mask: t.sum(1), r"shape \[2\], expected \[\]"),
+    (lambda t, mask: 0.5, "a float, not a torch.Tensor"),
+])
+def test_a_losss_wrong_output_is_one_line(output, expected):
+    loss = LOSSES.checked(lambda t, mask, sequences, tokens: output(t, mask))
+    with pytest.raises(UserCodeError, match=expected) as refused:
+        loss(per_token_terms(), torch.ones(2, 4), 2, 8.0)
+    assert str(refused.value).startswith("loss_type: ")
+
+
+def test_a_non_finite_loss_from_non_finite_terms_is_the_models_and_passes_to_the_skip():
+    """The step-skip guarantee (docs/reliability.md, non-finite steps) stays: only a loss that
+    turns finite terms into NaN is the loss function's fault."""
+    for name in ("grpo", "dapo"):
+        assert torch.isnan(LOSSES.checked(name)(per_token_terms(finite=False), torch.ones(2, 4), 2, 8.0))
+
+
+# --- prompt selectors and engines -------------------------------------------------------------
+SELECTOR = """
+class Picky:
+    refill_rounds = 0
+    learns = False
+
+    def __init__(self, size, options):
+        self.size = size
+
+    def take(self, count, step, group_size):
+        return {take}
+
+    def observe(self, step, indices, correct):
+        pass
+
+    def record(self):
+        return {record}
+
+    def state_dict(self):
+        return {state}
+
+    def load_state_dict(self, state):
+        pass
+"""
+
+
+def selector(tmp_path, take="list(range(count))", record="{}", state="{}"):
+    name = f"selector_{len(list(tmp_path.glob('selector_*.py')))}.py"  # a file is loaded once: a new one each time
+    spec = user_file(tmp_path, SELECTOR.format(take=take, record=record, state=state), name) + ":Picky"
+    return PROMPT_SELECTORS.checked(spec)(10, PromptSelectionOptions(prompts_per_step=4))
+
+
+@pytest.mark.parametrize("take, expected", [
+    ("[0, 1]", "2 prompt indices, expected 4"),
+    ("[0, 1, 2, -1]", "prompt index -1, outside 0..9"),
+    ("[0, 1, 2, 10]", "prompt index 10, outside 0..9"),
+    ("[0.0, 1.0, 2.0, 3.0]", "0.0 among its prompt indices, expected integers"),
+    ("None", "a NoneType, expected a list of 4 prompt indices"),
+])
+def test_a_selectors_take_must_give_count_indices_into_the_train_split(tmp_path, take, expected):
+    with pytest.raises(UserCodeError, match=expected) as refused:
+        selector(tmp_path, take=take).take(4, 1, 4)
+    assert str(refused.value).startswith("prompt_selector: ")
+
+
+def test_numpy_and_tensor_indices_are_accepted(tmp_path):
+    assert selector(tmp_path, take="__import__('numpy').arange(count)").take(4, 1, 4) == [0, 1, 2, 3]
+    assert selector(tmp_path, take="__import__('torch').arange(count)").take(4, 1, 4) == [0, 1, 2, 3]
+
+
+def test_a_selectors_record_may_not_overwrite_the_trainers_metrics(tmp_path):
+    numbers = selector(tmp_path, record="{'loss': 0.0}").record()
+    record = {"step": 1, "loss": 0.25}
+    with pytest.raises(UserCodeError, match="the metric 'loss' .* a name the trainer writes itself"):
+        add_selector_record(numbers, record)
+    assert record["loss"] == 0.25
+    with pytest.raises(UserCodeError, match=r"x='a' from record\(\), expected a finite number"):
+        selector(tmp_path, record="{'x': 'a'}").record()
+
+
+def test_a_selector_state_that_is_not_json_is_refused_at_set_up_not_at_the_first_checkpoint(tmp_path):
+    with pytest.raises(UserCodeError, match=r"Picky.state_dict\(\) returned a state that is not JSON"):
+        selector(tmp_path, state="{'rng': object()}")
+
+
+def test_a_selector_missing_a_method_is_refused(tmp_path):
+    spec = user_file(tmp_path, "class Half:\n    def __init__(self, size, options):\n        pass\n") + ":Half"
+    with pytest.raises(ValueError, match=r"prompt_selector: .*Half has no method take\(\)"):
+        PROMPT_SELECTORS.checked(spec)(10, PromptSelectionOptions())
+
+
+def test_an_engines_rollouts_must_have_the_group_shape(tmp_path, tiny):
+    source = """
+    from podsrl.rollout import HFEngine
+
+    class Short(HFEngine):
+        def __call__(self, model, tokenizer, prompts, num_samples, stopper=None):
+            return super().__call__(model, tokenizer, prompts[:1], num_samples, stopper)
+    """
+    engine = ENGINES.checked(user_file(tmp_path, source) + ":Short")(GenerationOptions(max_new_tokens=3))
+    with pytest.raises(UserCodeError, match=r"generation_engine: .*Short returned completion_ids of shape \[1, 2, "):
+        engine(tiny.model, tiny.tokenizer, ["1+1=", "2+2="], 2)
+    assert engine.state_dict() == {}  # the rest is the engine's own
+
+
+# --- in a run: failures and hangs end it with the last finished step checkpointed ---------------
+# each kind's user code, failing (raise) or hanging after asking the trainer to stop (hang) on
+# its call in step 2; the rest of the time it does what the built-in does
+KINDS = {
+    "downsampling_rule": ("""
+        from podsrl.algorithms.select import max_variance
+        def component(rewards, m, generator=None):
+            misbehave()
+            return max_variance(rewards, m)
+    """, ":component"),
+    "advantage_estimator": ("""
+        from podsrl.algorithms.advantages import group_advantages
+        def component(rewards, scale_by_std):
+            misbehave()
+            return group_advantages(rewards, scale_by_std)
+    """, ":component"),
+    "loss_type": ("""
+        from podsrl.algorithms.loss import sequence_mean
+        def component(per_token, mask, num_sequences, num_tokens):
+            misbehave()
+            return sequence_mean(per_token, mask, num_sequences, num_tokens)
+    """, ":component"),
+    "prompt_selector": ("""
+        from podsrl.prompt_selection import ShuffledPass
+        class Component(ShuffledPass):
+            def take(self, count, step=0, group_size=0):
+                misbehave()
+                return super().take(count, step, group_size)
+    """, ":Component"),
+    "generation_engine": ("""
+        from podsrl.rollout import HFEngine
+        class Component(HFEngine):
+            def __call__(self, *args, **kwargs):
+                misbehave()
+                return super().__call__(*args, **kwargs)
+    """, ":Component"),
+    "reward_funcs": ("""
+        def component(prompts, completions, **columns):
+            misbehave(trainer=os.getppid())  # in the reward worker: the trainer is its parent
+            return [float(len(c) % 2) for c in completions]
+    """, ":component"),
+}
+MISBEHAVE = """
+import os, signal, time
+calls = [0]
+def misbehave(trainer=None):
+    calls[0] += 1
+    if calls[0] == 2:
+        if {hang}:
+            os.kill(trainer or os.getpid(), signal.SIGTERM)  # as a scheduler does, while it hangs
+            time.sleep(600)
+        raise RuntimeError("broken on purpose")
+"""
+
+
+def misbehaving_run(tmp_path, random_model_dir, kind, hang):
+    source, attr = KINDS[kind]
+    spec = user_file(tmp_path, MISBEHAVE.format(hang=hang) + textwrap.dedent(source), f"{kind}_component.py") + attr
+    values = dict(model=random_model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=4,
+                  num_kept=2, max_completion_length=6, eval_prompts=4, eval_samples=1, eval_steps=0, save_steps=1,
+                  progress=False, output_dir=str(tmp_path / "run"), **{kind: spec})
+    return make_config(overrides={k: str(v) for k, v in values.items()}), spec
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_user_code_that_raises_stops_the_run_naming_it_with_the_last_step_checkpointed(tmp_path, random_model_dir,
+                                                                                       kind):
+    cfg, spec = misbehaving_run(tmp_path, random_model_dir, kind, hang=False)
+    with pytest.raises(TrainingStopped) as stopped:
+        train(cfg)
+    message = str(stopped.value)
+    assert message.startswith("stopped in step 2: ") and "broken on purpose" in message and "\n" not in message
+    assert kind == "reward_funcs" or f"{kind}: {spec} failed: RuntimeError" in message
+    assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_0000001"]
+    assert [r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_sigterm_ends_the_run_within_seconds_while_user_code_hangs(tmp_path, random_model_dir, kind):
+    cfg, spec = misbehaving_run(tmp_path, random_model_dir, kind, hang=True)
+    start = time.monotonic()
+    with pytest.raises(TrainingStopped) as stopped:
+        train(cfg)
+    assert time.monotonic() - start < 60  # the hang is 600 s and the reward timeout 300 s
+    assert stopped.value.signum == signal.SIGTERM
+    assert f"stopped in step 2: by SIGTERM in {kind} " in str(stopped.value)
+    assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_0000001"]
+    assert signal.getsignal(signal.SIGTERM) is not None and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
