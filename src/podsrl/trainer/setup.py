@@ -215,6 +215,9 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
+    # the same on every process; built before the run's files are written: a selector that
+    # refuses the train split (pass_rate, fewer prompts than prompts_per_step) leaves no files
+    selector = prompt_selector(cfg, len(splits[0].examples))
     engine = ENGINES.resolve(cfg.generation_engine)(generation_options(cfg, procs.world_size))
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
@@ -234,7 +237,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
                           run_name=str(run_dir)),
         update_options=update_options(cfg), eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine),
         reward_bounds=bounds, eval_generate=getattr(engine, "generate", generate))  # vllm evaluates on its engine
-    state = RunState(prompt_selector=prompt_selector(cfg, len(splits[0].examples)),  # the same on every process
+    state = RunState(prompt_selector=selector,
                      generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
     return Run(components, state, Cadence.from_config(cfg))
 
