@@ -34,7 +34,14 @@ from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.logging import say
 from podsrl.trainer.run import Run
-from podsrl.trainer.run_dir import RunDirError, RunLock, check_output_dir, check_resume_config
+from podsrl.trainer.run_dir import (
+    RunDirError,
+    RunLock,
+    check_output_dir,
+    check_resume_config,
+    clear_stopped_run,
+    stopped_before_first_checkpoint,
+)
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
 
 
@@ -150,14 +157,31 @@ def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None]:
         refusal = err
     _agreed(procs, refusal)  # every process has checked output_dir before the main one writes to it
     try:
-        lock = RunLock(run_dir).acquire() if procs.is_main else None
+        lock = _lock_and_recheck(cfg, run_dir) if procs.is_main else None
     except RunDirError as err:
         refusal = err
     _agreed(procs, refusal)
-    if lock and lock.stale_holder:
-        say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
-            f"(killed?); that process is gone, so this run takes the folder over")
     return run_dir, lock
+
+
+def _lock_and_recheck(cfg: Config, run_dir: Path) -> RunLock:
+    """Lock the folder, then check it again: until the lock was ours another run could write
+    there (a folder that looked like a stopped run may now hold its checkpoint). A run that
+    stopped before its first checkpoint is cleared only now, when no live run writes there."""
+    lock = RunLock(run_dir).acquire()
+    try:
+        if lock.stale_holder:
+            say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
+                f"(killed?); that process is gone, so this run takes the folder over")
+        check_output_dir(cfg.output_dir, cfg.resume)
+        if not cfg.resume and stopped_before_first_checkpoint(run_dir):
+            say(f"output_dir: {run_dir} holds a run that stopped before its first checkpoint (nothing to resume); "
+                f"starting it afresh")
+            clear_stopped_run(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: str, procs: Processes) -> None:
