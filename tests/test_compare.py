@@ -259,3 +259,24 @@ def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it():
         {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "max_variance"}]
     with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'oracle'"):
         arm_configs(base, ["pods"], ["max_variance"], [16], [4], ["oracle"])
+
+
+def test_a_restarted_comparison_starts_a_run_that_stopped_before_its_first_checkpoint_afresh(random_model_dir,
+                                                                                             tmp_path, monkeypatch):
+    """compare resumed any run folder holding metrics.jsonl; one with no checkpoint yet has
+    nothing to resume, and the restarted comparison stopped there every time (#38)."""
+    from podsrl.experiments.compare import run_comparison
+
+    base = make_config(overrides={"model": random_model_dir, "task": "parity", "prompts_per_step": "2",
+                                  "num_generations": "4", "num_kept": "2", "max_completion_length": "6",
+                                  "eval_prompts": "4", "eval_samples": "1", "eval_steps": "0", "save_steps": "50"})
+    arms = arm_configs(base, ["pods"], ["max_variance"], [4], [2])
+
+    def bug(*_args, **_kwargs):
+        raise RuntimeError("a bug in step 1")
+
+    with monkeypatch.context() as patch, pytest.raises(RuntimeError, match="a bug in step 1"):
+        patch.setattr("podsrl.trainer.loop.update_policy", bug)
+        run_comparison(base, arms, 1, 0.01, tmp_path, log=lambda _line: None)
+    (run_dir,) = run_comparison(base, arms, 1, 0.01, tmp_path, log=lambda _line: None)
+    assert (run_dir / "summary.json").exists()

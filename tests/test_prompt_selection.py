@@ -247,3 +247,18 @@ def test_max_train_prompts_limits_the_pool_and_pass_rate_refuses_a_smaller_one(r
     assert max(r["selector_prompts_seen"] for r in records if r["step"] > 0) <= 6
     with pytest.raises(ValueError, match="max_train_prompts: pass_rate draws prompts_per_step = 4"):
         make_config(overrides={"prompt_selector": "pass_rate", "max_train_prompts": "3", "prompts_per_step": "4"})
+
+
+def test_a_pass_rate_pool_smaller_than_prompts_per_step_is_refused_before_the_run_folder_gets_a_file(
+        random_model_dir, tmp_path):
+    """The pool is known only once the prompts are tokenised (max_prompt_tokens drops some), so
+    this is refused at set-up, not by the config check; the run folder must not keep a config.json
+    that the same command would then call a run (#38)."""
+    rows = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(10)]
+    for name, part in (("train", rows[:2]), ("test", rows[2:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in part))
+    with pytest.raises(ValueError, match=r"^prompt_selector: pass_rate draws prompts_per_step = 4 different prompts "
+                                         r"per step, more than the 2 usable train prompts$"):
+        run(random_model_dir, tmp_path / "run", prompt_selector="pass_rate", task="jsonl",
+            train_data=tmp_path / "train.jsonl", test_data=tmp_path / "test.jsonl")
+    assert not (tmp_path / "run").exists()

@@ -20,6 +20,7 @@ from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer import checkpoints as checkpoints_module
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.run_dir import LOCK_FILE, RunDirError, RunLock, check_resume_config
+from podsrl.update import update_policy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,6 +140,165 @@ def test_a_second_process_is_refused_at_once_naming_the_holder_and_a_killed_hold
     assert f"pid {holder.pid} on " in stale.stale_holder
     stale.release()
     assert RunLock(out).acquire().stale_holder == ""  # a clean release leaves no trace
+
+
+# --- a run that stopped before its first checkpoint --------------------------------------------------
+def same_command(model_dir, out):
+    """A run with no checkpoint before it ends, tracked (tracking/) and logging rollouts."""
+    return quick(model_dir, out, max_steps=3, save_steps=0, report_to="tensorboard")
+
+
+@pytest.fixture(scope="module")
+def stopped_run(random_model_dir, tmp_path_factory):
+    """What a run leaves when a bug stops it in step 2, before its first checkpoint: config.json,
+    environment.json, data.json, metrics.jsonl (steps 0-1), rollouts.jsonl, tracking/, the lock."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    calls = []
+
+    def buggy_update(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("a bug in step 2")
+        return update_policy(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("podsrl.trainer.loop.update_policy", buggy_update)
+        with pytest.raises(RuntimeError, match="a bug in step 2"):
+            train(same_command(random_model_dir, out))
+    assert {p.name for p in out.iterdir()} == {LOCK_FILE, "config.json", "environment.json", "data.json",
+                                               "metrics.jsonl", "rollouts.jsonl", "tracking"}
+    return out
+
+
+def cut_config(run):
+    config = run / "config.json"
+    config.write_bytes(config.read_bytes()[:300])
+
+
+def empty_config(run):
+    (run / "config.json").write_bytes(b"")
+
+
+def corrupt_metrics(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(lines[0] + "\n{not json\n" + "\n".join(lines[1:]) + "\n")
+
+
+def partial_checkpoint(run):
+    (run / "checkpoints" / "step_0000001.tmp").mkdir(parents=True)
+    (run / "checkpoints" / "step_0000001.tmp" / "trainable.pt").write_bytes(b"cut off")
+
+
+@pytest.mark.parametrize("damage", [None, cut_config, empty_config, corrupt_metrics, partial_checkpoint])
+def test_a_run_that_stopped_before_its_first_checkpoint_starts_afresh_with_the_same_command(
+        random_model_dir, stopped_run, tmp_path, capfd, damage):
+    run = copy_of(stopped_run, tmp_path)
+    if damage:
+        damage(run)
+    train(same_command(random_model_dir, run))
+    assert (f"output_dir: {run} holds a run that stopped before its first checkpoint (nothing to resume); "
+            f"starting it afresh") in capfd.readouterr().err
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]  # afresh, not appended
+    logged = [r["step"] for r in read_metrics(run / "rollouts.jsonl")]
+    assert set(logged) == {1, 2, 3} and logged.count(1) == logged.count(3)  # step 1's once
+    assert len(json.loads((run / "environment.json").read_text())) == 1  # this start only
+    events = [list((folder / "tracking").rglob("events.out.tfevents*")) for folder in (run, stopped_run)]
+    assert len(events[0]) == len(events[1]) and not set(events[0]) & {run / p.relative_to(stopped_run)
+                                                                      for p in events[1]}  # one start's
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000003"]  # no partial folder left
+
+
+def user_file(run):
+    (run / "notes.txt").write_text("mine\n")
+    return "files podsrl did not write \\(notes.txt\\)"
+
+
+def user_file_in_checkpoints(run):
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "notes.txt").write_text("mine\n")
+    return "files podsrl did not write \\(checkpoints/notes.txt\\)"
+
+
+def linked_log(run):
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(run.parent / "elsewhere.jsonl")
+    (run.parent / "elsewhere.jsonl").write_text('{"step": 0}\n')
+    return "files podsrl did not write \\(metrics.jsonl\\)"
+
+
+def a_checkpoint(run, finished_run):
+    shutil.copytree(list_checkpoints(finished_run / "checkpoints")[0], run / "checkpoints" / "step_0000001")
+    return "already holds a run; pass --resume true"
+
+
+def a_summary(run):
+    (run / "summary.json").write_text("{}\n")
+    return "already holds a run; pass --resume true"
+
+
+def a_model_config(run):
+    (run / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return "holds a model"
+
+
+def a_foreign_config(run):
+    (run / "config.json").write_text("hello\n")
+    return "is not empty"
+
+
+@pytest.mark.parametrize("spoil", [user_file, user_file_in_checkpoints, linked_log, a_checkpoint, a_summary,
+                                   a_model_config, a_foreign_config])
+def test_a_stopped_run_beside_anything_podsrl_did_not_write_is_refused_and_untouched(
+        random_model_dir, stopped_run, finished_run, tmp_path, nothing_loads, spoil):
+    run = copy_of(stopped_run, tmp_path)
+    expected = spoil(run, finished_run) if spoil is a_checkpoint else spoil(run)
+    before = snapshot(tmp_path)
+    with pytest.raises(RunDirError, match=f"^output_dir: {run} .*{expected}") as refused:
+        train(same_command(random_model_dir, run))
+    assert "\n" not in str(refused.value) and snapshot(tmp_path) == before
+
+
+def test_a_stopped_run_whose_folder_another_process_holds_is_refused_and_untouched(
+        random_model_dir, stopped_run, tmp_path, nothing_loads):
+    run = copy_of(stopped_run, tmp_path)
+    (run / LOCK_FILE).unlink()
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(run)
+        with pytest.raises(RunDirError, match=f"in use by another run \\(pid {holder.pid} on "):
+            train(same_command(random_model_dir, run))
+        assert snapshot(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("damage", [None, cut_config])
+def test_resume_of_a_run_that_stopped_before_its_first_checkpoint_says_to_run_without_resume(
+        random_model_dir, stopped_run, tmp_path, nothing_loads, damage):
+    run = copy_of(stopped_run, tmp_path)
+    if damage:
+        damage(run)
+    before = snapshot(run)
+    with pytest.raises(RunDirError, match=f"^resume: {run} holds a run that stopped before its first checkpoint, "
+                                          f"so there is nothing to resume; run the same command without --resume "
+                                          f"true to start it afresh") as refused:
+        train(quick(random_model_dir, run, max_steps=3, save_steps=0, report_to="tensorboard", resume=True))
+    assert "\n" not in str(refused.value) and snapshot(run) == before
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_an_unreadable_config_json_beside_checkpoints_is_one_line_naming_it(random_model_dir, finished_run,
+                                                                            tmp_path, nothing_loads, resume):
+    run = copy_of(finished_run, tmp_path)
+    cut_config(run)
+    before = snapshot(run)
+    field = "resume" if resume else "output_dir"
+    with pytest.raises(RunDirError, match=f"^{field}: {run / 'config.json'} is unreadable \\(JSONDecodeError: .*"
+                                          f"restore it from a backup") as refused:
+        train(quick(random_model_dir, run, max_steps=4, resume=resume))
+    assert "\n" not in str(refused.value) and snapshot(run) == before
 
 
 # --- resume never destroys ---------------------------------------------------------------------------

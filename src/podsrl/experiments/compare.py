@@ -33,6 +33,7 @@ from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.trainer import train
+from podsrl.trainer.checkpoints import list_checkpoints
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
@@ -323,7 +324,8 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
                    log=print) -> list[Path]:
     """Train every arm x seed on this machine with the same training-time budget, in the
     interleaved order of :func:`run_plan`. Finished runs are reused and interrupted ones
-    resumed, so a long comparison can be restarted."""
+    resumed from their checkpoint (one stopped before its first checkpoint is started afresh
+    in its folder), so a long comparison can be restarted."""
     run_dirs = []
     plan = run_plan(arms, [base.seed + k for k in range(seeds)])
     for i, (arm, seed) in enumerate(plan, start=1):
@@ -334,7 +336,7 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
             continue
         cfg = dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=10**9,
                                   output_dir=str(run_dir), progress=False,
-                                  resume=(run_dir / "metrics.jsonl").exists())
+                                  resume=bool(list_checkpoints(run_dir / "checkpoints")))
         validate(cfg)
         result = train(cfg)
         log(f"[{i}/{len(plan)}] {run_dir}: {result.steps} steps, accuracy "

@@ -4,7 +4,9 @@ checkpoint.
 
 podsrl never writes into a folder it did not make for a run: a model folder, a file, the
 current directory's files or another run are refused before anything loads
-(docs/reliability.md, "Output folders").
+(docs/reliability.md, "Output folders"). The one exception is podsrl's own: a run that
+stopped before its first checkpoint left only files podsrl writes at a run's start, with
+nothing to resume, so the same command starts it afresh there, replacing just those files.
 """
 
 from __future__ import annotations
@@ -15,15 +17,27 @@ import datetime
 import fcntl
 import json
 import os
+import re
+import shutil
 import socket
 from pathlib import Path
 
 from podsrl.config import BOOKKEEPING_FIELDS, Config
+from podsrl.trainer.checkpoints import list_checkpoints
 
 LOCK_FILE = ".podsrl.lock"
 RUN_MARKERS = ("metrics.jsonl", "config.json")  # what a podsrl run folder holds from its first start
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_config.json",
                "adapter_model.safetensors", "tokenizer.json")
+# What a run writes before its first checkpoint, and nothing else: the lock (RunLock),
+# config.json, environment.json and data.json (setup._write_run_files), the step-0 evaluation
+# and the steps' logs (metrics.jsonl, rollouts.jsonl), the trackers' folder (tracking/), and
+# checkpoints/ holding at most a checkpoint cut off while being written (step_N.tmp).
+# config.json last: clear_stopped_run removes them in this order.
+START_FILES = (LOCK_FILE, "environment.json", "data.json", "metrics.jsonl", "rollouts.jsonl", "config.json")
+START_FOLDERS = ("checkpoints", "tracking")
+PARTIAL_CHECKPOINT = re.compile(r"step_\d{7,}\.tmp")
+CONFIG_HEAD = f'{{\n  "{dataclasses.fields(Config)[0].name}": '  # how every config.json podsrl writes begins
 
 # Fields a resume may change: when and how the run is logged, checkpointed and stopped, not
 # what it trains (docs/reliability.md lists them). Changing any other field would make the
@@ -61,18 +75,115 @@ def is_model_folder(path: Path) -> bool:
         return False
 
 
+def _podsrl_config(config: Path) -> bool:
+    """config.json as podsrl writes it (a JSON object with a method and no model_type), or one
+    cut off while podsrl wrote it (a crash, a full disk): empty, zeroed, or podsrl's first line."""
+    try:
+        text = config.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        saved = json.loads(text)
+    except ValueError:
+        return not text.strip("\0") or text[:len(CONFIG_HEAD)] == CONFIG_HEAD[:len(text)]
+    return isinstance(saved, dict) and "method" in saved and "model_type" not in saved
+
+
+def _real(path: Path, folder: bool) -> bool:
+    """A plain file (or folder), not a link: clearing a link could reach what it points to."""
+    return not path.is_symlink() and (path.is_dir() if folder else path.is_file())
+
+
+def _not_written_at_start(path: Path) -> list[str]:
+    """What in a run folder podsrl does not write before a run's first checkpoint (a user's
+    file, a link, a checkpoint, model/, summary.json ...), by name."""
+    found = [entry.name for entry in path.iterdir()
+             if not (entry.name in START_FILES and _real(entry, folder=False)
+                     or entry.name in START_FOLDERS and _real(entry, folder=True))]
+    checkpoints = path / "checkpoints"
+    if _real(checkpoints, folder=True):
+        found += [f"checkpoints/{p.name}" for p in checkpoints.iterdir()
+                  if not (PARTIAL_CHECKPOINT.fullmatch(p.name) and _real(p, folder=True))]
+    return sorted(found)
+
+
+def stopped_before_first_checkpoint(path: Path) -> bool:
+    """A run folder holding only what podsrl writes before a run's first checkpoint (its
+    config.json among them), so no checkpoint, no model/ and no summary.json: the run has
+    nothing to resume, and nothing in the folder is anyone else's, so the same command may
+    start it afresh there (:func:`clear_stopped_run`)."""
+    config = path / "config.json"
+    return (path.is_dir() and _real(config, folder=False) and _podsrl_config(config)
+            and not _not_written_at_start(path))
+
+
+def clear_stopped_run(path: Path) -> None:
+    """Remove what a run that stopped before its first checkpoint wrote (the caller holds the
+    lock, so no live run is writing there). config.json goes last: a clearing cut short still
+    leaves a folder that :func:`stopped_before_first_checkpoint` recognises."""
+    try:
+        for name in START_FOLDERS:
+            if (path / name).exists():
+                shutil.rmtree(path / name)
+        for name in START_FILES:
+            if name != LOCK_FILE:
+                (path / name).unlink(missing_ok=True)
+    except OSError as err:
+        raise RunDirError(f"output_dir: could not clear the stopped run in {path} ({err}); remove its files by hand "
+                          f"or choose another --output_dir") from None
+
+
+def _check_config_readable(path: Path, field: str) -> None:
+    """A run with checkpoints whose config.json is unreadable: resume checks the config against
+    that file, so podsrl neither guesses it nor treats the folder as foreign; say what to do."""
+    config = path / "config.json"
+    if not (config.is_file() and list_checkpoints(path / "checkpoints")):
+        return
+    try:
+        json.loads(config.read_text())
+    except (ValueError, OSError) as err:
+        raise RunDirError(f"{field}: {config} is unreadable ({type(err).__name__}: {err}) and the run has "
+                          f"checkpoints; resume checks the config against it: restore it from a backup (the "
+                          f"command of each start is in environment.json), or start a new run in another "
+                          f"--output_dir") from None
+
+
+def _refuse_a_stopped_run_with_other_files(path: Path) -> None:
+    """A run that stopped before its first checkpoint beside files podsrl did not write: podsrl
+    deletes only its own files, so it cannot start afresh there; say which files are in the way."""
+    if not (is_run_folder(path) and not list_checkpoints(path / "checkpoints")):
+        return
+    others = _not_written_at_start(path)
+    if others and not {"model", "summary.json"} & set(others):  # a finished run is a run, as ever
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise RunExistsError(f"output_dir: {path} holds a run that stopped before its first checkpoint and files "
+                             f"podsrl did not write ({shown}); podsrl removes only its own files: move those out "
+                             f"to start the run afresh there, or choose another --output_dir")
+
+
 def check_output_dir(output_dir: str, resume: bool) -> Path:
-    """The run folder for ``output_dir``, or :class:`RunDirError` when it cannot be one."""
+    """The run folder for ``output_dir``, or :class:`RunDirError` when it cannot be one. A
+    run that stopped before its first checkpoint is accepted for a new start (the caller
+    clears it under the lock) and refused for a resume, saying how to start it afresh."""
     if not str(output_dir).strip():
         raise RunDirError("output_dir: empty; name a folder for the run, e.g. --output_dir runs/my-run")
     path = Path(output_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise RunDirError(f"output_dir: {path} is a file, not a folder; choose another --output_dir")
+    stopped = stopped_before_first_checkpoint(path)
+    if resume and stopped:
+        raise RunDirError(f"resume: {path} holds a run that stopped before its first checkpoint, so there is "
+                          f"nothing to resume; run the same command without --resume true to start it afresh "
+                          f"(podsrl reuses the folder)")
+    if stopped:
+        return path
+    _check_config_readable(path, "resume" if resume else "output_dir")
     if resume:
         if not is_run_folder(path):
             raise RunDirError(f"resume: {path} holds no podsrl run to resume (no metrics.jsonl and config.json); "
                               f"drop --resume to start a new run there, or name the run's folder")
         return path
+    _refuse_a_stopped_run_with_other_files(path)
     if is_run_folder(path):
         raise RunExistsError(f"output_dir: {path} already holds a run; pass --resume true to continue it or "
                           f"choose another --output_dir")

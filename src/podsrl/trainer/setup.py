@@ -36,7 +36,14 @@ from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.logging import say
 from podsrl.trainer.run import Run
-from podsrl.trainer.run_dir import RunDirError, RunLock, check_output_dir, check_resume_config
+from podsrl.trainer.run_dir import (
+    RunDirError,
+    RunLock,
+    check_output_dir,
+    check_resume_config,
+    clear_stopped_run,
+    stopped_before_first_checkpoint,
+)
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
 
 
@@ -153,14 +160,31 @@ def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None]:
         refusal = err
     _agreed(procs, refusal)  # every process has checked output_dir before the main one writes to it
     try:
-        lock = RunLock(run_dir).acquire() if procs.is_main else None
+        lock = _lock_and_recheck(cfg, run_dir) if procs.is_main else None
     except RunDirError as err:
         refusal = err
     _agreed(procs, refusal)
-    if lock and lock.stale_holder:
-        say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
-            f"(killed?); that process is gone, so this run takes the folder over")
     return run_dir, lock
+
+
+def _lock_and_recheck(cfg: Config, run_dir: Path) -> RunLock:
+    """Lock the folder, then check it again: until the lock was ours another run could write
+    there (a folder that looked like a stopped run may now hold its checkpoint). A run that
+    stopped before its first checkpoint is cleared only now, when no live run writes there."""
+    lock = RunLock(run_dir).acquire()
+    try:
+        if lock.stale_holder:
+            say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
+                f"(killed?); that process is gone, so this run takes the folder over")
+        check_output_dir(cfg.output_dir, cfg.resume)
+        if not cfg.resume and stopped_before_first_checkpoint(run_dir):
+            say(f"output_dir: {run_dir} holds a run that stopped before its first checkpoint (nothing to resume); "
+                f"starting it afresh")
+            clear_stopped_run(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: str, procs: Processes) -> None:
@@ -218,6 +242,9 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
+    # the same on every process; built before the run's files are written: a selector that
+    # refuses the train split (pass_rate, fewer prompts than prompts_per_step) leaves no files
+    selector = prompt_selector(cfg, len(splits[0].examples))
     engine = ENGINES.checked(cfg.generation_engine)(generation_options(cfg, procs.world_size))
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
@@ -237,7 +264,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
                           run_name=str(run_dir)),
         update_options=update_options(cfg), eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine),
         reward_bounds=bounds, eval_generate=getattr(engine, "generate", generate))  # vllm evaluates on its engine
-    state = RunState(prompt_selector=prompt_selector(cfg, len(splits[0].examples)),  # the same on every process
+    state = RunState(prompt_selector=selector,
                      generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
     return Run(components, state, Cadence.from_config(cfg))
 
