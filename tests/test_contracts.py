@@ -5,6 +5,7 @@ for, ends the run with the last finished step checkpointed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import textwrap
@@ -337,3 +338,26 @@ def test_a_sigterm_ends_the_run_within_seconds_while_user_code_hangs(tmp_path, r
     assert f"stopped in step 2: by SIGTERM in {kind} " in str(stopped.value)
     assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_0000001"]
     assert signal.getsignal(signal.SIGTERM) is not None and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_second_signal_outside_a_step_is_one_line_with_the_last_checkpoint(tmp_path, random_model_dir,
+                                                                             monkeypatch):
+    """StopNow raised by a second signal while the run evaluates (outside any step) is the
+    same one-line stop, exit code included, never a traceback."""
+    from podsrl.interrupts import StopNow
+    from podsrl.trainer.run import Run
+
+    evaluate, calls = Run.evaluate, []
+
+    def evaluate_then_interrupted(run):
+        calls.append(run.state.step)
+        if run.state.step == 2:
+            raise StopNow(signal.SIGINT)
+        return evaluate(run)
+    monkeypatch.setattr(Run, "evaluate", evaluate_then_interrupted)
+    cfg, _ = misbehaving_run(tmp_path, random_model_dir, "advantage_estimator", hang=False)
+    cfg = dataclasses.replace(cfg, advantage_estimator="group", eval_steps=2)
+    with pytest.raises(TrainingStopped) as stopped:
+        train(cfg)
+    assert stopped.value.signum == signal.SIGINT and calls == [0, 2]
+    assert str(stopped.value).startswith("stopped by SIGINT after step 2; last checkpoint: ")
