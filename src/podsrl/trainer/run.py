@@ -176,6 +176,8 @@ class Run:
         engine_states = parts.procs.gather_objects(parts.engine.state_dict())  # each process's own
         group_size = parts.group_size.state_dict()
         if parts.procs.is_main:  # whole parameters and optimizer state are the same on every process
+            for log in (parts.metrics, parts.rollout_log):
+                log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
             save_checkpoint(parts.checkpoints, step=state.step, weights=weights, optimizer_state=optimizer_state,
                             scheduler=parts.scheduler, generators=state.generators, keep=parts.cfg.save_total_limit,
                             engine_states=engine_states,
