@@ -42,3 +42,32 @@ def test_the_logs_are_synced_before_each_checkpoint(random_model_dir, tmp_path, 
         metrics = [last for _, name, last in before if name == "metrics.jsonl"]
         assert metrics and metrics[-1] == step, synced
         assert any(name == "rollouts.jsonl" for _, name, _ in before), synced
+
+
+# --- a full disk at the final model save ----------------------------------------------------------------
+def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_how_to_export(
+        random_model_dir, tmp_path, monkeypatch):
+    from transformers import PreTrainedModel
+
+    from podsrl.trainer.export import export_run
+
+    out = tmp_path / "run"
+    train(quick(random_model_dir, out, max_steps=2))
+    before = (out / "model" / "model.safetensors").read_bytes()
+
+    def full_disk(self, folder, *args, **kwargs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
+    with pytest.raises(OSError, match=r"^model: could not write .*model \(OSError: \[Errno 28\] No space left on "
+                                      r"device\); removed model.tmp, the previous model/ is as it was") as failed:
+        train(quick(random_model_dir, out, max_steps=3, resume=True))
+    message = str(failed.value)
+    assert "\n" not in message and f"podsrl export {out} OUTPUT_DIR --checkpoint step_0000003" in message
+    assert not (out / "model.tmp").exists() and (out / "model" / "model.safetensors").read_bytes() == before
+    assert list_checkpoints(out / "checkpoints")[-1].name == "step_0000003"
+    monkeypatch.undo()
+    exported = export_run(out, tmp_path / "exported", checkpoint="step_0000003")  # the advice works
+    assert json.loads((exported / "podsrl_export.json").read_text())["step"] == 3

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from podsrl.models.precision import autocast
 from podsrl.provenance import record_environment
+from podsrl.registry import error_line
 from podsrl.rewards.scorer import TrainerProgress
 from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from podsrl.trainer.components import Cadence, Components, RunState
@@ -214,7 +215,8 @@ class Run:
 
     def _save_model(self, weights: dict | None) -> None:
         """Write model/ as a whole: into model.tmp, then swapped in, so a crash while saving
-        leaves the previous model/ (a resumed run's) loadable."""
+        leaves the previous model/ (a resumed run's) loadable. A write error (a full disk) is
+        one line saying how to export the last checkpoint instead; model.tmp is removed."""
         parts = self.components
         final, staging, previous = (parts.run_dir / name for name in ("model", "model.tmp", "model.previous"))
         for leftover in (staging, previous):
@@ -222,9 +224,26 @@ class Run:
         # podsrl never resizes the vocabulary, so the adapter needs no embedding weights;
         # peft's default ("auto") would look the base's config up on the hub to check
         lora = {"save_embedding_layers": False} if parts.bundle.uses_lora else {}
-        parts.policy.save_pretrained(staging, state_dict=weights, **lora)
-        parts.bundle.tokenizer.save_pretrained(staging)
-        if final.exists():
-            os.replace(final, previous)
-        os.replace(staging, final)
+        try:
+            parts.policy.save_pretrained(staging, state_dict=weights, **lora)
+            parts.bundle.tokenizer.save_pretrained(staging)
+            if final.exists():
+                os.replace(final, previous)
+            os.replace(staging, final)
+        except (OSError, RuntimeError) as err:  # a full disk: safetensors may raise either
+            if previous.exists() and not final.exists():
+                os.replace(previous, final)  # the swap failed half-way: the previous model/ comes back
+            shutil.rmtree(staging, ignore_errors=True)
+            raise OSError(self._save_failed(final, err)) from None
         shutil.rmtree(previous, ignore_errors=True)
+
+    def _save_failed(self, final: Path, err: BaseException) -> str:
+        """The one line for a final model that could not be written: what is kept, and the
+        export that redoes it once there is room."""
+        parts = self.components
+        good = list_checkpoints(parts.checkpoints)
+        kept = "the previous model/ is as it was" if final.exists() else "no model/ was written"
+        redo = (f"free space, then export the last checkpoint: podsrl export {parts.run_dir} OUTPUT_DIR "
+                f"--checkpoint {good[-1].name}" if good else "no checkpoint to export")
+        return (f"model: could not write {final} ({error_line(err)}); removed model.tmp, {kept}; the training "
+                f"is kept in {good[-1] if good else 'no checkpoint'}: {redo}")
