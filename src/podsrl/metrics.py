@@ -1,7 +1,8 @@
 """A run's metrics.jsonl: one JSON record per step, appended and flushed as written (and
-fsync'ed before each checkpoint: :meth:`MetricsLog.sync`); NaN and inf are written as null. Read by the trainer (on resume), ``podsrl plot`` /
-``compare`` and the benchmarks. rollouts.jsonl (a sample of each step's rollouts, one
-record per rollout) is the same kind of log."""
+fsync'ed before each checkpoint: :meth:`MetricsLog.sync`); NaN and inf are written as null.
+Read by the trainer (on resume), ``podsrl plot`` / ``compare`` and the benchmarks.
+rollouts.jsonl (a sample of each step's rollouts, one record per rollout) is the same kind
+of log."""
 
 from __future__ import annotations
 
