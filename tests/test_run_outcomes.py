@@ -3,6 +3,7 @@ the final model save, and runs that trained nothing exiting non-zero."""
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,75 @@ def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_h
     monkeypatch.undo()
     exported = export_run(out, tmp_path / "exported", checkpoint="step_0000003")  # the advice works
     assert json.loads((exported / "podsrl_export.json").read_text())["step"] == 3
+
+
+# --- a run that learned nothing is a failure, with its files kept ---------------------------------------
+REWARDS = """
+def nothing(prompts, completions, **kw):
+    return [None] * len(completions)
+
+def broken(prompts, completions, **kw):
+    raise RuntimeError("the grading server is down")
+
+def huge(prompts, completions, **kw):
+    return [1e38] * len(completions)  # finite, but the group's mean and variance overflow float32
+
+def parity(prompts, completions, **kw):
+    import zlib
+    return [float(zlib.crc32(c.encode()) % 2) for c in completions]
+"""
+
+
+def cli_args(model_dir, out, *extra):
+    values = dict(model=model_dir, max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=0,
+                  progress=False, output_dir=str(out), learning_rate=1e-3, warmup_steps=0, task="parity",
+                  reward_error_policy="zero")
+    return ["train", *[item for k, v in values.items() for item in (f"--{k}", str(v))], *extra]
+
+
+def skip_every_step(monkeypatch):
+    import torch
+
+    from podsrl import update
+
+    real = update.policy_loss
+
+    def nan_gradient(logp, *args, **kwargs):  # finite loss, non-finite gradient: the step is skipped
+        loss, stats = real(logp, *args, **kwargs)
+        return loss + torch.sqrt((logp * 0).sum().abs()), stats
+
+    monkeypatch.setattr(update, "policy_loss", nan_gradient)
+
+
+@pytest.mark.parametrize("reward, why", [
+    ("nothing", "no reward applied in the 2 steps run"),
+    ("broken", "no reward applied in the 2 steps run"),
+    ("huge", "no reward applied in the 2 steps run"),
+    ("skipped", "all 2 optimizer steps were skipped"),
+    ("parity", ""),
+])
+def test_a_run_that_learned_nothing_exits_non_zero_saying_why_and_keeps_its_files(
+        random_model_dir, tmp_path, monkeypatch, capsys, reward, why):
+    from podsrl.cli import main
+
+    monkeypatch.setattr("podsrl.cli.plot_accuracy", lambda *args, **kwargs: tmp_path / "accuracy.png")
+    rewards = tmp_path / "learned_nothing_rewards.py"
+    rewards.write_text(REWARDS)
+    if reward == "skipped":
+        skip_every_step(monkeypatch)
+    out = tmp_path / "run"
+    spec = f"{rewards}:{'parity' if reward == 'skipped' else reward}"
+    try:
+        code = main(cli_args(random_model_dir, out, "--reward_funcs", spec, "--max_consecutive_skips", "5"))
+    finally:
+        sys.modules.pop("learned_nothing_rewards", None)
+    err = capsys.readouterr().err.strip().splitlines()
+    summary = json.loads((out / "summary.json").read_text())
+    assert (out / "model").is_dir() and list_checkpoints(out / "checkpoints")
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    if not why:
+        assert code == 0 and "failure" not in summary
+        return
+    assert code == 1 and err[-1].startswith(f"podsrl train: error: {why}") and str(out) in err[-1]
+    assert summary["failure"].startswith(why)

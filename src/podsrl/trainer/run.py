@@ -33,6 +33,7 @@ class RunResult:
     steps: int
     train_seconds: float
     is_main: bool = True  # False in the other processes of a multi-process run (they write nothing)
+    failure: str = ""  # why the run learned nothing though it finished ("" = it trained); podsrl train exits 1
 
 
 class Run:
@@ -188,11 +189,14 @@ class Run:
         parts.procs.barrier()
         self.cadence.last_checkpoint_time = time.time()
 
-    def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int) -> RunResult:
+    def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int,
+               trained: int) -> RunResult:
         """The last checkpoint, the final model (whole weights or the LoRA adapter) and
         summary.json; the accuracy plot is the caller's (``podsrl train`` draws it). A resumed
         run that had no step left to do (``first_step`` is the step it started at) leaves its
-        finished files as they are."""
+        finished files as they are. ``trained``: the steps since ``first_step`` whose update was
+        not skipped; a run that learned nothing still writes its files, and says why in
+        ``RunResult.failure`` and summary.json."""
         parts, state = self.components, self.state
         procs = parts.procs
         result = RunResult(run_dir=parts.run_dir, initial=initial, final=final, steps=state.step,
@@ -202,6 +206,7 @@ class Run:
                 say(f"{parts.run_dir} finished earlier at step {state.step}; nothing to do (raise max_steps or "
                     f"max_minutes to train further)")
             return result
+        result.failure = self._learned_nothing(state.step - first_step, trained)
         if not (parts.checkpoints / f"step_{state.step:07d}").is_dir():
             self.checkpoint()
         weights = procs.full_state(parts.policy, parts.optimizer)[0] if procs.sharded else None  # every process
@@ -209,9 +214,27 @@ class Run:
             self._save_model(weights)
             (parts.run_dir / "summary.json").write_text(json.dumps({
                 "steps": state.step, "train_seconds": round(state.train_seconds, 2), "initial": initial,
-                "final": final}, indent=2) + "\n")
+                "final": final, **({"failure": result.failure} if result.failure else {})}, indent=2) + "\n")
         procs.barrier()
         return result
+
+    def _learned_nothing(self, steps: int, trained: int) -> str:
+        """Why the ``steps`` steps this process ran taught the model nothing, or "" when they
+        did: no reward ever applied (all None / NaN, or failed under the 'zero' policy: every
+        advantage is 0), or every optimizer step was skipped (non-finite). Such a run is a
+        failure, not a success (every process gets the same answer: the count is summed)."""
+        parts = self.components
+        applied = parts.procs.sum([float(parts.scorer.applied)])[0]
+        if not steps:
+            return ""
+        if not applied:
+            return (f"no reward applied in the {steps} steps run: every reward was None / NaN or its function failed "
+                    f"(reward_error_policy {parts.cfg.reward_error_policy}; see reward_failures and unverifiable "
+                    f"in metrics.jsonl), so nothing was learned")
+        if not trained:
+            return (f"all {steps} optimizer steps were skipped (a non-finite loss or gradient: skipped_step 1 in "
+                    f"metrics.jsonl), so the weights never changed")
+        return ""
 
     def _save_model(self, weights: dict | None) -> None:
         """Write model/ as a whole: into model.tmp, then swapped in, so a crash while saving
