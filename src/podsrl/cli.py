@@ -67,7 +67,7 @@ def cmd_train(argv: list[str]) -> int:
         return 1 if result.failure else 0
     init, final = result.initial, result.final
     print(f"held-out accuracy (sampled, T={cfg.eval_temperature}, {cfg.eval_samples} samples x "
-          f"{cfg.eval_prompts} prompts): {100 * init['eval_accuracy']:.1f}% at step 0 -> "
+          f"{result.eval_prompts} prompts): {100 * init['eval_accuracy']:.1f}% at step 0 -> "
           f"{100 * final['eval_accuracy']:.1f}% at step {result.steps} "
           f"({result.train_seconds / 60:.1f} min of training)")
     if "eval_greedy_accuracy" in final:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,15 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
     return result
 
 
+def eval_shortfall(held_out: int, asked: int) -> str:
+    """The warning for a held-out split smaller than ``eval_prompts`` ('' when it is not):
+    evaluation then uses all of it, and the reports say how many."""
+    if held_out >= asked:
+        return ""
+    return (f"eval_prompts: evaluating on {held_out} prompts, fewer than eval_prompts={asked} asked (the held-out "
+            f"split has no more)")
+
+
 def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     """``podsrl eval``: accuracy of ``cfg.model`` on the task's held-out split.
 
@@ -120,6 +130,8 @@ def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     if not split.examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} (dropped {split.dropped} "
                          f"over max_prompt_tokens={cfg.max_prompt_tokens})")
+    if eval_shortfall(len(split.examples), options.prompts):
+        print(f"warning: {eval_shortfall(len(split.examples), options.prompts)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     evaluation = evaluate(bundle, task, split, options, seed=cfg.seed)
     seconds = time.perf_counter() - start

@@ -33,6 +33,7 @@ class RunResult:
     steps: int
     train_seconds: float
     is_main: bool = True  # False in the other processes of a multi-process run (they write nothing)
+    eval_prompts: int = 0  # held-out prompts each evaluation used: eval_prompts, or fewer when the split is smaller
     failure: str = ""  # why the run learned nothing though it finished ("" = it trained); podsrl train exits 1
 
 
@@ -200,7 +201,8 @@ class Run:
         parts, state = self.components, self.state
         procs = parts.procs
         result = RunResult(run_dir=parts.run_dir, initial=initial, final=final, steps=state.step,
-                           train_seconds=state.train_seconds, is_main=procs.is_main)
+                           train_seconds=state.train_seconds, is_main=procs.is_main,
+                           eval_prompts=min(parts.cfg.eval_prompts, len(parts.test_split.examples)))
         if state.step == first_step and (parts.run_dir / "summary.json").exists():
             if procs.is_main:
                 say(f"{parts.run_dir} finished earlier at step {state.step}; nothing to do (raise max_steps or "
