@@ -217,3 +217,15 @@ def test_loss_type_takes_trls_values_that_podsrl_implements():
     for loss_type, aggregation in (("grpo", "sequence"), ("dapo", "token")):
         cfg = make_config(overrides={"loss_type": loss_type})
         assert LOSSES[cfg.loss_type] is update_options(cfg).loss_aggregation.fn is AGGREGATIONS[aggregation]
+
+
+def test_a_key_given_twice_in_yaml_is_an_error_naming_file_key_and_lines(tmp_path):
+    """PyYAML silently keeps the last of two equal keys; which one the user meant is unknown."""
+    path = tmp_path / "twice.yaml"
+    path.write_text("learning_rate: 1e-3\nmax_steps: 3\n\nlearning_rate: 2e-3\n")
+    with pytest.raises(ValueError, match=r"^\S*twice.yaml line 4: duplicate key 'learning_rate' \(first set on "
+                                         r"line 1\); YAML keeps only the last: remove one$"):
+        make_config(path)
+    path.write_text("defaults: &d {max_steps: 3}\n")  # anchors and distinct keys still load (then fail as unknown)
+    with pytest.raises(ValueError, match="unknown config field 'defaults'"):
+        make_config(path)

@@ -278,10 +278,11 @@ def test_numbers_in_lists_tuples_arrays_and_tensors_are_accepted(value, expected
 
 @pytest.mark.parametrize("policy", ["raise", "zero"])
 def test_a_weighted_sum_past_float32_is_an_error_never_a_silent_inf(policy):
-    """Every combination of large finite values and weights: the reward is finite, or the
-    sample fails naming the functions that contributed to it."""
+    """Every combination of large finite values and weights: the reward is within
+    +/-REWARD_LIMIT (its group's mean and variance stay finite in float32), or the sample
+    fails naming the functions that contributed to it."""
     rng = random.Random(0)
-    magnitudes = [1e308, -1e308, 3e38, 2e38, -3e38, 1.0, -5.0, 1e-300, None]
+    magnitudes = [1e308, -1e308, 3e38, 2e38, -3e38, 1e38, 1e15, -1e16, 1.0, -5.0, 1e-300, None]
     for _ in range(60):
         values = [[rng.choice(magnitudes) for _ in range(4)] for _ in range(2)]
         weights = [rng.choice([10.0, 1.0, -1.0, 0.5]) for _ in range(2)]
@@ -289,7 +290,8 @@ def test_a_weighted_sum_past_float32_is_an_error_never_a_silent_inf(policy):
         for fn, name in zip(fns, ("big", "small")):
             fn.__name__ = name
         sums = [_float32(sum(w * v[i] for w, v in zip(weights, values) if v[i] is not None)) for i in range(4)]
-        bad = [i for i in range(4) if not math.isfinite(sums[i]) and any(v[i] is not None for v in values)]
+        bad = [i for i in range(4) if not abs(sums[i]) <= stack_module.REWARD_LIMIT
+               and any(v[i] is not None for v in values)]
         stack = RewardStack(fns, weights, error_policy=policy)
         if bad and policy == "raise":
             names = [n for n, v in zip(("big", "small"), values) if v[bad[0]] is not None]
@@ -302,6 +304,26 @@ def test_a_weighted_sum_past_float32_is_an_error_never_a_silent_inf(policy):
         rewards = stack(["p"] * 4, list("abcd"), {})
         assert not rewards.isinf().any() and stack.failures == len(bad)
         assert all(rewards[i] == 0.0 for i in bad)
+
+
+def test_a_reward_of_1e38_is_refused_and_failures_never_count_as_applied():
+    """1e38 is a finite float32, but a group of them has an infinite mean and variance: NaN
+    advantages, null metrics and nothing trained. It is refused like an overflowing sum; under
+    'zero' it, and every failure, scores 0 without counting as a reward that applied."""
+    huge = in_process(_returning([1e38, 1.0]))
+    with pytest.raises(RewardError, match=r"the weighted sum is 1e\+38 on prompt index 0 \(beyond \+/-1e\+15"):
+        RewardStack([huge], [1.0])(["p", "q"], ["a", "b"], {})
+    zero = RewardStack([huge], [1.0], error_policy="zero")
+    assert zero(["p", "q"], ["a", "b"], {}).tolist() == [0.0, 1.0]
+    assert (zero.failures, zero.applied) == (1, 1)
+
+    def broken(prompts, completions, **kwargs):
+        raise RuntimeError("down")
+
+    failing = RewardStack([in_process(broken), in_process(_returning([None, None]))], [1.0, 1.0],
+                          error_policy="zero")
+    assert failing(["p", "q"], ["a", "b"], {}).tolist() == [0.0, 0.0]
+    assert (failing.failures, failing.applied) == (2, 0)
 
 
 def _float32(x: float) -> float:

@@ -64,10 +64,10 @@ def cmd_train(argv: list[str]) -> int:
         print(f"podsrl train: error: {err}", file=sys.stderr)
         return 2
     if not result.is_main:
-        return 0
+        return 1 if result.failure else 0
     init, final = result.initial, result.final
     print(f"held-out accuracy (sampled, T={cfg.eval_temperature}, {cfg.eval_samples} samples x "
-          f"{cfg.eval_prompts} prompts): {100 * init['eval_accuracy']:.1f}% at step 0 -> "
+          f"{result.eval_prompts} prompts): {100 * init['eval_accuracy']:.1f}% at step 0 -> "
           f"{100 * final['eval_accuracy']:.1f}% at step {result.steps} "
           f"({result.train_seconds / 60:.1f} min of training)")
     if "eval_greedy_accuracy" in final:
@@ -78,6 +78,9 @@ def cmd_train(argv: list[str]) -> int:
     print(f"run directory: {result.run_dir}")
     print(f"metrics:       {result.run_dir / 'metrics.jsonl'}")
     print(f"plot:          {plot}")
+    if result.failure:  # the files are written (nothing lost), but the run is no success: say so, last
+        print(f"podsrl train: error: {result.failure} (files kept in {result.run_dir})", file=sys.stderr)
+        return 1
     return 0
 
 

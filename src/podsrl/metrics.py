@@ -1,12 +1,14 @@
-"""A run's metrics.jsonl: one JSON record per step, appended and flushed as written; NaN
-and inf are written as null. Read by the trainer (on resume), ``podsrl plot`` /
-``compare`` and the benchmarks. rollouts.jsonl (a sample of each step's rollouts, one
-record per rollout) is the same kind of log."""
+"""A run's metrics.jsonl: one JSON record per step, appended and flushed as written (and
+fsync'ed before each checkpoint: :meth:`MetricsLog.sync`); NaN and inf are written as null.
+Read by the trainer (on resume), ``podsrl plot`` / ``compare`` and the benchmarks.
+rollouts.jsonl (a sample of each step's rollouts, one record per rollout) is the same kind
+of log."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +35,18 @@ class MetricsLog:
         partial = self.path.with_suffix(".jsonl.partial")  # replaced in one step: a crash keeps the old log
         partial.write_text("".join(line + "\n" for line in kept))
         partial.replace(self.path)
+
+    def sync(self) -> None:
+        """Force what was written onto the disk. Called before a checkpoint: a crash right
+        after it must not lose records the checkpoint counts as done, since a resume
+        continues after the checkpoint's step and would leave a permanent gap."""
+        if not self.path.exists():
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def write(self, record: dict) -> None:
         self.write_many([record])

@@ -217,10 +217,7 @@ def _load_pretrained(path: str, dtype: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if (folder / "adapter_config.json").exists():
-            from peft import PeftModel
-
-            _, base = _load_with_fallback(_adapter_base(path), dtype)
-            return tokenizer, PeftModel.from_pretrained(base, path, is_trainable=True)  # safetensors: checked above
+            return tokenizer, _load_adapter(folder, dtype)
         return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), use_safetensors=True)
     except OSError:
         raise
@@ -229,6 +226,30 @@ def _load_pretrained(path: str, dtype: str):
             raise
         raise ModelFolderError(f"model: could not load {_damaged_file(folder)} ({error_line(err)}); "
                                f"the file is damaged or truncated") from None
+
+
+SHAPE = r"(torch\.Size\(\[[^\]]*\]\))"
+SIZE_MISMATCH = re.compile(rf"size mismatch for (\S+): copying a param with shape {SHAPE} from checkpoint, the shape "
+                           rf"in current model is {SHAPE}")
+
+
+def _load_adapter(folder: Path, dtype: str):
+    """The LoRA adapter in ``folder`` on its base model. An adapter whose shapes do not fit
+    the base it names was trained on another model: that is said (not 'damaged')."""
+    from peft import PeftModel
+
+    base_name = _adapter_base(str(folder))
+    _, base = _load_with_fallback(base_name, dtype)
+    try:
+        return PeftModel.from_pretrained(base, str(folder), is_trainable=True)  # safetensors: checked above
+    except RuntimeError as err:
+        found = SIZE_MISMATCH.search(str(err))
+        if not found:
+            raise
+        raise ModelFolderError(f"model: {folder / 'adapter_config.json'}: the adapter was trained on another model "
+                               f"than its base_model_name_or_path {base_name!r} ({found[1]}: {found[2]} in the "
+                               f"adapter, {found[3]} in the base); set it to the model the adapter was trained on"
+                               ) from None
 
 
 def _damaged_file(folder: Path) -> Path:

@@ -113,6 +113,12 @@ class Scorer:
     def failures(self) -> int:
         return self.correct.failures + self.format.failures + (self.custom.failures if self.custom else 0)
 
+    @property
+    def applied(self) -> int:
+        """Samples the training reward applied to so far (the user's functions when given, else
+        the task's correctness or format): 0 means every reward was None / NaN or failed."""
+        return self.custom.applied if self.custom else self.correct.applied + self.format.applied
+
     def bounds(self) -> tuple[float, float] | None:
         """[low, high] of the training reward when every function declares its bounds
         (``reward_bounds``), else None; unverifiable samples score 0, inside the interval."""
@@ -152,16 +158,16 @@ class Scorer:
     def sample_rewards(self, split: PreparedSplit, prompt_index: list[int], texts: list[str],
                        completion_ids: list[list[int]], trainer_state: Any = None) -> torch.Tensor:
         """The training reward [N] of N single completions (early stop scores samples as they
-        finish). Failures are not counted here: the reward stage scores these samples again
-        and counts them then."""
+        finish). Failures and applied rewards are not counted here: the reward stage scores
+        these samples again and counts them then."""
         stacks = [stack for stack in (self.correct, self.format, self.custom) if stack is not None]
-        before = [stack.failures for stack in stacks]
+        before = [(stack.failures, stack.applied) for stack in stacks]
         try:
             inputs = sample_reward_inputs(split, prompt_index, texts, completion_ids, trainer_state)
             return self._score(inputs, (len(texts),)).reward
         finally:
-            for stack, count in zip(stacks, before):
-                stack.failures = count
+            for stack, (failures, applied) in zip(stacks, before):
+                stack.failures, stack.applied = failures, applied
 
     def _score(self, inputs: RewardInputs, shape: tuple[int, ...]) -> Scores:
         args = (inputs.prompts, inputs.completions, inputs.columns, inputs.shared)

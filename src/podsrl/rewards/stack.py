@@ -17,7 +17,8 @@ Return values: a list or tuple (or a 1-D array / tensor) of numbers or None, one
 completion. None or NaN means "not applicable to this sample" (TRL's convention): the
 weighted sum skips it, like TRL's ``torch.nansum(rewards_per_func * weights, dim=1)``, and a
 sample no function applies to is NaN (unverifiable). +/-inf, bools, strings, and a weighted
-sum that overflows are errors. Under ``error_policy="raise"`` every failure is a one-line
+sum beyond +/-:data:`REWARD_LIMIT` (finite, but its group's mean and variance overflow
+float32, so nothing would train) are errors. Under ``error_policy="raise"`` every failure is a one-line
 :class:`RewardError` naming the function.
 """
 
@@ -42,6 +43,14 @@ from podsrl.rewards.worker import (
 )
 
 DEFAULT_REWARD_TIMEOUT = 300.0  # seconds a call of a user function may take when the stack's timeout is <= 0
+# Rewards beyond this are refused: float32 holds 1e38, but a group's mean and variance square
+# and sum the rewards (1e38 gives inf and NaN advantages); 1e15 leaves room for any batch
+REWARD_LIMIT = 1e15
+
+
+class _Failed(float):
+    """The 0 a failing function scores under the 'zero' policy: a number in the sum, but
+    not a reward that applied (``RewardStack.applied`` does not count it)."""
 
 
 def in_process(fn: RewardFn) -> RewardFn:
@@ -68,8 +77,10 @@ class RewardStack:
     own included), hangs past the timeout, ends its worker process or returns a malformed value
     stops the run with a :class:`RewardError` naming it and the failing prompt index.
     ``"zero"``: the failing samples score 0 from that function and are counted in ``failures``
-    (logged in metrics as ``reward_failures``). ``timeout``: seconds a call of a user function
-    may take; <= 0 means :data:`DEFAULT_REWARD_TIMEOUT`. podsrl's own functions have none.
+    (logged in metrics as ``reward_failures``). ``applied`` counts the samples that got a
+    reward (some function returned a usable value): a run where it stays 0 learned nothing.
+    ``timeout``: seconds a call of a user function may take; <= 0 means
+    :data:`DEFAULT_REWARD_TIMEOUT`. podsrl's own functions have none.
     """
 
     fns: list[RewardFn]
@@ -77,6 +88,7 @@ class RewardStack:
     error_policy: str = "raise"
     timeout: float = 0.0
     failures: int = field(default=0, init=False)
+    applied: int = field(default=0, init=False)
     _worker: RewardWorker | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -98,7 +110,7 @@ class RewardStack:
         (``trainer_state``, ``log_extra``, ``log_metric``).
         """
         n = len(completions)
-        total, verifiable, per_fn = [0.0] * n, [False] * n, []
+        total, verifiable, applied, per_fn = [0.0] * n, [False] * n, [False] * n, []
         for index, (fn, weight) in enumerate(zip(self.fns, self.weights)):
             values = self._call(index, fn, prompts, completions, columns, shared or {})
             per_fn.append(values)
@@ -106,8 +118,11 @@ class RewardStack:
                 if value is not None:
                     total[i] += weight * value  # float64, function after function, as TRL's sum
                     verifiable[i] = True
+                    applied[i] |= not isinstance(value, _Failed)
         rewards = torch.tensor([t if v else math.nan for t, v in zip(total, verifiable)], dtype=torch.float64)
-        return self._finite(rewards.float(), verifiable, per_fn)
+        rewards, bad = self._finite(rewards.float(), verifiable, per_fn)
+        self.applied += sum(applied) - sum(applied[i] for i in bad)
+        return rewards
 
     @property
     def user_timeout(self) -> float:
@@ -141,7 +156,7 @@ class RewardStack:
                 raise RewardError(f"reward function {reward_name(fn)} {timeout} on a batch of {n} "
                                   f"completions") from None
             self.failures += n  # retrying one by one could hang n times
-            return [0.0] * n
+            return [_Failed(0.0)] * n
         except CallFailed as batch_error:  # find which sample fails, then apply the policy
             return self._one_by_one(index, fn, prompts, completions, columns, shared, batch_error)
 
@@ -155,7 +170,7 @@ class RewardStack:
                 if self.error_policy == "raise":
                     raise RewardError(f"reward function {reward_name(fn)} failed on prompt index {i} ({err})") from None
                 self.failures += 1
-                values.append(0.0)
+                values.append(_Failed(0.0))
         if self.error_policy == "raise":  # every sample passes alone: the batch call is at fault
             raise RewardError(f"reward function {reward_name(fn)} failed on the batch ({batch_error})") from None
         return values
@@ -166,20 +181,23 @@ class RewardStack:
         worker = self._worker or self._new_worker()  # none yet: a user function put in ``fns`` after building
         return worker.call(fn, index, (prompts, completions, kwargs, expected), self.user_timeout)
 
-    def _finite(self, rewards: torch.Tensor, verifiable: list[bool], per_fn: list[list]) -> torch.Tensor:
-        """Finite values can still sum past float32's range (1e308 * 10, or 3e38 + 3e38): an
-        error naming the functions that contributed, never a silent inf / NaN reward."""
-        bad = [i for i, v in enumerate(verifiable) if v and not math.isfinite(rewards[i])]
+    def _finite(self, rewards: torch.Tensor, verifiable: list[bool],
+                per_fn: list[list]) -> tuple[torch.Tensor, list[int]]:
+        """Finite values can still sum past float32's range (1e308 * 10, or 3e38 + 3e38), or
+        land where the group statistics overflow (1e38): an error naming the functions that
+        contributed, never a silent inf / NaN reward or advantage. Returns the rewards and the
+        samples refused (0 under the 'zero' policy)."""
+        bad = [i for i, v in enumerate(verifiable) if v and not abs(rewards[i]) <= REWARD_LIMIT]
         if not bad:
-            return rewards
+            return rewards, bad
         if self.error_policy == "raise":
             names = [reward_name(fn) for fn, values in zip(self.fns, per_fn) if values[bad[0]] is not None]
             raise RewardError(f"reward function{'s' * (len(names) > 1)} {', '.join(names)}: the weighted sum is "
-                              f"{rewards[bad[0]].item()} on prompt index {bad[0]} (values too large for float32 "
-                              f"rewards)")
+                              f"{rewards[bad[0]].item():.3g} on prompt index {bad[0]} (beyond +/-{REWARD_LIMIT:g}: "
+                              f"too large for float32 rewards and their group statistics)")
         self.failures += len(bad)
         rewards[bad] = 0.0
-        return rewards
+        return rewards, bad
 
 
 def _in_trainer(fn, prompts, completions, kwargs, expected) -> list[float | None]:

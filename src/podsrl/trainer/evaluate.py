@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,12 @@ import torch
 
 from podsrl.distributed import Processes
 from podsrl.models import ModelBundle, load_model
+from podsrl.models.loading import BUILTIN_PATH_TAILS
 from podsrl.rewards.scorer import reward_inputs
 from podsrl.rollout import generate
 from podsrl.tasks import PreparedSplit, Task, TaskOptions, build_task, prepare_split
+from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, list_checkpoints
+from podsrl.trainer.run_dir import is_run_folder
 from podsrl.types import Rollouts
 
 
@@ -106,12 +110,71 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
     return result
 
 
+def eval_shortfall(held_out: int, asked: int) -> str:
+    """The warning for a held-out split smaller than ``eval_prompts`` ('' when it is not):
+    evaluation then uses all of it, and the reports say how many."""
+    if held_out >= asked:
+        return ""
+    return (f"eval_prompts: evaluating on {held_out} prompts, fewer than eval_prompts={asked} asked (the held-out "
+            f"split has no more)")
+
+
+def check_eval_model(model: str) -> None:
+    """Refuse, saying what to run instead, the folders of a run that are not a model: the run
+    folder itself, a checkpoint (trainable weights and optimizer state, no config or
+    tokenizer), and a run's LoRA adapter whose base_model_name_or_path names another model than
+    the run trained (it would load, or fail as 'damaged', on the wrong base)."""
+    path = Path(model).expanduser()
+    if is_run_folder(path):
+        final = path / "model"
+        if (final / "config.json").exists() or (final / "adapter_config.json").exists():
+            raise ValueError(f"model: {path} is a podsrl run folder, not a model: evaluate its final model with "
+                             f"podsrl eval --model {final}")
+        raise ValueError(f"model: {path} is a podsrl run folder without a final model (not finished); "
+                         f"{_export_advice(path, path / 'checkpoints')}")
+    if (path / WEIGHTS_FILE).is_file() and (path / STATE_FILE).is_file():
+        run = path.parent.parent if path.parent.name == "checkpoints" and is_run_folder(path.parent.parent) else None
+        raise ValueError(f"model: {path} is a podsrl checkpoint (trainable weights and optimizer state), not a "
+                         f"model folder; {_export_advice(run, path.parent, path.name)}")
+    if (path / "adapter_config.json").is_file() and is_run_folder(path.parent):
+        _check_adapter_base(path, json.loads((path.parent / "config.json").read_text()).get("model", ""))
+
+
+def _export_advice(run: Path | None, checkpoints: Path, name: str = "") -> str:
+    """How to evaluate a checkpoint: export it as a model folder first."""
+    name = name or next((p.name for p in reversed(list_checkpoints(checkpoints))), "step_N")
+    return (f"export it first: podsrl export {run or 'RUN_DIR'} EXPORT_DIR --checkpoint {name}, then "
+            f"podsrl eval --model EXPORT_DIR")
+
+
+def _check_adapter_base(adapter: Path, trained_on: str) -> None:
+    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    if not trained_on or _same_model(base, trained_on):
+        return
+    raise ValueError(f"model: {adapter / 'adapter_config.json'}: base_model_name_or_path {base!r} is not the model "
+                     f"the run trained this adapter on ({trained_on!r}, in {adapter.parent / 'config.json'}); "
+                     f"set it to {trained_on!r} and run podsrl eval --model {adapter} again")
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two names of one model: equal, the same folder, a built-in's name and its folder, or a
+    relative folder and the absolute path it was resolved to where the adapter was saved.
+    Lenient: only names that clearly differ are refused."""
+    parts = []
+    for name in (a, b):
+        path = Path(name).expanduser()
+        parts.append(BUILTIN_PATH_TAILS.get(name) or (path.resolve().parts if path.is_dir() else path.parts))
+    short, long = sorted(parts, key=len)
+    return bool(short) and tuple(long[-len(short):]) == tuple(short)
+
+
 def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     """``podsrl eval``: accuracy of ``cfg.model`` on the task's held-out split.
 
     Writes one JSONL record per sample (prompt, completion, extracted answer, gold,
     correct) and a summary to ``{output_dir}/eval/``; returns the summary.
     """
+    check_eval_model(cfg.model)  # before the data and model load: a wrong folder should cost no time
     task = build_task(task_options, with_train=False)
     bundle = load_model(cfg.model, dtype=cfg.dtype)
     bundle.model.to(Processes().device(cfg.device))
@@ -120,6 +183,8 @@ def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     if not split.examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} (dropped {split.dropped} "
                          f"over max_prompt_tokens={cfg.max_prompt_tokens})")
+    if eval_shortfall(len(split.examples), options.prompts):
+        print(f"warning: {eval_shortfall(len(split.examples), options.prompts)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     evaluation = evaluate(bundle, task, split, options, seed=cfg.seed)
     seconds = time.perf_counter() - start

@@ -152,7 +152,9 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
 
     ``reward_funcs``: reward functions as Python callables (TRL's signature), replacing the
     task's reward like the config's ``reward_funcs`` names do (not both); weighted by the
-    config's ``reward_weights``."""
+    config's ``reward_weights``. A run that finished but learned nothing (no reward applied,
+    or every step skipped) returns with ``RunResult.failure`` saying why (``podsrl train``
+    exits 1 then)."""
     with StopSignals() as stop:
         try:
             run = set_up(cfg, reward_funcs)
@@ -175,7 +177,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
     hooks, evaluation when due, its log line, and a checkpoint or stop when due."""
     parts, state, cadence = run.components, run.state, run.cadence
     initial, latest_eval = run.resume_or_start()
-    first_step, consecutive_skips = state.step, 0
+    first_step, consecutive_skips, trained = state.step, 0, 0  # trained: steps whose update was not skipped
     cadence.last_checkpoint_time = time.time()
     with progress_bar(cadence.max_steps, state.step, parts.cfg.method,
                       enabled=parts.cfg.progress and parts.procs.is_main) as progress:
@@ -199,8 +201,9 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
             progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
                                  refresh=False)
             consecutive_skips = consecutive_skips + 1 if outcome.update.skipped_step else 0
+            trained += not outcome.update.skipped_step
             checkpoint_or_stop(run, stop, consecutive_skips)
-    return run.finish(initial, latest_eval, first_step)
+    return run.finish(initial, latest_eval, first_step, trained)
 
 
 def timed_step(run: Run) -> tuple[StepOutcome, StageTimer]:

@@ -91,7 +91,9 @@ def _accuracy(info: RunInfo, step: int) -> str:
     def row(label: str, key: str) -> str:
         return f"| {label} | {_percent(first.get(key))} | {_percent(last.get(key))} |"
 
-    lines += [f"On {info.value('eval_prompts', '?')} held-out prompts of the task (never trained on), as logged "
+    asked, held_out = info.value("eval_prompts"), info.data.get("test_prompts")
+    prompts = min(asked, held_out) if isinstance(asked, int) and isinstance(held_out, int) else asked or "?"
+    lines += [f"On {prompts} held-out prompts of the task (never trained on), as logged "
               f"in the run's metrics.jsonl:", "",
               f"| | step {first['step']} | step {last['step']} |", "| --- | --- | --- |",
               row(f"sampled (T = {info.value('eval_temperature', '?')}, samples per prompt: "

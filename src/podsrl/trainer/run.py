@@ -13,6 +13,7 @@ from pathlib import Path
 from podsrl.interrupts import StopNow
 from podsrl.models.precision import autocast
 from podsrl.provenance import record_environment
+from podsrl.registry import error_line
 from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import TrainerProgress
 from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
@@ -34,6 +35,8 @@ class RunResult:
     steps: int
     train_seconds: float
     is_main: bool = True  # False in the other processes of a multi-process run (they write nothing)
+    eval_prompts: int = 0  # held-out prompts each evaluation used: eval_prompts, or fewer when the split is smaller
+    failure: str = ""  # why the run learned nothing though it finished ("" = it trained); podsrl train exits 1
 
 
 class Run:
@@ -189,6 +192,8 @@ class Run:
         engine_states = parts.procs.gather_objects(parts.engine.state_dict())  # each process's own
         group_size = parts.group_size.state_dict()
         if parts.procs.is_main:  # whole parameters and optimizer state are the same on every process
+            for log in (parts.metrics, parts.rollout_log):
+                log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
             save_checkpoint(parts.checkpoints, step=state.step, weights=weights, optimizer_state=optimizer_state,
                             scheduler=parts.scheduler, generators=state.generators, keep=parts.cfg.save_total_limit,
                             engine_states=engine_states,
@@ -198,20 +203,25 @@ class Run:
         parts.procs.barrier()
         self.cadence.last_checkpoint_time = time.time()
 
-    def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int) -> RunResult:
+    def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int,
+               trained: int) -> RunResult:
         """The last checkpoint, the final model (whole weights or the LoRA adapter) and
         summary.json; the accuracy plot is the caller's (``podsrl train`` draws it). A resumed
         run that had no step left to do (``first_step`` is the step it started at) leaves its
-        finished files as they are."""
+        finished files as they are. ``trained``: the steps since ``first_step`` whose update was
+        not skipped; a run that learned nothing still writes its files, and says why in
+        ``RunResult.failure`` and summary.json."""
         parts, state = self.components, self.state
         procs = parts.procs
         result = RunResult(run_dir=parts.run_dir, initial=initial, final=final, steps=state.step,
-                           train_seconds=state.train_seconds, is_main=procs.is_main)
+                           train_seconds=state.train_seconds, is_main=procs.is_main,
+                           eval_prompts=min(parts.cfg.eval_prompts, len(parts.test_split.examples)))
         if state.step == first_step and (parts.run_dir / "summary.json").exists():
             if procs.is_main:
                 say(f"{parts.run_dir} finished earlier at step {state.step}; nothing to do (raise max_steps or "
                     f"max_minutes to train further)")
             return result
+        result.failure = self._learned_nothing(state.step - first_step, trained)
         if not (parts.checkpoints / f"step_{state.step:07d}").is_dir():
             self.checkpoint()
         weights = procs.full_state(parts.policy, parts.optimizer)[0] if procs.sharded else None  # every process
@@ -219,13 +229,32 @@ class Run:
             self._save_model(weights)
             (parts.run_dir / "summary.json").write_text(json.dumps({
                 "steps": state.step, "train_seconds": round(state.train_seconds, 2), "initial": initial,
-                "final": final}, indent=2) + "\n")
+                "final": final, **({"failure": result.failure} if result.failure else {})}, indent=2) + "\n")
         procs.barrier()
         return result
 
+    def _learned_nothing(self, steps: int, trained: int) -> str:
+        """Why the ``steps`` steps this process ran taught the model nothing, or "" when they
+        did: no reward ever applied (all None / NaN, or failed under the 'zero' policy: every
+        advantage is 0), or every optimizer step was skipped (non-finite). Such a run is a
+        failure, not a success (every process gets the same answer: the count is summed)."""
+        parts = self.components
+        applied = parts.procs.sum([float(parts.scorer.applied)])[0]
+        if not steps:
+            return ""
+        if not applied:
+            return (f"no reward applied in the {steps} steps run: every reward was None / NaN or its function failed "
+                    f"(reward_error_policy {parts.cfg.reward_error_policy}; see reward_failures and unverifiable "
+                    f"in metrics.jsonl), so nothing was learned")
+        if not trained:
+            return (f"all {steps} optimizer steps were skipped (a non-finite loss or gradient: skipped_step 1 in "
+                    f"metrics.jsonl), so the weights never changed")
+        return ""
+
     def _save_model(self, weights: dict | None) -> None:
         """Write model/ as a whole: into model.tmp, then swapped in, so a crash while saving
-        leaves the previous model/ (a resumed run's) loadable."""
+        leaves the previous model/ (a resumed run's) loadable. A write error (a full disk) is
+        one line saying how to export the last checkpoint instead; model.tmp is removed."""
         parts = self.components
         final, staging, previous = (parts.run_dir / name for name in ("model", "model.tmp", "model.previous"))
         for leftover in (staging, previous):
@@ -233,9 +262,26 @@ class Run:
         # podsrl never resizes the vocabulary, so the adapter needs no embedding weights;
         # peft's default ("auto") would look the base's config up on the hub to check
         lora = {"save_embedding_layers": False} if parts.bundle.uses_lora else {}
-        parts.policy.save_pretrained(staging, state_dict=weights, **lora)
-        parts.bundle.tokenizer.save_pretrained(staging)
-        if final.exists():
-            os.replace(final, previous)
-        os.replace(staging, final)
+        try:
+            parts.policy.save_pretrained(staging, state_dict=weights, **lora)
+            parts.bundle.tokenizer.save_pretrained(staging)
+            if final.exists():
+                os.replace(final, previous)
+            os.replace(staging, final)
+        except (OSError, RuntimeError) as err:  # a full disk: safetensors may raise either
+            if previous.exists() and not final.exists():
+                os.replace(previous, final)  # the swap failed half-way: the previous model/ comes back
+            shutil.rmtree(staging, ignore_errors=True)
+            raise OSError(self._save_failed(final, err)) from None
         shutil.rmtree(previous, ignore_errors=True)
+
+    def _save_failed(self, final: Path, err: BaseException) -> str:
+        """The one line for a final model that could not be written: what is kept, and the
+        export that redoes it once there is room."""
+        parts = self.components
+        good = list_checkpoints(parts.checkpoints)
+        kept = "the previous model/ is as it was" if final.exists() else "no model/ was written"
+        redo = (f"free space, then export the last checkpoint: podsrl export {parts.run_dir} OUTPUT_DIR "
+                f"--checkpoint {good[-1].name}" if good else "no checkpoint to export")
+        return (f"model: could not write {final} ({error_line(err)}); removed model.tmp, {kept}; the training "
+                f"is kept in {good[-1] if good else 'no checkpoint'}: {redo}")

@@ -4,6 +4,7 @@ stages' option objects (the stages themselves never see the Config)."""
 from __future__ import annotations
 
 import copy
+import filecmp
 import json
 import random
 from pathlib import Path
@@ -32,7 +33,7 @@ from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.components import Cadence, Components, RunState
 from podsrl.trainer.early_stop import reward_bounds
-from podsrl.trainer.evaluate import EvalOptions
+from podsrl.trainer.evaluate import EvalOptions, eval_shortfall
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.logging import say
 from podsrl.trainer.run import Run
@@ -242,6 +243,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
+    for warning in data_warnings(cfg, train, len(splits[1].examples)) if procs.is_main else ():
+        say(f"warning: {warning}")  # once, at set-up; the run goes on
     # the same on every process; built before the run's files are written: a selector that
     # refuses the train split (pass_rate, fewer prompts than prompts_per_step) leaves no files
     selector = prompt_selector(cfg, len(splits[0].examples))
@@ -267,6 +270,47 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     state = RunState(prompt_selector=selector,
                      generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
     return Run(components, state, Cadence.from_config(cfg))
+
+
+def data_warnings(cfg: Config, train: list, held_out: int) -> list[str]:
+    """Data that trains and evaluates, but not as the user likely meant (one line each): the
+    held-out file is the train file, the train data repeats prompts (they are drawn more
+    often), or the held-out split is smaller than ``eval_prompts``."""
+    warnings = []
+    same = _same_file(cfg.train_data, cfg.test_data)
+    if same:
+        warnings.append(f"train_data, test_data: {cfg.train_data} and {cfg.test_data} are {same}: held-out "
+                        f"accuracy is measured on the prompts trained on")
+    repeated, first = _repeated_prompts(train)
+    if repeated:
+        where = f"train_data {cfg.train_data}" if cfg.train_data else f"task {cfg.task!r}"
+        warnings.append(f"{where}: {repeated} of {len(train)} train prompts repeat an earlier one (same prompt text, "
+                        f"e.g. {first[:60]!r}); they are trained on more often")
+    shortfall = eval_shortfall(held_out, cfg.eval_prompts)
+    if shortfall:
+        warnings.append(shortfall)
+    return warnings
+
+
+def _repeated_prompts(train: list) -> tuple[int, str]:
+    """How many train examples repeat an earlier prompt (text, or conversation), and the first."""
+    seen, repeated, first = set(), 0, ""
+    for example in train:
+        key = example.prompt if isinstance(example.prompt, str) else json.dumps(example.prompt, sort_keys=True)
+        if key in seen:
+            repeated, first = repeated + 1, first or key
+        seen.add(key)
+    return repeated, first
+
+
+def _same_file(train_data: str, test_data: str) -> str:
+    """'the same file' / 'files with the same content' for two local data files, else ''."""
+    paths = [Path(spec).expanduser() for spec in (train_data, test_data)]
+    if not (train_data and test_data and all(path.is_file() for path in paths)):
+        return ""
+    if paths[0].resolve() == paths[1].resolve():
+        return "the same file"
+    return "files with the same content" if filecmp.cmp(paths[0], paths[1], shallow=False) else ""
 
 
 def prompt_selector(cfg: Config, train_prompts: int) -> PromptSelector:
