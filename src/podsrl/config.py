@@ -16,10 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from podsrl.config_checks import require, validate
 from podsrl.config_ranges import check_reward_weights
+from podsrl.config_yaml import read_yaml
 from podsrl.methods import METHODS
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RENAMED", "load_yaml", "make_config", "parse_value",
@@ -341,47 +340,13 @@ def _as_text(name: str, raw: Any, source: str) -> str:
     return str(raw)
 
 
-class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: Any, line: int, first: int) -> None:
-        super().__init__(f"line {line}: duplicate key {key!r} (first on line {first})")
-        self.key, self.line, self.first = key, line, first
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that names a key twice: PyYAML silently keeps
-    the last value, so ``learning_rate`` set twice would train with whichever came later."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` merges, it is no key
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
-            except TypeError:  # an unhashable key: the base loader reports it
-                continue
-            if first != key_node.start_mark.line + 1:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_yaml(path: str | os.PathLike, sources: dict[str, str] | None = None) -> dict[str, Any]:
     """The fields of a YAML file, parsed; ``sources`` (when given) gets each field's
     ``"FILE line N: "``, the prefix of its errors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config: file not found: {path}")
-    with path.open(encoding="utf-8") as fh:
-        try:
-            data = yaml.load(fh, Loader=_UniqueKeyLoader) or {}
-        except _DuplicateKey as err:  # an error, not a warning: which value was meant is unknown
-            raise ValueError(f"{path} line {err.line}: duplicate key {err.key!r} (first set on line {err.first}); "
-                             f"YAML keeps only the last: remove one") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ValueError(f"{path}{where}: invalid YAML: {err}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of config fields at the top level")
     # Report the line of each key so errors can point at it.

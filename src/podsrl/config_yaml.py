@@ -1,0 +1,50 @@
+"""YAML config files, read strictly: a key given twice is an error naming the file, the key
+and both lines (PyYAML's safe loader silently keeps the last value, so ``learning_rate`` set
+twice would train with whichever came later)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"line {line}: duplicate key {key!r} (first on line {first})")
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names a key twice: PyYAML silently keeps
+    the last value, so ``learning_rate`` set twice would train with whichever came later."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` merges, it is no key
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the base loader reports it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> Any:
+    """The document of the YAML file ``path`` ({} when empty); invalid YAML or a duplicate key
+    is a one-line ValueError naming the file and line."""
+    with path.open(encoding="utf-8") as fh:
+        try:
+            return yaml.load(fh, Loader=_UniqueKeyLoader) or {}
+        except _DuplicateKey as err:  # an error, not a warning: which value was meant is unknown
+            raise ValueError(f"{path} line {err.line}: duplicate key {err.key!r} (first set on line {err.first}); "
+                             f"YAML keeps only the last: remove one") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ValueError(f"{path}{where}: invalid YAML: {err}") from None
