@@ -260,6 +260,13 @@ KINDS = {
             misbehave()
             return max_variance(rewards, m)
     """, ":component"),
+    "downsampling_rule (groups)": ("""
+        from podsrl.algorithms.select import max_variance, takes_groups
+        @takes_groups
+        def component(groups, m, generator=None):
+            misbehave()
+            return max_variance(groups.selectable_rewards(), m)
+    """, ":component"),
     "advantage_estimator": ("""
         from podsrl.algorithms.advantages import group_advantages
         def component(rewards, scale_by_std):
@@ -307,10 +314,11 @@ def misbehave(trainer=None):
 
 def misbehaving_run(tmp_path, random_model_dir, kind, hang):
     source, attr = KINDS[kind]
-    spec = user_file(tmp_path, MISBEHAVE.format(hang=hang) + textwrap.dedent(source), f"{kind}_component.py") + attr
+    field = kind.split()[0]  # "downsampling_rule (groups)": the field, and which form
+    spec = user_file(tmp_path, MISBEHAVE.format(hang=hang) + textwrap.dedent(source), f"{field}_component.py") + attr
     values = dict(model=random_model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=4,
                   num_kept=2, max_completion_length=6, eval_prompts=4, eval_samples=1, eval_steps=0, save_steps=1,
-                  progress=False, output_dir=str(tmp_path / "run"), **{kind: spec})
+                  progress=False, output_dir=str(tmp_path / "run"), **{field: spec})
     return make_config(overrides={k: str(v) for k, v in values.items()}), spec
 
 
@@ -322,7 +330,7 @@ def test_user_code_that_raises_stops_the_run_naming_it_with_the_last_step_checkp
         train(cfg)
     message = str(stopped.value)
     assert message.startswith("stopped in step 2: ") and "broken on purpose" in message and "\n" not in message
-    assert kind == "reward_funcs" or f"{kind}: {spec} failed: RuntimeError" in message
+    assert kind == "reward_funcs" or f"{kind.split()[0]}: {spec} failed: RuntimeError" in message
     assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_0000001"]
     assert [r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())] == [0, 1]
 
@@ -335,7 +343,7 @@ def test_a_sigterm_ends_the_run_within_seconds_while_user_code_hangs(tmp_path, r
         train(cfg)
     assert time.monotonic() - start < 60  # the hang is 600 s and the reward timeout 300 s
     assert stopped.value.signum == signal.SIGTERM
-    assert f"stopped in step 2: by SIGTERM in {kind} " in str(stopped.value)
+    assert f"stopped in step 2: by SIGTERM in {kind.split()[0]} " in str(stopped.value)
     assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_0000001"]
     assert signal.getsignal(signal.SIGTERM) is not None and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
@@ -361,3 +369,15 @@ def test_a_second_signal_outside_a_step_is_one_line_with_the_last_checkpoint(tmp
         train(cfg)
     assert stopped.value.signum == signal.SIGINT and calls == [0, 2]
     assert str(stopped.value).startswith("stopped by SIGINT after step 2; last checkpoint: ")
+
+
+def test_trls_reward_signature_with_named_columns_passes():
+    """Named parameters are dataset columns (``answer``), passed as keywords: accepted, as are
+    podsrl's own reward functions; only a function that cannot take the keywords is refused."""
+    from podsrl.contracts import check_reward_signature
+    from podsrl.rewards import REWARDS
+
+    def with_answer(prompts, completions, answer, **columns):
+        return [0.0] * len(completions)
+    for name, fn in [*REWARDS.items(), ("with_answer", with_answer)]:
+        check_reward_signature(fn, "reward_funcs", name)

@@ -79,12 +79,11 @@ def check_reward_signature(fn: Any, field: str, spec: str) -> None:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return
-    takes_columns = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
-    try:
-        signature.bind(prompts=None, completions=None)
-    except TypeError:
-        takes_columns = False
-    if not takes_columns:
+    parameters = signature.parameters.values()
+    takes_columns = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    # named parameters are columns it reads (answer, ...), passed as keywords: none may be positional-only
+    by_keyword = all(p.kind is not inspect.Parameter.POSITIONAL_ONLY or p.default is not p.empty for p in parameters)
+    if not (takes_columns and by_keyword):
         raise ValueError(f"{field}: {spec} must accept (prompts, completions, **kwargs), TRL's reward signature "
                          f"(the other columns come as keywords); it takes {signature}")
 
