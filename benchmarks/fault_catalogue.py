@@ -31,6 +31,8 @@ from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
 from podsrl.models.loading import TINY_DIR  # noqa: E402
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
+JSONL = ["--task", "jsonl", "--prompt_column", "question", "--answer_column", "answer"]
 QUICK = ["--max_steps", "2", "--prompts_per_step", "4", "--num_generations", "4", "--num_kept", "2",
          "--max_completion_length", "6", "--eval_prompts", "8", "--eval_samples", "1", "--eval_steps", "0",
          "--save_steps", "1", "--progress", "false"]
@@ -57,6 +59,16 @@ def podsrl_command() -> list[str]:
 
 def finished_run(work: Path) -> None:
     _train(["--output_dir", str(work / "run")])
+
+
+def stopped_run(work: Path) -> None:
+    """What a run leaves when it stops before its first checkpoint (its start files and logs):
+    a finished run without its checkpoints, model, summary and plot."""
+    finished_run(work)
+    shutil.rmtree(work / "run" / "checkpoints")
+    shutil.rmtree(work / "run" / "model")
+    for name in ("summary.json", "accuracy.png"):
+        (work / "run" / name).unlink()
 
 
 def _train(options: list[str]) -> None:
@@ -97,6 +109,79 @@ def reward_case(name: str, body: str, policy: str = "raise", file: str = "my_rew
                 reward_file(source, file))
 
 
+def extension_case(name: str, field: str, source: str, attr: str = "component", expect: str = "refuse"):
+    """A user's component for ``field`` in ext.py (``misbehave()`` fails or hangs on the second
+    call as ``source`` asks; ``hang()`` sends the run a SIGTERM first, as a scheduler would)."""
+    helpers = ("import os, signal, sys, time\nimport torch\ncalls = [0]\n"
+               "def second():\n    calls[0] += 1\n    return calls[0] == 2\n"
+               "def hang(pid=None):\n    os.kill(pid or os.getpid(), signal.SIGTERM)\n    time.sleep(10**6)\n")
+    return Case(name, "extension", expect, lambda w: out(w, f"--{field}", f"{w / 'ext.py'}:{attr}"),
+                reward_file(helpers + textwrap.dedent(source), "ext.py"))
+
+
+RULE = "from podsrl.algorithms.select import max_variance\ndef component(rewards, m, generator=None):\n"
+ESTIMATOR = ("from podsrl.algorithms.advantages import group_advantages\n"
+             "def component(rewards, scale_by_std):\n")
+LOSS = ("from podsrl.algorithms.loss import sequence_mean\n"
+        "def component(per_token, mask, num_sequences, num_tokens):\n")
+SELECTOR = ("from podsrl.prompt_selection import ShuffledPass\nclass component(ShuffledPass):\n"
+            "    def take(self, count, step=0, group_size=0):\n        taken = super().take(count, step, group_size)\n")
+ENGINE = ("from podsrl.rollout import HFEngine\nclass component(HFEngine):\n"
+          "    def __call__(self, *args, **kwargs):\n        made = super().__call__(*args, **kwargs)\n")
+EXTENSION_CASES = [
+    extension_case("rule returns [P, 1]", "downsampling_rule", RULE + "    return max_variance(rewards, m)[:, :1]\n"),
+    extension_case("rule returns [P, m + 2]", "downsampling_rule",
+                   RULE + "    return torch.zeros(rewards.shape[0], m + 2, dtype=torch.long)\n"),
+    extension_case("rule repeats an index", "downsampling_rule",
+                   RULE + "    return torch.zeros(rewards.shape[0], m, dtype=torch.long)\n"),
+    extension_case("rule returns an out-of-range index", "downsampling_rule",
+                   RULE + "    return max_variance(rewards, m) + rewards.shape[1]\n"),
+    extension_case("rule returns negative indices", "downsampling_rule",
+                   RULE + "    return -1 - max_variance(rewards, m)\n"),
+    extension_case("rule returns floats", "downsampling_rule", RULE + "    return max_variance(rewards, m).float()\n"),
+    extension_case("rule returns a list", "downsampling_rule", RULE + "    return max_variance(rewards, m).tolist()\n"),
+    extension_case("rule takes one argument", "downsampling_rule", "def component(rewards):\n    return rewards\n"),
+    extension_case("rule raises in step 2", "downsampling_rule",
+                   RULE + "    if second():\n        raise RuntimeError('boom')\n"
+                          "    return max_variance(rewards, m)\n"),
+    extension_case("rule hangs, then SIGTERM", "downsampling_rule",
+                   RULE + "    if second():\n        hang()\n    return max_variance(rewards, m)\n"),
+    extension_case("estimator returns NaN", "advantage_estimator", ESTIMATOR + "    return rewards * float('nan')\n"),
+    extension_case("estimator returns the wrong shape", "advantage_estimator",
+                   ESTIMATOR + "    return rewards[:, :1]\n"),
+    extension_case("estimator calls sys.exit", "advantage_estimator", ESTIMATOR + "    sys.exit(0)\n"),
+    extension_case("estimator hangs, then SIGTERM", "advantage_estimator",
+                   ESTIMATOR + "    if second():\n        hang()\n"
+                               "    return group_advantages(rewards, scale_by_std)\n"),
+    extension_case("loss returns NaN", "loss_type", LOSS + "    return per_token.sum() * float('nan')\n"),
+    extension_case("loss returns a vector", "loss_type", LOSS + "    return per_token.sum(1)\n"),
+    extension_case("loss detached", "loss_type", LOSS + "    return per_token.sum().detach()\n"),
+    extension_case("loss hangs, then SIGTERM", "loss_type",
+                   LOSS + "    if second():\n        hang()\n    return sequence_mean(per_token, mask, num_sequences, "
+                          "num_tokens)\n"),
+    extension_case("selector takes too few", "prompt_selector", SELECTOR + "        return taken[:1]\n"),
+    extension_case("selector takes a negative index", "prompt_selector",
+                   SELECTOR + "        return [-1] + taken[1:]\n"),
+    extension_case("selector takes an out-of-range index", "prompt_selector",
+                   SELECTOR + "        return [10**6] + taken[1:]\n"),
+    extension_case("selector records 'loss'", "prompt_selector",
+                   SELECTOR + "        return taken\n    def record(self):\n        return {'loss': 0.0}\n"),
+    extension_case("selector state not JSON", "prompt_selector",
+                   SELECTOR + "        return taken\n    def state_dict(self):\n        return {'rng': object()}\n"),
+    extension_case("selector hangs, then SIGTERM", "prompt_selector",
+                   SELECTOR + "        if second():\n            hang()\n        return taken\n"),
+    extension_case("engine returns too few groups", "generation_engine",
+                   ENGINE + "        return made.groups([0])\n"),
+    extension_case("engine hangs, then SIGTERM", "generation_engine",
+                   ENGINE + "        if second():\n            hang()\n        return made\n"),
+    extension_case("reward hangs, then SIGTERM to the trainer", "reward_funcs",
+                   "def component(prompts, completions, **kw):\n    if second():\n        hang(os.getppid())\n"
+                   "    return [0.5] * len(completions)\n"),
+    extension_case("reward without TRL's signature", "reward_funcs",
+                   "def component(completions):\n    return [0.5] * len(completions)\n"),
+]
+
+
 CASES = [
     # 1. output folders
     Case("output_dir empty", "output folder", "refuse", lambda w: ["--output_dir", ""]),
@@ -132,7 +217,7 @@ CASES = [
          lambda w: [p for p in run_files(w) if p.name not in ("environment.json", "config.json")]),
     # 3. reward functions
     reward_case("reward hangs", "time.sleep(10**6)"),
-    reward_case("reward hangs, zero policy", "time.sleep(10**6)", policy="zero", expect="succeed"),
+    reward_case("reward hangs, zero policy (no reward ever applies)", "time.sleep(10**6)", policy="zero"),
     reward_case("reward calls sys.exit(0)", "sys.exit(0)"),
     reward_case("reward raises KeyboardInterrupt", "raise KeyboardInterrupt"),
     reward_case("reward calls os._exit(0)", "os._exit(0)"),
@@ -164,6 +249,26 @@ CASES = [
          damaged_model(lambda f: [(f / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")])),
     Case("model weights only pickled", "files", "refuse", lambda w: out(w, "--model", str(w / "model")),
          damaged_model(lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin"))),
+    # 6. extensions: rules, estimators, losses, prompt selectors, engines, rewards
+    *EXTENSION_CASES,
+    # 7. dead ends, runs that learned nothing, inputs worth a warning
+    Case("re-run of a run that stopped before its first checkpoint", "dead end", "succeed", out, stopped_run),
+    Case("resume of a run that stopped before its first checkpoint", "dead end", "refuse",
+         lambda w: out(w, "--resume", "true"), stopped_run, run_files),
+    Case("re-run beside a cut-off config.json", "dead end", "succeed", out,
+         lambda w: ((w / "run").mkdir(), (w / "run" / "config.json").write_text('{\n  "model": "ti'))),
+    Case("pass_rate pool smaller than prompts_per_step", "dead end", "refuse",
+         lambda w: out(w, "--prompt_selector", "pass_rate", "--max_train_prompts", "2")),
+    reward_case("no reward ever applies (NaN)", "return [float('nan')] * len(completions)"),
+    reward_case("every reward call fails, zero policy", "raise RuntimeError('boom')", policy="zero"),
+    Case("train file is the test file", "warning", "succeed",
+         lambda w: out(w, *JSONL, "--train_data", str(EXAMPLES / "sums_test.jsonl"), "--test_data",
+                       str(EXAMPLES / "sums_test.jsonl"))),
+    Case("eval_prompts above the test set", "warning", "succeed",
+         lambda w: out(w, *JSONL, "--train_data", str(EXAMPLES / "sums_train.jsonl"), "--test_data",
+                       str(EXAMPLES / "sums_test.jsonl"), "--eval_prompts", "100000")),
+    Case("a key twice in a YAML config", "warning", "refuse", lambda w: out(w, "--config", str(w / "twice.yaml")),
+         lambda w: (w / "twice.yaml").write_text("learning_rate: 1e-3\nlearning_rate: 2e-3\n")),
 ]
 
 
