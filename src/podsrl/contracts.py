@@ -19,12 +19,14 @@ import inspect
 import math
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from podsrl import interrupts
 
+PACKAGE_DIR = str(Path(__file__).resolve().parent)  # podsrl's own frames are not the user's line
 
 class UserCodeError(ValueError):
     """An extension (a user's, or podsrl's own) raised or broke its contract; the message is
@@ -54,7 +56,7 @@ def _user_line(err: BaseException) -> str:
     tb, found = err.__traceback__, ""
     while tb is not None:
         path = tb.tb_frame.f_code.co_filename
-        if "/podsrl/" not in path and not path.startswith(sys.prefix) and not path.startswith(sys.base_prefix):
+        if not path.startswith((PACKAGE_DIR, sys.prefix, sys.base_prefix)):
             found = f", at {path}:{tb.tb_lineno}"
         tb = tb.tb_next
     return found
