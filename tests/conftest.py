@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from podsrl.build.tiny import make_model, train_tokenizer
+from podsrl.config import make_config
 from podsrl.models import load_model
 from podsrl.tasks import TASKS, Task
 from podsrl.tasks.arithmetic import build_arithmetic
@@ -48,3 +49,12 @@ def _parity_task(options, with_train=True):
 
 
 TASKS["parity"] = _parity_task  # registered by name, as users register their own tasks
+
+
+def quick(model_dir, output_dir, **overrides):
+    """A run of two steps on the parity task, checkpointing every step: seconds on a tiny model."""
+    values = dict(model=model_dir, max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
+                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=1,
+                  progress=False, output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0, task="parity")
+    values.update(overrides)
+    return make_config(overrides={k: str(v) for k, v in values.items()})

@@ -21,16 +21,9 @@ from podsrl.trainer import checkpoints as checkpoints_module
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.run_dir import LOCK_FILE, RunDirError, RunLock, check_resume_config
 from podsrl.update import update_policy
+from tests.conftest import quick
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def quick(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=1,
-                  progress=False, output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0, task="parity")
-    values.update(overrides)
-    return make_config(overrides={k: str(v) for k, v in values.items()})
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -8,18 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
-
-
-def quick(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=1,
-                  progress=False, output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0, task="parity")
-    values.update(overrides)
-    return make_config(overrides={k: str(v) for k, v in values.items()})
+from tests.conftest import quick
 
 
 # --- the logs are on disk before a checkpoint says their step is done ---------------------------------
