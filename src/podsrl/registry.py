@@ -39,6 +39,7 @@ class Registry(dict):
         super().__init__(entries or {})
         self.kind, self.field = kind, field
         self.takes, self.arity, self.check_output = takes, arity, check_output
+        self._checked: dict[str, Checked] = {}  # by spec: a name registered later is a new spec
 
     def register(self, name: str | None = None) -> Callable[[Any], Any]:
         """Decorator: add the object under ``name`` (default: its ``__name__``)."""
@@ -68,8 +69,11 @@ class Registry(dict):
     def checked(self, spec: "str | Callable") -> "Checked":
         """``spec`` (a name, ``module:function``, or the object itself) as a callable that
         keeps the kind's contract on every call."""
-        if isinstance(spec, str):
-            return Checked(self.resolve(spec), self, spec)
+        if isinstance(spec, str):  # resolved and its signature checked once, not at every call (select's per step)
+            cached = self._checked.get(spec)
+            if cached is None or (spec in self and self[spec] is not cached.fn):  # an entry replaced since
+                cached = self._checked[spec] = Checked(self.resolve(spec), self, spec)
+            return cached
         if self.arity is not None:
             check_signature(spec, self.field, spec_name(spec), self.takes, self.arity)
         return Checked(spec, self, spec_name(spec))
