@@ -1,10 +1,11 @@
-"""Generation speed of podsrl's engines side by side: the hf engine (transformers generate, as
-a run configures it) and the vllm engine (vLLM in the training process), in one run.
+"""Generation speed of podsrl's engines side by side, in one run: the hf engine (transformers
+generate) as a run configures it, the hf engine's generation copy with and without a static
+cache, and the vllm engine (vLLM in the training process).
 
     python benchmarks/engines.py [--models tiny,smollm2] [--rows 128,512,2048] [--tokens 12,128]
-        [--dtypes float32,bfloat16] [--engines hf,vllm] [--repeats 2] [--cell_limit 600]
-        [--random_init] [--vllm_compiled] [--step_regimes main,headroom] [--steps 6] [--step_set F=V]
-        [--json out.json] [--record NAME]
+        [--dtypes float32,bfloat16] [--engines hf,hf-copy,hf-static,vllm] [--lora_rank 16]
+        [--repeats 2] [--cell_limit 600] [--random_init] [--vllm_compiled]
+        [--step_regimes main,headroom] [--steps 6] [--step_set F=V] [--json out.json] [--record NAME]
 
 Each cell (model, dtype, rows, tokens, engine) runs in its own subprocess, back to back: load the
 model, one warm-up call (engine start-up and first-call costs excluded; reported apart), then
@@ -13,8 +14,15 @@ prompts are level-3 arithmetic problems (in the chat template for SmolLM2), samp
 temperature 1. Every row decodes exactly T tokens (``min_new_tokens`` = T: no end of sequence
 before), so a decode step is the same work on both.
 
-* hf, float32: dtype float32. hf, bfloat16: float32 weights under bf16 autocast, the only
-  low-precision mode podsrl trains in (``bf16: true``).
+The policy is the model with a LoRA adapter of rank ``--lora_rank`` on every linear layer
+(0: the plain model), as the headroom regime trains it.
+
+* hf: generation from the policy itself, as podsrl ran it before #39. float32: dtype float32;
+  bfloat16: float32 weights under bf16 autocast, the only low-precision mode podsrl trains in
+  (``bf16: true``).
+* hf-copy: ``generation_dtype`` = the row's dtype: a plain copy in that dtype, LoRA merged.
+* hf-static: hf-copy plus ``generation_static_cache`` (transformers compiles the decode step on
+  a GPU, not on the CPU; the first call, which compiles, is the warm-up).
 * vllm: podsrl's vllm engine computing in that dtype (on the CPU: vLLM's CPU backend).
 
 ms per decode step = the call's seconds / T (prefill included: both engines pay it once per
@@ -43,6 +51,9 @@ from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
 SAMPLES = 16  # n per prompt, PODS' default
 MODELS = {"tiny": "tiny", "smollm2": "smollm2-135m-instruct"}
+# engine column -> (registered engine, uses the generation copy, static cache)
+ENGINE_VARIANTS = {"hf": ("hf", False, False), "hf-copy": ("hf", True, False), "hf-static": ("hf", True, True),
+                   "vllm": ("vllm", False, False)}
 
 
 def prompts(tokenizer, model: str, count: int) -> list[str]:
@@ -55,7 +66,7 @@ def prompts(tokenizer, model: str, count: int) -> list[str]:
     return list(split.prompts)
 
 
-def load(model: str, dtype: str, random_init: bool):
+def load(model: str, random_init: bool, lora_rank: int):
     import torch
 
     from podsrl.models import load_model
@@ -66,17 +77,22 @@ def load(model: str, dtype: str, random_init: bool):
 
         torch.manual_seed(0)
         bundle.model = AutoModelForCausalLM.from_config(bundle.model.config, dtype=torch.float32)
+    if lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        bundle.model = get_peft_model(bundle.model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank,
+                                                               target_modules="all-linear"))
     return bundle.model.eval(), bundle.tokenizer
 
 
 def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, repeats: int,
-           random_init: bool, compiled: bool) -> dict:
+           random_init: bool, compiled: bool, lora_rank: int) -> dict:
     import torch
 
     from podsrl.models.precision import autocast
-    from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, generate
+    from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions
 
-    policy, tokenizer = load(model, dtype, random_init)
+    policy, tokenizer = load(model, random_init, lora_rank)
     if torch.cuda.is_available():
         policy = policy.cuda()
     batch = prompts(tokenizer, model, rows // SAMPLES)
@@ -85,16 +101,17 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
     if longest + tokens > positions:  # vLLM stops there; transformers would run past the trained positions
         return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine_name,
                 "skipped": f"n/a: prompt + T > the model's {positions} positions"}
-    options = GenerationOptions(max_new_tokens=tokens, temperature=1.0,
+    registered, uses_copy, static_cache = ENGINE_VARIANTS[engine_name]
+    options = GenerationOptions(max_new_tokens=tokens, temperature=1.0, copy_dtype=dtype if uses_copy else "",
+                                static_cache=static_cache,
                                 vllm=VLLMOptions(dtype=dtype, max_model_length=longest + tokens,
                                                  enforce_eager=not compiled))
-    engine = ENGINES[engine_name](options)
-    sample = getattr(engine, "generate", generate)  # the hf engine is transformers' generate on whole groups
+    engine = ENGINES[registered](options)
 
-    def call():
-        with autocast(policy.device, dtype if engine_name == "hf" and dtype == "bfloat16" else ""):
-            return sample(policy, tokenizer, batch, SAMPLES, max_new_tokens=tokens, temperature=1.0,
-                          min_new_tokens=tokens)
+    def call():  # the trainer's autocast: bf16 runs generate under it (the vllm engine turns it off)
+        with autocast(policy.device, dtype if dtype == "bfloat16" else ""):
+            return engine.generate(policy, tokenizer, batch, SAMPLES, max_new_tokens=tokens, temperature=1.0,
+                                   min_new_tokens=tokens)
 
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -117,7 +134,8 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
 
 def run_cell(args, model: str, dtype: str, rows: int, tokens: int, engine: str) -> dict:
     command = [sys.executable, __file__, "--worker", json.dumps([model, dtype, rows, tokens, engine, args.repeats,
-                                                                 args.random_init, args.vllm_compiled])]
+                                                                 args.random_init, args.vllm_compiled,
+                                                                 args.lora_rank])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=max(3 * args.cell_limit, 600))
     if done.returncode:
         return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine,
@@ -135,8 +153,12 @@ def predicted_seconds(done: list[dict], model: str, dtype: str, rows: int, token
 
 
 def table(results: list[dict], engines: list[str]) -> str:
-    lines = ["| model | dtype | rows | T | " + " | ".join(f"{e} ms/step | {e} tok/s" for e in engines)
-             + " | vllm / hf tok/s |", "|" + " --- |" * (4 + 2 * len(engines) + 1)]
+    """One row per cell; each engine's ms per decode step and tokens/s, then each other engine's
+    tokens/s over hf's (the speed-up on today's path)."""
+    others = [e for e in engines if e != "hf"] if "hf" in engines else []
+    header = ["model", "dtype", "rows", "T", *(f"{e} {unit}" for e in engines for unit in ("ms/step", "tok/s")),
+              *(f"{e} / hf tok/s" for e in others)]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     keys = sorted({(r["model"], r["dtype"], r["rows"], r["tokens"]) for r in results},
                   key=lambda k: (k[0], k[1], k[3], k[2]))
     for key in keys:
@@ -150,8 +172,8 @@ def table(results: list[dict], engines: list[str]) -> str:
             else:
                 speeds[engine] = found["tokens_per_second"]
                 cells += [f"{found['ms_per_step']:.1f}", f"{found['tokens_per_second']:,.0f}"]
-        ratio = f"**{speeds['vllm'] / speeds['hf']:.2f}x**" if {"hf", "vllm"} <= speeds.keys() else "-"
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + f" | {ratio} |")
+        ratios = [f"**{speeds[e] / speeds['hf']:.2f}x**" if {"hf", e} <= speeds.keys() else "-" for e in others]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines)
 
 
@@ -164,13 +186,23 @@ STEP_REGIMES = {
 }
 
 
+def engine_arguments(engine: str, extra: list[str]) -> list[str]:
+    """``podsrl train`` arguments of an engine column; the copy is bfloat16 under bf16, else float32."""
+    registered, uses_copy, static_cache = ENGINE_VARIANTS[engine]
+    words = ["--generation_engine", registered]
+    if uses_copy:
+        bf16 = any(a == "--bf16" and b == "true" for a, b in zip(extra, extra[1:]))
+        words += ["--generation_dtype", "bfloat16" if bf16 else "float32"]
+    return words + (["--generation_static_cache", "true"] if static_cache else [])
+
+
 def step_split(regime: str, engine: str, steps: int, extra: list[str], out: Path, compiled: bool) -> dict:
     """Mean seconds per stage over steps 2..steps of a short run (step 1 pays first-call costs)."""
     from podsrl.metrics import read_metrics
 
     run_dir = out / f"{regime}-{engine}"
     command = [sys.executable, "-c", "import sys; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))",
-               "train", *STEP_REGIMES[regime], "--generation_engine", engine, "--max_steps", str(steps),
+               "train", *STEP_REGIMES[regime], *engine_arguments(engine, extra), "--max_steps", str(steps),
                "--vllm_enforce_eager", str(not compiled).lower(),
                "--eval_steps", "0", "--eval_prompts", "16", "--save_steps", "0", "--progress", "false",
                "--output_dir", str(run_dir), *extra]
@@ -186,7 +218,7 @@ def step_split(regime: str, engine: str, steps: int, extra: list[str], out: Path
 
 
 def split_table(rows: list[dict]) -> str:
-    lines = ["| regime | engine | steps averaged | generate s | of which weight push s | reward s | update s | "
+    lines = ["| regime | engine | steps averaged | generate s | of which weights in s | reward s | update s | "
              "step s |", "|" + " --- |" * 8]
     for r in rows:
         if "error" in r:
@@ -205,7 +237,8 @@ def main() -> int:
     parser.add_argument("--rows", default="128,512,2048")
     parser.add_argument("--tokens", default="12,128")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--engines", default="hf,vllm")
+    parser.add_argument("--engines", default="hf,hf-copy,hf-static,vllm", help=", ".join(ENGINE_VARIANTS))
+    parser.add_argument("--lora_rank", type=int, default=16, help="the policy's LoRA rank (0: the plain model)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cell_limit", type=float, default=600.0, help="skip a cell predicted to take longer (s)")
     parser.add_argument("--random_init", action="store_true", help="random weights of the named architecture")
@@ -249,8 +282,8 @@ def main() -> int:
             print(json.dumps(row), flush=True)
         results += splits
         overrides = f" (overrides: {' '.join(args.step_set)})" if args.step_set else ""
-        body += (f"\n\nTraining steps, seconds per stage (mean of steps 2-{args.steps}){overrides}:\n\n"
-                 + split_table(splits))
+        body += (f"\n\nTraining steps, seconds per stage (mean of steps 2-{args.steps}){overrides}; weights in = "
+                 f"vllm's weight push or the generation copy's refresh:\n\n" + split_table(splits))
     print(body)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

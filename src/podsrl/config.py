@@ -140,6 +140,14 @@ class Config:
                                       "used for evaluation (needs vLLM: docs/generation.md).")
     generation_batch_size: int = _f(0, "hf engine: max sequences decoded at once, in whole prompt groups (0 = the "
                                        "whole batch). Not TRL's generation_batch_size (P x n rows per step).")
+    generation_dtype: str = _f("", "hf engine: generate (and evaluate) from a copy of the policy in this dtype, "
+                                   "'bfloat16' or 'float32', with LoRA merged, refreshed after every update; '' = "
+                                   "from the policy itself. The update keeps its float32 weights and precision. "
+                                   "bfloat16 is the fast path on GPUs; on a CPU without bfloat16 units float32 is "
+                                   "faster (docs/generation.md). Samples differ from the policy's in the last bits.")
+    generation_static_cache: bool = _f(False, "hf engine with generation_dtype: transformers' static KV cache; on "
+                                              "a GPU transformers compiles its decode step (once per batch shape, "
+                                              "not per step). The prompt prefill is then not shared.")
     generation_micro_group: int = _f(0, "slots engine: sequences decoded at once (g); 0 = as many as "
                                         "generation_memory_mb allows, or all P*n without a cap.")
     generation_refill: str = _f("continuous", "slots engine: 'continuous' gives a finished sample's slot to the "

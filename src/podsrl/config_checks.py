@@ -21,6 +21,7 @@ from podsrl.models.loading import check_dtype
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.rewards import load_reward_fn
 from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
+from podsrl.rollout.generation_copy import COPY_DTYPES
 from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
 from podsrl.tasks import TASKS, is_known_task
 from podsrl.tasks.arithmetic import LEVELS, space_size
@@ -119,6 +120,8 @@ def _check_combinations(cfg) -> None:
         _check_early_stop(cfg)
     if cfg.generation_engine == "vllm":
         _check_vllm(cfg)
+    if cfg.generation_dtype or cfg.generation_static_cache:
+        _check_generation_copy(cfg)
     if cfg.adaptive_n:
         require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
                                              f"{cfg.method} trains on what it generates")
@@ -164,3 +167,14 @@ def _check_vllm(cfg) -> None:
         require(cfg.device != "cpu" and torch.cuda.is_available(),
                 "vllm_enable_sleep_mode: vLLM's sleep mode frees CUDA memory; it is refused on the CPU (no GPU here "
                 "or device cpu)")
+
+
+def _check_generation_copy(cfg) -> None:
+    require(cfg.generation_dtype in ("", *COPY_DTYPES),
+            f"generation_dtype: expected '', {' or '.join(COPY_DTYPES)}, got {cfg.generation_dtype!r}")
+    require(cfg.generation_engine == "hf", f"generation_dtype: the generation copy is the hf engine's (got "
+                                           f"generation_engine {cfg.generation_engine}; vllm computes in its own "
+                                           f"dtype, the slots engine generates from the policy)")
+    require(bool(cfg.generation_dtype) or not cfg.generation_static_cache,
+            "generation_static_cache: needs generation_dtype (the static cache is compiled over the generation "
+            "copy, whose weights are refreshed in place)")

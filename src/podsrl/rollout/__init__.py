@@ -11,7 +11,8 @@ of what is decoded at once (:func:`podsrl.rollout.memory.generation_memory_bytes
 
 - ``hf``: transformers ``generate`` on whole prompt groups (with the prompt prefill shared);
   the cap bounds how many groups are decoded together, and a single group that does not fit
-  is an error.
+  is an error. ``copy_dtype``: from a copy of the policy in that dtype with LoRA merged
+  (:mod:`podsrl.rollout.generation_copy`), optionally with a static, compiled KV cache.
 - ``slots``: podsrl's own decoder with a bounded number of slots (micro-groups, continuous
   refill, length-aware scheduling), so n is not bounded by memory.
 - ``vllm``: a vLLM engine in the training process, fed the policy's weights when they
@@ -29,6 +30,7 @@ from typing import Protocol
 
 from podsrl.contracts import broken, calling
 from podsrl.registry import Registry
+from podsrl.rollout.generation_copy import GenerationCopy
 from podsrl.rollout.hf import generate, to_rollouts
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor, Schedule
@@ -52,6 +54,9 @@ class GenerationOptions:
     schedule: str = "fifo"  # slots: a name in SCHEDULES, or module:Schedule
     probe_tokens: int = 4  # slots, schedule length_aware: tokens decoded before the length prediction
     vllm: VLLMOptions = VLLMOptions()  # vllm: how the engine is built
+    copy_dtype: str = ""  # hf: generate from a copy in this dtype with LoRA merged ('' = from the policy)
+    static_cache: bool = False  # hf, with a copy: transformers' static KV cache (its decode step compiled on GPUs)
+    compile_config: object = None  # static_cache: a transformers.CompileConfig (None = transformers' default)
 
 
 class GenerationEngine(Protocol):
@@ -86,10 +91,15 @@ def _rows_within(options: GenerationOptions, model, prompt_len: int, prompts: in
 
 
 class HFEngine:
-    """transformers ``generate`` on whole prompt groups; learns nothing across steps."""
+    """transformers ``generate`` on whole prompt groups; learns nothing across steps. With
+    ``copy_dtype`` it generates (and evaluates, through :meth:`generate`) from a
+    :class:`GenerationCopy` of the policy, refreshed when the policy changed."""
 
     def __init__(self, options: GenerationOptions) -> None:
         self.options = options
+        self.copy = GenerationCopy(options.copy_dtype) if options.copy_dtype else None
+        if self.copy is not None:  # only then: without a copy the run's metrics keep their fields
+            self.step_record = self.copy.step_record
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
@@ -108,9 +118,16 @@ class HFEngine:
                     f"once, over the cap of {options.memory_mb:g} MB; use generation_engine: slots "
                     f"(decodes in micro-groups) or raise the cap")
             batch_size = min(batch_size or rows, rows)
-        return generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
-                        temperature=options.temperature, top_p=options.top_p, batch_size=batch_size,
-                        share_prefill=options.share_prefill)
+        return self.generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
+                             temperature=options.temperature, top_p=options.top_p, batch_size=batch_size,
+                             share_prefill=options.share_prefill)
+
+    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, **sampling) -> Rollouts:
+        """:func:`generate` (same arguments) from the copy when there is one, else from ``model``."""
+        if self.copy is None:
+            return generate(model, tokenizer, prompts, num_samples, **sampling)
+        return generate(self.copy(model), tokenizer, prompts, num_samples, static_cache=self.options.static_cache,
+                        compile_config=self.options.compile_config, **sampling)
 
     def state_dict(self) -> dict:
         return {}
@@ -207,6 +224,6 @@ def checked_engine(value, args: tuple, field: str, spec: str):
 ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine, "vllm": VLLMEngine},
                    takes="(options)", arity=1, check_output=checked_engine)
 
-__all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationEngine", "GenerationOptions", "HFEngine", "LengthPredictor",
-           "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "VLLMEngine", "VLLMOptions", "generate",
-           "generate_in_slots", "generation_memory_bytes", "to_rollouts"]
+__all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationCopy", "GenerationEngine", "GenerationOptions", "HFEngine",
+           "LengthPredictor", "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "VLLMEngine",
+           "VLLMOptions", "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]

@@ -31,10 +31,17 @@ def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: i
                           past_key_values=cache, **generate_kwargs)
 
 
+# With a static cache the prompt width is rounded up to a multiple of this: the cache's length
+# (prompt width + max_new_tokens) and so the compiled decode step's shapes change only when the
+# longest prompt crosses a multiple, not at every step.
+STATIC_PROMPT_WIDTH_STEP = 64
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None,
-             share_prefill: bool = True, min_new_tokens: int = 0) -> Rollouts:
+             share_prefill: bool = True, min_new_tokens: int = 0, static_cache: bool = False,
+             compile_config=None) -> Rollouts:
     """Sample ``num_samples`` completions per prompt (greedy when ``temperature == 0``).
 
     Prompts are left-padded so every row's completion starts at the same column.
@@ -43,8 +50,13 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     ``share_prefill`` computes each prompt's KV cache once for its n samples (PODS
     generates many rollouts per prompt, so the prompt would otherwise be paid n times).
     ``min_new_tokens``: no EOS before that many tokens (benchmarks force every row to one length).
+    ``static_cache``: transformers' static KV cache, whose decode step transformers compiles on
+    a GPU (``compile_config``: a ``transformers.CompileConfig``, None = its default); the prefill
+    is then not shared (a static cache cannot be copied to n rows) and prompts are padded to a
+    multiple of STATIC_PROMPT_WIDTH_STEP tokens, so the compiled shapes rarely change.
     """
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
+                    pad_to_multiple_of=STATIC_PROMPT_WIDTH_STEP if static_cache else None)
     prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp]
     num_prompts = len(prompts)
     prompts_per_call = num_prompts if not batch_size else max(1, batch_size // num_samples)
@@ -52,6 +64,9 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
         do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
     if min_new_tokens:
         sampling["min_new_tokens"] = min_new_tokens
+    if static_cache:
+        sampling.update(cache_implementation="static", compile_config=compile_config)
+        share_prefill = False
     was_training = model.training
     model.eval()
     chunks = []
@@ -66,7 +81,8 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     completion_ids = torch.cat(
         [torch.nn.functional.pad(c, (0, width - c.shape[1]), value=tokenizer.pad_token_id)
          for c in chunks]).view(num_prompts, num_samples, width)  # [P, n, Lc]
-    rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, completion_ids)
+    prompt_width = int(prompt_mask.sum(dim=1).max())  # the static cache's extra left padding: not the update's work
+    rollouts = to_rollouts(tokenizer, prompt_ids[:, -prompt_width:], prompt_mask[:, -prompt_width:], completion_ids)
     rollouts.stats["decode_steps"] = sum(c.shape[1] - 1 for c in chunks)  # the first token comes from the prefill
     return rollouts
 

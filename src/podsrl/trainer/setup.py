@@ -60,7 +60,8 @@ def generation_options(cfg: Config, processes: int = 1) -> GenerationOptions:
                              memory_mb=cfg.generation_memory_mb, batch_size=cfg.generation_batch_size,
                              share_prefill=cfg.share_prefill, micro_group=cfg.generation_micro_group,
                              refill=cfg.generation_refill, schedule=cfg.generation_schedule,
-                             probe_tokens=cfg.generation_probe_tokens, vllm=vllm_options(cfg, processes))
+                             probe_tokens=cfg.generation_probe_tokens, vllm=vllm_options(cfg, processes),
+                             copy_dtype=cfg.generation_dtype, static_cache=cfg.generation_static_cache)
 
 
 def vllm_options(cfg: Config, processes: int = 1) -> VLLMOptions:
@@ -223,6 +224,9 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     if procs.sharded and cfg.generation_engine == "vllm":
         raise ValueError("generation_engine: vllm is not supported with FSDP (each process's engine needs whole "
                          "weights); use DDP, or PODS inside TRL (podsrl.trl), whose vLLM path gathers them")
+    if procs.sharded and cfg.generation_dtype:
+        raise ValueError("generation_dtype: the generation copy is not supported with FSDP (it is refreshed from "
+                         "whole weights); use DDP")
     seed_everything(cfg.seed)
     task = build_task(task_options(cfg))
     if not task.test:  # before the model loads: data problems should cost no time
