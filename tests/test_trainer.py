@@ -44,8 +44,8 @@ def final_weights(run_dir):
 
 
 def training_records(run_dir):
-    """metrics.jsonl without the wall-clock timing fields."""
-    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "train_seconds"}
+    """metrics.jsonl without the wall-clock timing fields (time_*, train_seconds, weight_sync_seconds)."""
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and not k.endswith("_seconds")}
             for r in read_metrics(run_dir / "metrics.jsonl")]
 
 
@@ -129,6 +129,8 @@ RESUME_CASES = {
                            "generation_schedule": "length_aware"},  # the token-conditioned predictor
     "pass_rate": {"prompt_selector": "pass_rate", "max_train_prompts": 6},  # the posterior and its draws
     "dynamic_sampling": {"prompt_selector": "dynamic_sampling", "format_weight": 0},  # refill rounds' prompts
+    # the generation copy is rebuilt from the restored weights (not checkpointed); static cache: its padding
+    "generation_copy": {"lora_rank": 4, "generation_dtype": "bfloat16", "generation_static_cache": True},
 }
 
 
