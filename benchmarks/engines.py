@@ -28,8 +28,10 @@ The policy is the model with a LoRA adapter of rank ``--lora_rank`` on every lin
 ms per decode step = the call's seconds / T (prefill included: both engines pay it once per
 prompt); tokens/s = rows x T / seconds. A cell whose time, predicted from the same engine's
 smaller cells (linear in rows and in tokens), exceeds ``--cell_limit`` seconds is skipped and
-listed as such. ``--random_init``: a randomly initialised model of the named architecture (no
-weights to carry, e.g. to a lent GPU; timings only).
+listed as such. ``--random_init``: a randomly initialised model of the named architecture
+(timings only). For a lent GPU, where the weights are not installed, ``--save_shape DIR``
+writes the model's folder without its weights (SmolLM2: config and tokenizer, 3.5 MB), and
+``--shape_dir DIR`` there builds the random model from it (benchmarks/gpu_engines.sh).
 
 ``--step_regimes main,headroom`` also runs a few training steps of each regime on each engine
 (``podsrl train``, evaluation left out) and prints the mean seconds per stage: the main job,
@@ -66,33 +68,56 @@ def prompts(tokenizer, model: str, count: int) -> list[str]:
     return list(split.prompts)
 
 
-def load(model: str, random_init: bool, lora_rank: int):
+def load(model: str, random_init: bool, lora_rank: int, shape_dir: str = ""):
     import torch
 
     from podsrl.models import load_model
 
-    bundle = load_model(MODELS[model])
-    if random_init:
-        from transformers import AutoModelForCausalLM
+    if shape_dir:  # config and tokenizer only: random weights, nothing to carry but a few MB
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        tokenizer = AutoTokenizer.from_pretrained(shape_dir)
+        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+        tokenizer.padding_side = "left"  # as load_model sets it
         torch.manual_seed(0)
-        bundle.model = AutoModelForCausalLM.from_config(bundle.model.config, dtype=torch.float32)
+        policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shape_dir), dtype=torch.float32)
+    else:
+        bundle = load_model(MODELS[model])
+        policy, tokenizer = bundle.model, bundle.tokenizer
+        if random_init:
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(0)
+            policy = AutoModelForCausalLM.from_config(policy.config, dtype=torch.float32)
     if lora_rank:
         from peft import LoraConfig, get_peft_model
 
-        bundle.model = get_peft_model(bundle.model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank,
-                                                               target_modules="all-linear"))
-    return bundle.model.eval(), bundle.tokenizer
+        policy = get_peft_model(policy, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear"))
+    return policy.eval(), tokenizer
+
+
+def save_shape(model: str, folder: Path) -> None:
+    """The model's folder without its weights (config, tokenizer, chat template): --shape_dir's input."""
+    import shutil
+
+    from podsrl.models.loading import BUILTIN_MODELS
+
+    source = Path(BUILTIN_MODELS[MODELS[model]]())  # converted into the cache on first use
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.is_file() and file.suffix not in (".safetensors", ".bin", ".gguf"):
+            shutil.copy2(file, folder / file.name)
+    print(f"wrote {folder}: {sorted(f.name for f in folder.iterdir())}")
 
 
 def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, repeats: int,
-           random_init: bool, compiled: bool, lora_rank: int) -> dict:
+           random_init: bool, compiled: bool, lora_rank: int, shape_dir: str) -> dict:
     import torch
 
     from podsrl.models.precision import autocast
     from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions
 
-    policy, tokenizer = load(model, random_init, lora_rank)
+    policy, tokenizer = load(model, random_init, lora_rank, shape_dir)
     if torch.cuda.is_available():
         policy = policy.cuda()
     batch = prompts(tokenizer, model, rows // SAMPLES)
@@ -135,7 +160,7 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
 def run_cell(args, model: str, dtype: str, rows: int, tokens: int, engine: str) -> dict:
     command = [sys.executable, __file__, "--worker", json.dumps([model, dtype, rows, tokens, engine, args.repeats,
                                                                  args.random_init, args.vllm_compiled,
-                                                                 args.lora_rank])]
+                                                                 args.lora_rank, args.shape_dir])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=max(3 * args.cell_limit, 600))
     if done.returncode:
         return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine,
@@ -242,6 +267,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cell_limit", type=float, default=600.0, help="skip a cell predicted to take longer (s)")
     parser.add_argument("--random_init", action="store_true", help="random weights of the named architecture")
+    parser.add_argument("--shape_dir", default="", help="random weights from this folder's config and tokenizer "
+                                                        "(no weights needed: written by --save_shape)")
+    parser.add_argument("--save_shape", default="", help="write the first of --models' folder without its weights "
+                                                         "here, then exit")
     parser.add_argument("--vllm_compiled", action="store_true", help="vllm_enforce_eager false: compile at start-up")
     parser.add_argument("--step_regimes", default="", help="also time training steps: main,headroom")
     parser.add_argument("--steps", type=int, default=6, help="training steps per regime and engine")
@@ -252,6 +281,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(*json.loads(args.worker))))
+        return 0
+    if args.save_shape:
+        save_shape(args.models.split(",")[0], Path(args.save_shape))
         return 0
     engines = args.engines.split(",")
     results: list[dict] = []
