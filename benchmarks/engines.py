@@ -214,10 +214,9 @@ STEP_REGIMES = {
 def engine_arguments(engine: str, extra: list[str]) -> list[str]:
     """``podsrl train`` arguments of an engine column; the copy is bfloat16 under bf16, else float32."""
     registered, uses_copy, static_cache = ENGINE_VARIANTS[engine]
-    words = ["--generation_engine", registered]
-    if uses_copy:
-        bf16 = any(a == "--bf16" and b == "true" for a, b in zip(extra, extra[1:]))
-        words += ["--generation_dtype", "bfloat16" if bf16 else "float32"]
+    bf16 = any(a == "--bf16" and b == "true" for a, b in zip(extra, extra[1:]))
+    copy = ("bfloat16" if bf16 else "float32") if uses_copy else ""  # hf: from the policy, as before #39
+    words = ["--generation_engine", registered] + (["--generation_dtype", copy] if registered == "hf" else [])
     return words + (["--generation_static_cache", "true"] if static_cache else [])
 
 

@@ -121,16 +121,35 @@ def test_static_cache_compiles_the_decode_step_once_not_every_step():
 @pytest.mark.parametrize("overrides, message", [
     (dict(generation_dtype="float16"), "generation_dtype: expected"),
     (dict(generation_dtype="bfloat16", generation_engine="slots"), "generation_dtype: the generation copy is the hf"),
-    (dict(generation_static_cache="true"), "generation_static_cache: needs generation_dtype"),
+    (dict(generation_static_cache="true"), "generation_static_cache: needs a generation copy"),
+    (dict(generation_static_cache="true", generation_dtype="auto"), "generation_static_cache: needs a generation copy"),
 ])
 def test_config_refuses_what_the_copy_cannot_do(overrides, message):
     with pytest.raises(ValueError, match=message):
         make_config(overrides={k: str(v) for k, v in overrides.items()})
 
 
-def test_a_run_with_the_copy_trains_and_records_its_refresh_time(random_model_dir, tmp_path):
-    result = train(quick(random_model_dir, tmp_path / "run", generation_dtype="float32", lora_rank=4))
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, ""),  # float32: generating from the policy keeps samples exact (the main job)
+    ({"bf16": "true"}, "bfloat16"),
+    ({"dtype": "bfloat16"}, "bfloat16"),
+    ({"bf16": "true", "generation_engine": "slots"}, ""),  # the copy is the hf engine's
+    ({"bf16": "true", "generation_dtype": ""}, ""),
+    ({"generation_dtype": "float32"}, "float32"),
+])
+def test_auto_makes_a_bfloat16_copy_where_the_forward_passes_run_in_bfloat16(overrides, expected):
+    assert make_config(overrides=overrides).generation_copy_dtype == expected
+
+
+@pytest.mark.parametrize("overrides, copied", [(dict(generation_dtype="float32", lora_rank=4), True),
+                                               (dict(bf16=True), True), ({}, False)])
+def test_a_run_with_the_copy_trains_and_records_its_refresh_time(random_model_dir, tmp_path, overrides, copied):
+    result = train(quick(random_model_dir, tmp_path / "run", **overrides))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "weight_sync_seconds" in r]
-    assert result.steps == 2 and len(steps) == 2 and all(r["weight_sync_seconds"] >= 0 for r in steps)
+    assert result.steps == 2
+    if not copied:  # no copy, no new field: the main job's metrics keep their fields
+        assert not steps
+        return
+    assert len(steps) == 2 and all(r["weight_sync_seconds"] >= 0 for r in steps)
     assert steps[0]["weight_sync_seconds"] > 0  # step 1 builds and fills the copy

@@ -20,6 +20,7 @@ from podsrl.config_checks import require, validate
 from podsrl.config_ranges import check_reward_weights
 from podsrl.config_yaml import read_yaml
 from podsrl.methods import METHODS
+from podsrl.rollout.generation_copy import copy_dtype
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RENAMED", "load_yaml", "make_config", "parse_value",
            "split_list", "validate"]
@@ -140,14 +141,12 @@ class Config:
                                       "used for evaluation (needs vLLM: docs/generation.md).")
     generation_batch_size: int = _f(0, "hf engine: max sequences decoded at once, in whole prompt groups (0 = the "
                                        "whole batch). Not TRL's generation_batch_size (P x n rows per step).")
-    generation_dtype: str = _f("", "hf engine: generate (and evaluate) from a copy of the policy in this dtype, "
-                                   "'bfloat16' or 'float32', with LoRA merged, refreshed after every update; '' = "
-                                   "from the policy itself. The update keeps its float32 weights and precision. "
-                                   "bfloat16 is the fast path on GPUs; on a CPU without bfloat16 units float32 is "
-                                   "faster (docs/generation.md). Samples differ from the policy's in the last bits.")
-    generation_static_cache: bool = _f(False, "hf engine with generation_dtype: transformers' static KV cache; on "
-                                              "a GPU transformers compiles its decode step (once per batch shape, "
-                                              "not per step). The prompt prefill is then not shared.")
+    generation_dtype: str = _f("auto", "hf engine: generate and evaluate from a copy of the policy in this dtype "
+                                       "('bfloat16', 'float32'), LoRA merged, refreshed after every update; '' = "
+                                       "from the policy; 'auto' = bfloat16 when the forward passes run in bfloat16 "
+                                       "(bf16 or dtype bfloat16), else ''. The update is unchanged (generation.md).")
+    generation_static_cache: bool = _f(False, "With a generation copy: transformers' static KV cache, its decode step "
+                                              "compiled on GPUs once per batch shape; prefill then not shared.")
     generation_micro_group: int = _f(0, "slots engine: sequences decoded at once (g); 0 = as many as "
                                         "generation_memory_mb allows, or all P*n without a cap.")
     generation_refill: str = _f("continuous", "slots engine: 'continuous' gives a finished sample's slot to the "
@@ -259,6 +258,16 @@ class Config:
     def trained_per_prompt(self) -> int:
         """Rollouts trained on per prompt (podsrl.methods: n for grpo-ga, m otherwise)."""
         return METHODS[self.method].trained_per_prompt(self.num_generations, self.num_kept)
+
+    @property
+    def computes_in_bfloat16(self) -> bool:
+        """The policy's forward passes run in bfloat16: mixed precision (bf16) or bfloat16 weights."""
+        return self.bf16 or self.dtype == "bfloat16"
+
+    @property
+    def generation_copy_dtype(self) -> str:
+        """The hf engine's generation copy's dtype ('' = none), 'auto' resolved (rollout.generation_copy)."""
+        return copy_dtype(self.generation_dtype, self.generation_engine, self.computes_in_bfloat16)
 
     @property
     def reward_specs(self) -> list[str]:

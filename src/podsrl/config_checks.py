@@ -120,7 +120,7 @@ def _check_combinations(cfg) -> None:
         _check_early_stop(cfg)
     if cfg.generation_engine == "vllm":
         _check_vllm(cfg)
-    if cfg.generation_dtype or cfg.generation_static_cache:
+    if cfg.generation_dtype not in ("", "auto") or cfg.generation_static_cache:
         _check_generation_copy(cfg)
     if cfg.adaptive_n:
         require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
@@ -170,11 +170,11 @@ def _check_vllm(cfg) -> None:
 
 
 def _check_generation_copy(cfg) -> None:
-    require(cfg.generation_dtype in ("", *COPY_DTYPES),
-            f"generation_dtype: expected '', {' or '.join(COPY_DTYPES)}, got {cfg.generation_dtype!r}")
-    require(cfg.generation_engine == "hf", f"generation_dtype: the generation copy is the hf engine's (got "
-                                           f"generation_engine {cfg.generation_engine}; vllm computes in its own "
-                                           f"dtype, the slots engine generates from the policy)")
-    require(bool(cfg.generation_dtype) or not cfg.generation_static_cache,
-            "generation_static_cache: needs generation_dtype (the static cache is compiled over the generation "
-            "copy, whose weights are refreshed in place)")
+    require(cfg.generation_dtype in ("", "auto", *COPY_DTYPES),
+            f"generation_dtype: expected '', 'auto', {' or '.join(COPY_DTYPES)}, got {cfg.generation_dtype!r}")
+    require(cfg.generation_engine == "hf" or cfg.generation_dtype in ("", "auto"),
+            f"generation_dtype: the generation copy is the hf engine's (got generation_engine "
+            f"{cfg.generation_engine}; vllm computes in its own dtype, the slots engine generates from the policy)")
+    require(bool(cfg.generation_copy_dtype) or not cfg.generation_static_cache,
+            "generation_static_cache: needs a generation copy (generation_dtype bfloat16 or float32, or auto with "
+            "bf16): the static cache is compiled over the copy, whose weights are refreshed in place")

@@ -55,20 +55,20 @@ def task_options(cfg: Config) -> TaskOptions:
                        reasoning_gym_size=cfg.reasoning_gym_size, num_test=cfg.eval_prompts)
 
 
-def generation_options(cfg: Config, processes: int = 1) -> GenerationOptions:
+def generation_options(cfg: Config, processes: int = 1, sharded: bool = False) -> GenerationOptions:
+    copy = "" if sharded and cfg.generation_dtype == "auto" else cfg.generation_copy_dtype  # FSDP: no copy
     return GenerationOptions(max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p,
                              memory_mb=cfg.generation_memory_mb, batch_size=cfg.generation_batch_size,
                              share_prefill=cfg.share_prefill, micro_group=cfg.generation_micro_group,
                              refill=cfg.generation_refill, schedule=cfg.generation_schedule,
                              probe_tokens=cfg.generation_probe_tokens, vllm=vllm_options(cfg, processes),
-                             copy_dtype=cfg.generation_dtype, static_cache=cfg.generation_static_cache)
+                             copy_dtype=copy, static_cache=cfg.generation_static_cache)
 
 
 def vllm_options(cfg: Config, processes: int = 1) -> VLLMOptions:
     """The vllm engine computes in bfloat16 where the policy's forward passes do (bf16, or
     bfloat16 weights), else in float32."""
-    low_precision = cfg.bf16 or cfg.dtype == "bfloat16"
-    return VLLMOptions(dtype="bfloat16" if low_precision else "float32", seed=cfg.seed,
+    return VLLMOptions(dtype="bfloat16" if cfg.computes_in_bfloat16 else "float32", seed=cfg.seed,
                        max_model_length=cfg.vllm_max_model_length or cfg.max_prompt_tokens + cfg.max_completion_length,
                        kv_cache_memory_mb=cfg.vllm_kv_cache_memory_mb,
                        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -224,9 +224,9 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     if procs.sharded and cfg.generation_engine == "vllm":
         raise ValueError("generation_engine: vllm is not supported with FSDP (each process's engine needs whole "
                          "weights); use DDP, or PODS inside TRL (podsrl.trl), whose vLLM path gathers them")
-    if procs.sharded and cfg.generation_dtype:
+    if procs.sharded and cfg.generation_dtype not in ("", "auto"):
         raise ValueError("generation_dtype: the generation copy is not supported with FSDP (it is refreshed from "
-                         "whole weights); use DDP")
+                         "whole weights); use DDP, or generation_dtype auto (no copy under FSDP)")
     seed_everything(cfg.seed)
     task = build_task(task_options(cfg))
     if not task.test:  # before the model loads: data problems should cost no time
@@ -252,7 +252,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     # the same on every process; built before the run's files are written: a selector that
     # refuses the train split (pass_rate, fewer prompts than prompts_per_step) leaves no files
     selector = prompt_selector(cfg, len(splits[0].examples))
-    engine = ENGINES.checked(cfg.generation_engine)(generation_options(cfg, procs.world_size))
+    engine = ENGINES.checked(cfg.generation_engine)(generation_options(cfg, procs.world_size, procs.sharded))
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
     policy = bundle.model.to(procs.device(cfg.device))
