@@ -76,9 +76,10 @@ def load(model: str, random_init: bool, lora_rank: int, shape_dir: str = ""):
     if shape_dir:  # config and tokenizer only: random weights, nothing to carry but a few MB
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        from podsrl.models.loading import pad_left
+
         tokenizer = AutoTokenizer.from_pretrained(shape_dir)
-        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-        tokenizer.padding_side = "left"  # as load_model sets it
+        pad_left(tokenizer)  # as load_model sets it up
         torch.manual_seed(0)
         policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shape_dir), dtype=torch.float32)
     else:

@@ -13,6 +13,7 @@ from podsrl.models.precision import autocast
 from podsrl.rollout import generate
 from podsrl.trainer import train
 from podsrl.update import UpdateOptions, flatten_for_update, update_policy
+from tests.conftest import quick as conftest_quick
 
 OPTIONS = UpdateOptions(max_grad_norm=0, loss_aggregation="token")
 
@@ -76,10 +77,8 @@ def test_activation_checkpointing_gives_the_same_update(random_model_dir, share_
 
 
 def quick(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, task="parity", max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=0,
-                  progress=False, output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0)
-    return make_config(overrides={k: str(v) for k, v in {**values, **overrides}.items()})
+    """conftest's two-step run, without checkpoints."""
+    return conftest_quick(model_dir, output_dir, **{"save_steps": 0, **overrides})
 
 
 def test_a_bf16_run_with_checkpointing_trains_float32_weights(random_model_dir, tmp_path):

@@ -19,16 +19,14 @@ from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.tracking import markdown_table, tracker_names
 from podsrl.trainer import train
+from tests.conftest import quick
 
 NUMBERS = (int, float)
 
 
 def quick_config(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, task="parity", max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_completion_length=6, eval_prompts=8, eval_samples=1, eval_steps=0, save_steps=0,
-                  progress=False, learning_rate=1e-3, warmup_steps=0, output_dir=str(output_dir))
-    values.update(overrides)
-    return make_config(overrides={k: str(v) for k, v in values.items()})
+    """conftest's two-step run, without checkpoints."""
+    return quick(model_dir, output_dir, **{"save_steps": 0, **overrides})
 
 
 def logged_numbers(run_dir: Path) -> dict[tuple[str, int], float]:

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
 from podsrl.prompt_selection import PromptSelectionOptions, ShuffledPass
@@ -24,15 +23,12 @@ from podsrl.update import (
     make_optimizer,
     update_policy,
 )
+from tests.conftest import quick
 
 
 def quick_config(model_dir, output_dir, **overrides):
-    values = dict(model=model_dir, max_steps=2, prompts_per_step=4, num_generations=6, num_kept=3,
-                  max_completion_length=6,
-                  eval_prompts=16, eval_samples=2, eval_steps=0, save_steps=0, progress=False,
-                  output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0, task="parity")
-    values.update(overrides)
-    return make_config(overrides={k: str(v) for k, v in values.items()})
+    """conftest's two-step run, without checkpoints, evaluated on 16 prompts x 2 samples."""
+    return quick(model_dir, output_dir, **{"eval_prompts": 16, "eval_samples": 2, "save_steps": 0, **overrides})
 
 
 def final_weights(run_dir):

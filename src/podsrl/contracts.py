@@ -28,6 +28,7 @@ from podsrl import interrupts
 
 PACKAGE_DIR = str(Path(__file__).resolve().parent)  # podsrl's own frames are not the user's line
 
+
 class UserCodeError(ValueError):
     """An extension (a user's, or podsrl's own) raised or broke its contract; the message is
     one line naming the config field and the function (a ValueError: a bad value, in a sense,

@@ -103,6 +103,14 @@ def _without_peft_deprecation_warning():
         yield
 
 
+def pad_left(tokenizer) -> None:
+    """Left padding, so every row's completion starts at the same column; a tokenizer without a
+    pad token pads with EOS (left padding only needs some id under the attention mask)."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+
+
 def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
                lora_dropout: float = 0.0, lora_target_modules: tuple[str, ...] = (),
                dtype: str = "float32") -> ModelBundle:
@@ -111,10 +119,7 @@ def load_model(name: str, *, lora_rank: int = 0, lora_alpha: float = 16.0,
     check_dtype(dtype)
     hf_logging.disable_progress_bar()  # podsrl shows one progress bar: its own
     tokenizer, model = _load_with_fallback(name, dtype)
-    if tokenizer.pad_token is None:
-        # Left padding only needs some id under the attention mask; EOS is the usual choice.
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    pad_left(tokenizer)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if lora_rank > 0 and not hasattr(model, "peft_config"):
