@@ -103,6 +103,8 @@ def save_shape(model: str, folder: Path) -> None:
 
     from podsrl.models.loading import BUILTIN_MODELS
 
+    if folder.exists() and any(folder.iterdir()):
+        raise SystemExit(f"--save_shape: {folder} exists and is not empty; name a new folder (nothing is overwritten)")
     source = Path(BUILTIN_MODELS[MODELS[model]]())  # converted into the cache on first use
     folder.mkdir(parents=True, exist_ok=True)
     for file in source.iterdir():
