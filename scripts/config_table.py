@@ -15,7 +15,10 @@ One frozen dataclass, `podsrl.config.Config`, is the single source of truth; thi
 generated from it by `python scripts/config_table.py`. Values come from the defaults
 below, then `--config FILE.yaml`, then `--field value` options (`podsrl train --help`
 lists the same). Every value is validated before any work, with errors that name the
-field (and the YAML file and line).
+field (and the YAML file and line). A field that names a component (`downsampling_rule`,
+`advantage_estimator`, `loss_type`, `generation_engine`, `generation_schedule`, `task`,
+`reward_funcs`, `prompt_selector`) also takes a mapping of its name and keyword arguments,
+`{name: ..., argument: value}` ([algorithms.md](algorithms.md#components-with-arguments)).
 
 ```bash
 podsrl train --config configs/tiny-lora.yaml --learning_rate 5e-4 --output_dir runs/from-yaml

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from podsrl.config_checks import require, validate
+from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_ranges import check_reward_weights
 from podsrl.config_yaml import read_yaml
 from podsrl.methods import METHODS
@@ -271,8 +271,8 @@ class Config:
 
     @property
     def reward_specs(self) -> list[str]:
-        """``reward_funcs`` as a list of names / ``module:function`` specs."""
-        return split_list(self.reward_funcs)
+        """``reward_funcs`` as a list of names / ``module:function`` specs (and mappings with arguments)."""
+        return split_list(self.reward_funcs) if isinstance(self.reward_funcs, str) else list(self.reward_funcs)
 
     @property
     def reward_weight_values(self) -> list[float]:
@@ -332,8 +332,8 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
         raise ValueError(f"{source}{name}: expected true/false, got {raw!r}")
     if isinstance(raw, bool) and kind is not bool:
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
-    if kind is str:
-        return _as_text(name, raw, source)
+    if kind is str:  # a component's mapping {name: ..., argument: value} is kept (podsrl.registry), else text
+        return _as_text(name, raw, source) if (spec := parse_component(name, raw, source)) is None else spec
     try:
         if kind is int and isinstance(raw, float) and not raw.is_integer():
             raise ValueError

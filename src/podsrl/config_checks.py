@@ -19,22 +19,34 @@ from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
 from podsrl.prompt_selection import PROMPT_SELECTORS
-from podsrl.rewards import load_reward_fn
+from podsrl.registry import spec_parts
+from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
 from podsrl.rollout.generation_copy import COPY_DTYPES
 from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
-from podsrl.tasks import TASKS, is_known_task
+from podsrl.tasks import TASKS, check_task_spec, is_known_task
 from podsrl.tasks.arithmetic import LEVELS, space_size
 from podsrl.tasks.data import is_local
 from podsrl.tracking import tracker_names
 from podsrl.update import SCHEDULERS
 
 OPTIMIZERS = ("adamw_torch", "sgd")
+# the fields that name a component, each by its registry: a name / module:function, or a mapping
+# {name: ..., argument: value} whose arguments are bound (podsrl.registry; docs/algorithms.md)
+COMPONENTS = {registry.field: registry for registry in (RULES, ADVANTAGES, LOSSES, ENGINES, SCHEDULES, TASKS, REWARDS,
+                                                        PROMPT_SELECTORS)}
 
 
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def parse_component(name: str, raw, source: str = ""):
+    """A component field's value in mapping form (or its JSON text, as the command line gives
+    it) as the config stores it; None for any other value or field (text, as before)."""
+    registry = COMPONENTS.get(name)
+    return None if registry is None else registry.parse(raw, source)
 
 
 def validate(cfg) -> None:
@@ -52,7 +64,9 @@ def _check_names(cfg) -> None:
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
              f"device: expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")
-    RULES.resolve(cfg.downsampling_rule)  # a registered name, or module:function (imported now: errors early)
+    # a registered name, or module:function (imported now: errors early), or a mapping of one and keyword
+    # arguments, bound and checked against its signature now; here and below
+    RULES.resolve(cfg.downsampling_rule)
     ENGINES.resolve(cfg.generation_engine)
     ADVANTAGES.resolve(cfg.advantage_estimator)
     PROMPT_SELECTORS.resolve(cfg.prompt_selector)
@@ -65,8 +79,9 @@ def _check_names(cfg) -> None:
     require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
                                                   f"known: {', '.join(SCHEDULERS)}")
     require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
-    require(cfg.loss_type in LOSSES or ":" in cfg.loss_type,
-            f"loss_type: {cfg.loss_type!r} is not implemented; podsrl has {' and '.join(LOSSES)} (TRL's others run "
+    loss = spec_parts(cfg.loss_type, "loss_type")[0]
+    require(loss in LOSSES or ":" in loss,
+            f"loss_type: {loss!r} is not implemented; podsrl has {' and '.join(LOSSES)} (TRL's others run "
             f"in podsrl.trl), or name your own aggregation as 'module:function'")
     LOSSES.resolve(cfg.loss_type)
     check_dtype(cfg.dtype)
@@ -91,6 +106,7 @@ def _check_names(cfg) -> None:
 def _check_data(cfg) -> None:
     require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: {', '.join(sorted(TASKS))}, "
                                       f"reasoning_gym:NAME, or 'module:builder' / 'file.py:builder'")
+    check_task_spec(cfg.task)  # a mapping's arguments, against its builder
     for name in ("train_data", "test_data"):
         spec = getattr(cfg, name)
         if spec and is_local(spec) and not Path(spec).expanduser().is_file():

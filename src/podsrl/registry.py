@@ -9,22 +9,35 @@ podsrl without editing it (as verl registers its advantage estimators by decorat
     def min_variance(rewards, m, generator=None): ...      # then: --downsampling_rule min_variance
 
 or, with nothing registered: ``--downsampling_rule ./my_rules.py:min_variance``.
+
+A value may also be a mapping of the name and keyword arguments to bind (in YAML, or as JSON
+text on the command line), checked against the component's signature at start-up::
+
+    downsampling_rule: {name: ./my_rules.py:min_variance, temperature: 0.5}
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import json
 import re
 import sys
+from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from podsrl.contracts import calling, check_signature, error_line, spec_name
 
-__all__ = ["Checked", "Registry", "error_line", "load_object"]
+__all__ = ["NAME_KEY", "Bound", "Checked", "Registry", "Spec", "bind_kwargs", "component_label", "error_line",
+           "load_object", "spec_parts"]
+
+NAME_KEY = "name"  # the component's key in a mapping spec: {name: my.py:rule, temperature: 0.5}
+Spec = Union[str, Mapping[str, Any]]  # a name / module:function, or a mapping of one and keyword arguments
 
 
 class Registry(dict):
@@ -35,10 +48,16 @@ class Registry(dict):
     ``(value, args, field, spec) -> value``, run on what each checked call returns."""
 
     def __init__(self, kind: str, field: str, entries: dict[str, Any] | None = None, *, takes: str = "",
-                 arity: int | None = None, check_output: Callable[..., Any] | None = None) -> None:
+                 arity: int | None = None, check_output: Callable[..., Any] | None = None,
+                 passes: tuple[str, ...] = (), many: bool = False,
+                 binds: Callable[[Any, dict, str], Any] | None = None) -> None:
+        """``passes``: keyword arguments podsrl passes on every call (a spec may not bind them);
+        ``many``: the field is a list of specs; ``binds(obj, kwargs, name)``: how a spec's
+        keyword arguments are bound (default :func:`bind_kwargs`, to the object itself)."""
         super().__init__(entries or {})
         self.kind, self.field = kind, field
         self.takes, self.arity, self.check_output = takes, arity, check_output
+        self.passes, self.many, self.binds = passes, many, binds
         self._checked: dict[str, Checked] = {}  # by spec: a name registered later is a new spec
 
     def register(self, name: str | None = None) -> Callable[[Any], Any]:
@@ -51,10 +70,15 @@ class Registry(dict):
             return obj
         return add
 
-    def resolve(self, spec: str):
+    def resolve(self, spec: Spec):
         """The registered object named ``spec``, else the object ``module:attr`` /
         ``file.py:attr`` names, its signature checked against the kind's; a one-line
-        ValueError naming the field otherwise."""
+        ValueError naming the field otherwise. A mapping spec's keyword arguments are bound
+        (:meth:`bind`)."""
+        if not isinstance(spec, str):
+            name, kwargs = spec_parts(spec, self.field)
+            obj = self.resolve(name)
+            return self.bind(obj, kwargs, name) if kwargs else obj
         if spec in self:
             obj = self[spec]
         elif ":" not in spec:
@@ -66,13 +90,54 @@ class Registry(dict):
             check_signature(obj, self.field, spec, self.takes, self.arity)
         return obj
 
-    def checked(self, spec: "str | Callable") -> "Checked":
-        """``spec`` (a name, ``module:function``, or the object itself) as a callable that
-        keeps the kind's contract on every call."""
-        if isinstance(spec, str):  # resolved and its signature checked once, not at every call (select's per step)
-            cached = self._checked.get(spec)
-            if cached is None or (spec in self and self[spec] is not cached.fn):  # an entry replaced since
-                cached = self._checked[spec] = Checked(self.resolve(spec), self, spec)
+    def bind(self, obj, kwargs: dict[str, Any], name: str):
+        """``obj`` (resolved from ``name``) with a spec's keyword arguments bound, checked."""
+        if self.binds is not None:
+            return self.binds(obj, kwargs, name)
+        return bind_kwargs(obj, kwargs, self.field, name, self.takes, self.arity, self.passes)
+
+    def parse(self, raw: Any, source: str = "") -> Any:
+        """A config value in mapping form, ``{name: ..., argument: value}`` or its JSON text (the
+        command line's form; for a ``many`` field also a list of names and mappings, or its JSON
+        text), as the config stores it (:func:`stored_spec`). None for any other value: a name,
+        or a list of names, is text as before."""
+        if isinstance(raw, str) and raw.strip()[:1] in (("{", "[") if self.many else ("{",)):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{source}{self.field}: not valid JSON ({err}): {raw!r}") from None
+            if self.many and isinstance(raw, list):
+                return self._stored_list(raw, source)
+        if isinstance(raw, Mapping):
+            return self._stored_list([raw], source) if self.many else stored_spec(raw, self.field, source)
+        if isinstance(raw, (list, tuple)) and any(isinstance(item, Mapping) for item in raw):
+            if not self.many:
+                raise ValueError(f"{source}{self.field}: expected one {self.kind}, got a list {raw!r}")
+            return self._stored_list(raw, source)
+        return None
+
+    def _stored_list(self, items, source: str):
+        """A ``many`` field's specs: the comma-separated text when all are names, else a list."""
+        specs = []
+        for item in items:
+            if isinstance(item, str) and "," in item:
+                raise ValueError(f"{source}{self.field}: list items may not contain commas, got {item!r}")
+            if not isinstance(item, (str, Mapping)):
+                raise ValueError(f"{source}{self.field}: expected names or mappings {{{NAME_KEY}: ..., argument: "
+                                 f"value}}, got {item!r}")
+            spec = item.strip() if isinstance(item, str) else stored_spec(item, self.field, source)
+            specs += [spec] if spec else []
+        return ",".join(specs) if all(isinstance(spec, str) for spec in specs) else specs
+
+    def checked(self, spec: "Spec | Callable") -> "Checked":
+        """``spec`` (a name, ``module:function``, a mapping of one and keyword arguments, or
+        the object itself) as a callable that keeps the kind's contract on every call."""
+        if isinstance(spec, (str, Mapping)):  # resolved and checked once, not at every call (select's per step)
+            key = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=repr)
+            name = spec_parts(spec, self.field)[0]
+            cached = self._checked.get(key)
+            if cached is None or (name in self and self[name] is not cached.target):  # an entry replaced since
+                cached = self._checked[key] = Checked(self.resolve(spec), self, component_label(spec))
             return cached
         if self.arity is not None:
             check_signature(spec, self.field, spec_name(spec), self.takes, self.arity)
@@ -85,8 +150,9 @@ class Checked:
 
     def __init__(self, fn: Callable, registry: Registry, spec: str) -> None:
         self.fn, self.field, self.spec, self.check_output = fn, registry.field, spec, registry.check_output
+        self.target = fn.func if isinstance(fn, Bound) else fn  # what the spec names, its arguments unbound
         self.takes_groups = getattr(fn, "takes_groups", False)  # a selection rule's form
-        self.users = not any(fn is builtin for builtin in registry.values())  # a user's: a stop may end it
+        self.users = not any(self.target is builtin for builtin in registry.values())  # a user's: a stop may end it
 
     def __call__(self, *args):
         with calling(self.field, self.spec) if self.users else nullcontext():
@@ -95,6 +161,126 @@ class Checked:
 
     def __repr__(self) -> str:
         return f"Checked({self.field}={self.spec})"
+
+
+class Bound(functools.partial):
+    """A component with a spec's keyword arguments bound: it keeps the component's name,
+    module and public attributes (a rule's ``takes_groups``, a reward's ``reward_bounds``),
+    and a call that passes one of the bound arguments again is refused, not silently
+    preferred (a reward function's data column named like one)."""
+
+    def __new__(cls, func, /, **kwargs):
+        self = super().__new__(cls, func, **kwargs)
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            if hasattr(func, attr):
+                setattr(self, attr, getattr(func, attr))
+        return self
+
+    def __call__(self, /, *args, **kwargs):
+        again = sorted(set(self.keywords) & set(kwargs))
+        if again:
+            raise TypeError(f"{', '.join(again)}: given in the config and passed on the call too")
+        return super().__call__(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # inspect's and pickle's lookups must see the partial itself
+            raise AttributeError(name)
+        return getattr(self.func, name)
+
+    def __repr__(self) -> str:
+        return f"Bound({component_label({NAME_KEY: spec_name(self.func), **self.keywords})})"
+
+
+def spec_parts(spec: Spec, field: str = "component") -> tuple[str, dict[str, Any]]:
+    """(name, keyword arguments) of a spec: a string, or a mapping ``{name: ..., argument:
+    value, ...}`` whose arguments are identifiers with JSON values (the run's config.json
+    stores them, and a resume compares them); a one-line ValueError naming ``field`` else."""
+    if isinstance(spec, str):
+        return spec, {}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{field}: expected a name or a mapping {{{NAME_KEY}: ..., argument: value}}, got {spec!r}")
+    kwargs = dict(spec)
+    name = kwargs.pop(NAME_KEY, None)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{field}: a mapping needs {NAME_KEY!r}, the registered name or 'module:function' of the "
+                         f"component, next to its arguments; got {dict(spec)!r}")
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"{field}: {name}: {key!r} is not an argument name")
+        try:
+            same = json.loads(json.dumps(value, allow_nan=False)) == value
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            raise ValueError(f"{field}: {name}: argument {key} = {value!r} must be JSON data (numbers, text, "
+                             f"true/false, null, lists, mappings): the run's config.json keeps it")
+    return name.strip(), kwargs
+
+
+def stored_spec(spec: Mapping, field: str, source: str = "") -> Spec:
+    """A mapping spec as the config stores it: the name first, then the arguments sorted;
+    a mapping of only a name is that name, so it behaves exactly as the name does."""
+    try:
+        name, kwargs = spec_parts(spec, field)
+    except ValueError as err:
+        raise ValueError(f"{source}{err}") from None
+    return {NAME_KEY: name, **dict(sorted(kwargs.items()))} if kwargs else name
+
+
+def component_label(spec: Any, short: bool = False) -> str:
+    """How labels, folder names and errors show a spec: the name, then its arguments as
+    JSON, sorted: ``my_rules.py:min_variance(temperature=0.5)``; ``short``: the name's part
+    after its last ``:`` (a module's object by its own name)."""
+    if not isinstance(spec, Mapping):
+        return str(spec).rpartition(":")[2] if short and isinstance(spec, str) else str(spec)
+    kwargs = dict(spec)
+    name = str(kwargs.pop(NAME_KEY, "?"))
+    name = name.rpartition(":")[2] if short else name
+    shown = ", ".join(f"{key}={json.dumps(value, separators=(',', ':'), sort_keys=True, default=repr)}"
+                      for key, value in sorted(kwargs.items()))
+    return f"{name}({shown})" if kwargs else name
+
+
+_PASSED_BY_POSITION = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_SETTABLE = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def bind_kwargs(obj, kwargs: dict[str, Any], field: str, name: str, takes: str = "", arity: int | None = None,
+                passes: tuple[str, ...] = ()) -> Bound:
+    """``obj`` (named ``name``) with ``kwargs`` bound, checked at start-up: each must name a
+    parameter of ``obj`` taken by keyword that podsrl does not pass itself (the first
+    ``arity`` positional ones, ``passes``), with a value of its default's type; bound, ``obj``
+    must still accept ``arity`` positional arguments (``takes``). One-line ValueErrors naming
+    ``field``."""
+    try:
+        parameters = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: {name} has no signature to check the arguments {sorted(kwargs)} against; "
+                         f"bind them in your own function instead") from None
+    positional = [p.name for p in parameters.values() if p.kind in _PASSED_BY_POSITION]
+    passed = set(positional[:arity or 0]) | set(passes)
+    settable = [p.name for p in parameters.values() if p.kind in _SETTABLE and p.name not in passed]
+    for key, value in kwargs.items():
+        if key in passed:
+            raise ValueError(f"{field}: {name}: argument {key!r} gets what podsrl passes (it is called as "
+                             f"{takes or name}); it cannot be set in the config")
+        if key not in settable:
+            raise ValueError(f"{field}: {name} takes no argument {key!r} (it takes: {', '.join(settable) or 'none'})")
+        _check_type(parameters[key].default, value, f"{field}: {name}: argument {key}")
+    bound = Bound(obj, **kwargs)
+    if arity is not None:
+        check_signature(bound, field, component_label({NAME_KEY: name, **kwargs}), takes, arity)
+    return bound
+
+
+def _check_type(default: Any, value: Any, where: str) -> None:
+    """A value of the kind of the parameter's default (true/false, a number, text), where it has one."""
+    expected = next((kinds for kinds in ((bool,), (int, float), (str,)) if isinstance(default, kinds)), None)
+    if expected is None or (isinstance(value, expected) and (bool in expected or not isinstance(value, bool))):
+        return
+    hint = " (YAML reads 1e-6 as text: write 1.0e-6)" if float in expected and isinstance(value, str) else ""
+    raise ValueError(f"{where}: expected {'a number' if float in expected else type(default).__name__} like its "
+                     f"default {default!r}, got {value!r}{hint}")
 
 
 def load_object(spec: str, field: str):

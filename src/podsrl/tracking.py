@@ -13,6 +13,7 @@ trainer passes plain values.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import netrc
 import os
@@ -161,9 +162,13 @@ class Trackers:
 
     def start(self, hyperparameters: dict, first_step: int) -> None:
         """Start each tracker and record the run config; ``first_step`` is the first step this
-        session logs (0, or the checkpoint's step + 1 on resume)."""
+        session logs (0, or the checkpoint's step + 1 on resume). A value that is no number,
+        text or true/false (a component's mapping with its arguments) is recorded as its JSON
+        text: TensorBoard's hyperparameters take nothing else."""
         if not self.names:
             return
+        hyperparameters = {key: value if value is None or isinstance(value, (bool, int, float, str))
+                           else json.dumps(value, sort_keys=True) for key, value in hyperparameters.items()}
         # accelerate's trackers log through its logging utility, which needs its process state:
         # made by the Accelerator under a launcher; in one process it forms no process group
         PartialState()

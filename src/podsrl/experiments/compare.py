@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
+from podsrl.registry import component_label
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
 
@@ -307,8 +309,9 @@ def _method_arms(base, methods: list[str], rules: list[str], n_values: list, m_v
 
 def arm_dir_name(overrides: dict) -> str:
     n = "auto" if overrides.get("adaptive_n") else overrides["num_generations"]
-    name = METHODS[overrides["method"]].dir_name(n, overrides["num_kept"], overrides.get("downsampling_rule", ""))
-    return "-".join([name, *(v.replace("-", "_") for v in arm_variants(overrides))])
+    rule = component_label(overrides.get("downsampling_rule", ""))  # with its arguments, if any
+    name = METHODS[overrides["method"]].dir_name(n, overrides["num_kept"], rule)
+    return "-".join([name, *(re.sub(r"[^A-Za-z0-9_.]", "_", v) for v in arm_variants(overrides))])
 
 
 def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from podsrl.methods import METHODS
 from podsrl.metrics import read_metrics
 from podsrl.provenance import read_environment
+from podsrl.registry import component_label
 
 
 @dataclass
@@ -35,7 +36,7 @@ class FinishedRun:
         # (runs written before the rename of n / m / rule still read)
         n = "auto" if c.get("adaptive_n") else c.get("num_generations", c.get("n"))
         m, rule = c.get("num_kept", c.get("m")), c.get("downsampling_rule", c.get("rule"))
-        return " ".join([METHODS[c["method"]].arm_name(n, m, rule), *arm_variants(c)])
+        return " ".join([METHODS[c["method"]].arm_name(n, m, component_label(rule)), *arm_variants(c)])
 
     @property
     def seed(self) -> int | None:
@@ -101,8 +102,8 @@ def largest_logged(values) -> float | None:
 def arm_variants(fields: dict) -> list[str]:
     """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto'):
     the slots engine, early stop, and a prompt selector other than the shuffled pass (by its
-    name; a module's by the object's)."""
-    selector = fields.get("prompt_selector", "none").rpartition(":")[2]
+    name; a module's by the object's; with its arguments, if any)."""
+    selector = component_label(fields.get("prompt_selector", "none"), short=True)
     return [label for label, on in (("slots", fields.get("generation_engine") == "slots"),
                                     ("early-stop", fields.get("group_early_stop")),
                                     (selector, selector != "none")) if on]

@@ -33,14 +33,16 @@ REWARDS = Registry("reward function", "reward_funcs", {
     "math_correct": math_correct,
     "think_answer_format_strict": think_answer_format_strict,
     "think_answer_format_soft": think_answer_format_soft,
-})
+}, takes="fn(prompts, completions, **columns)", many=True,
+    passes=("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"))  # by each call
 
 
-def load_reward_fn(spec: str) -> RewardFn:
+def load_reward_fn(spec: str | dict) -> RewardFn:
     """A registered name, or ``module:function`` (``module`` importable, or a path to a
     ``.py`` file), e.g. ``my_rewards:length_penalty`` or ``./rewards.py:format_reward``
-    (:class:`podsrl.registry.Registry`). A module that fails to import, for whatever reason,
-    is a one-line ValueError naming it."""
+    (:class:`podsrl.registry.Registry`), or a mapping of one and keyword arguments to bind
+    (``{"name": "./rewards.py:length_penalty", "limit": 200}``). A module that fails to
+    import, for whatever reason, is a one-line ValueError naming it."""
     return REWARDS.resolve(spec)
 
 

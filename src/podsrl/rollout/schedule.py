@@ -12,13 +12,14 @@ of a run's state (checkpointed), because which random draw goes to which sample 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from podsrl.registry import Registry
+from podsrl.registry import Registry, bind_kwargs
 from podsrl.rollout.lanes import balance_lanes
 
 REFILLS = ("continuous", "group")
@@ -149,7 +150,7 @@ class PendingSamples:
     def __init__(self, num_prompts: int, num_samples: int, schedule: "Schedule | str", predicted: list[float],
                  predictor: LengthPredictor | None) -> None:
         self.remaining = [deque(range(num_samples)) for _ in range(num_prompts)]
-        self.schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, str) else schedule
+        self.schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, (str, dict)) else schedule
         self.predicted, self.predictor = predicted, predictor
         self.finished_lengths: list[list[int]] = [[] for _ in range(num_prompts)]
         self.left = num_prompts * num_samples
@@ -300,6 +301,15 @@ def plan_lanes(paused: list[tuple[int, int]], predicted: list[float], slots: int
     return LaneQueue(paused, predicted, balance_lanes(predicted, lanes), lanes)
 
 
+def bind_pick(schedule: Schedule, kwargs: dict, name: str) -> Schedule:
+    """A schedule's keyword arguments (``generation_schedule: {name: ..., argument: value}``)
+    go to its ``pick(pending, candidates, ...)``."""
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"generation_schedule: {name} is not a Schedule; arguments go to a Schedule's pick")
+    pick = bind_kwargs(schedule.pick, kwargs, "generation_schedule", name, "pick(pending, candidates)", 2)
+    return dataclasses.replace(schedule, pick=pick)
+
+
 SCHEDULES = Registry("schedule", "generation_schedule", {
     "fifo": Schedule(prompt_by_prompt, early_stop_refusal="generation_schedule fifo starts a prompt's samples "
                                                           "together, leaving nothing to cancel; use round_robin"),
@@ -313,4 +323,4 @@ SCHEDULES = Registry("schedule", "generation_schedule", {
                              "shortest-predicted first, so early stop cancels the predicted-long ones: kept "
                              "completions were 19% shorter than plain PODS's on SmolLM2 chat "
                              "(benchmarks/RESULTS.md); use round_robin"),
-})
+}, binds=bind_pick)

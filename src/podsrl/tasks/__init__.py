@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from podsrl.registry import Registry
+from podsrl.registry import Registry, Spec, spec_parts
 from podsrl.tasks.arithmetic import build_arithmetic
 from podsrl.tasks.base import (
     REASONING_GYM_PREFIX,
@@ -33,7 +33,7 @@ from podsrl.tasks.math import build_math
 
 @dataclass(frozen=True)
 class TaskOptions:
-    task: str = "arithmetic"  # a name in TASKS, or reasoning_gym:NAME
+    task: Spec = "arithmetic"  # a name in TASKS, or reasoning_gym:NAME (or a mapping of a name and its arguments)
     task_level: int = 3  # arithmetic difficulty (1-5)
     data_seed: int = 0  # seed of the train / held-out split
     train_data: str = ""  # gsm8k / math / jsonl: a local file or a hub dataset
@@ -52,22 +52,35 @@ TASKS = Registry("task", "task", {
     "math": lambda o, with_train: build_math(o.train_data, o.test_data, with_train=with_train),
     "jsonl": lambda o, with_train: build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column,
                                                with_train=with_train),
-})
+}, takes="(options, with_train)", arity=2)
 
 
-def is_known_task(name: str) -> bool:
+def is_known_task(spec: Spec) -> bool:
+    name = spec_parts(spec, "task")[0]
     return name in TASKS or name.startswith(REASONING_GYM_PREFIX) or ":" in name
+
+
+def check_task_spec(spec: Spec) -> None:
+    """A mapping spec's arguments, against its builder (at start-up, before any data loads)."""
+    name, kwargs = spec_parts(spec, "task")
+    if kwargs and name.startswith(REASONING_GYM_PREFIX):
+        raise ValueError(f"task: {name} takes no arguments (its size is reasoning_gym_size, its seed data_seed)")
+    if kwargs:
+        TASKS.resolve(spec)
 
 
 def build_task(options: TaskOptions, with_train: bool = True) -> Task:
     """The configured task. ``with_train=False`` skips reading the train split (evaluation)."""
-    if options.task.startswith(REASONING_GYM_PREFIX):
+    name = spec_parts(options.task, "task")[0]
+    if name.startswith(REASONING_GYM_PREFIX):
+        check_task_spec(options.task)
         from podsrl.tasks.reasoning_gym import build_reasoning_gym  # optional dependency, imported on use
 
-        return build_reasoning_gym(options.task[len(REASONING_GYM_PREFIX):], num_train=options.reasoning_gym_size,
+        return build_reasoning_gym(name[len(REASONING_GYM_PREFIX):], num_train=options.reasoning_gym_size,
                                    num_test=options.num_test, seed=options.data_seed)
     return TASKS.resolve(options.task)(options, with_train)
 
 
 __all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "Messages", "PreparedSplit", "Task", "TaskOptions",
-           "build_task", "is_known_task", "prepare_split", "prompt_messages", "render_prompt", "reward_columns"]
+           "build_task", "check_task_spec", "is_known_task", "prepare_split", "prompt_messages", "render_prompt",
+           "reward_columns"]

@@ -4,10 +4,12 @@ trained, held-out accuracy before and after, the code version, and how to load i
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from podsrl.methods import METHODS
 from podsrl.models.loading import HUB_ID, OFFLINE_FALLBACKS
+from podsrl.registry import component_label
 from podsrl.trainer.run_info import CARD_KEYS, RunInfo, Source
 
 TAGS = ("podsrl", "pods", "grpo", "reinforcement-learning")
@@ -40,7 +42,8 @@ def method_label(info: RunInfo) -> str:
     method = METHODS.get(name)
     if method is None:  # a method this podsrl does not know: name it as the run did
         return str(name)
-    arm = method.arm_name(info.value("num_generations"), info.value("num_kept"), info.value("downsampling_rule"))
+    arm = method.arm_name(info.value("num_generations"), info.value("num_kept"),
+                          component_label(info.value("downsampling_rule")))
     return f"{arm}: {method.description}"
 
 
@@ -51,7 +54,7 @@ def _overview(info: RunInfo, source: Source, output: Path, merged_lora: bool) ->
     lora = (f" Trained as a LoRA adapter (rank {info.value('lora_rank')}, alpha {info.value('lora_alpha')}), "
             f"merged into the base weights here: the folder loads without peft.") if merged_lora else ""
     rows = [("base model", f"`{info.value('model')}`"), ("method", method_label(info)),
-            ("task", f"`{info.value('task')}`"), ("exported", f"{source.label} (step {source.step})"),
+            ("task", f"`{component_label(info.value('task'))}`"), ("exported", f"{source.label} (step {source.step})"),
             ("training steps", f"{source.step} of {info.value('max_steps')}"),
             ("training time", f"{_duration(source.train_seconds)} (generation, reward and update; "
                               f"evaluation excluded)"),
@@ -73,6 +76,11 @@ def _settings(info: RunInfo) -> str:
     rows = [found for found in map(info.named, CARD_KEYS) if found is not None]
     return "\n".join(["Key settings (the whole config is at the end):", "", "| field | value |", "| --- | --- |",
                       *[f"| `{name}` | `{json.dumps(value)}` |" for name, value in rows], ""])
+
+
+def _task_option(task) -> str:
+    """The run's task as ``--task`` takes it: a name, or a mapping with arguments as JSON."""
+    return shlex.quote(json.dumps(task)) if isinstance(task, dict) else task
 
 
 def _percent(value) -> str:
@@ -117,8 +125,8 @@ def _usage(info: RunInfo, output: Path) -> str:
         f"do_sample=False)",
         'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
         "```", "",
-        f"`podsrl eval --model {output} --task {info.value('task')}` (with the run's data options) measures "
-        f"held-out accuracy again.", ""])
+        f"`podsrl eval --model {output} --task {_task_option(info.value('task'))}` (with the run's data options) "
+        f"measures held-out accuracy again.", ""])
 
 
 def _full_config(info: RunInfo) -> str:
