@@ -171,7 +171,7 @@ EXTENSION_CASES = [
     extension_case("selector hangs, then SIGTERM", "prompt_selector",
                    SELECTOR + "        if second():\n            hang()\n        return taken\n"),
     extension_case("engine returns too few groups", "generation_engine",
-                   ENGINE + "        return made.groups([0])\n"),
+                   ENGINE + "        return made.at_prompts([0])\n"),
     extension_case("engine hangs, then SIGTERM", "generation_engine",
                    ENGINE + "        if second():\n            hang()\n        return made\n"),
     extension_case("reward hangs, then SIGTERM to the trainer", "reward_funcs",

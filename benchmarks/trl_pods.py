@@ -52,7 +52,7 @@ from podsrl.rewards import arithmetic_correct, arithmetic_format
 from podsrl.tasks import build_task, prepare_split
 from podsrl.trainer.evaluate import EvalOptions, evaluate
 from podsrl.trainer.setup import task_options
-from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments
+from podsrl.trl import PODSConfig, PODSTrainer, trl_batch_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)
@@ -123,7 +123,7 @@ def dataset(split) -> Dataset:
 
 
 def config(cfg: Config, method: str, n: int, m: int, out: Path, seed: int, beta: float, max_steps: int):
-    batch = pods_batch_arguments(cfg.prompts_per_step, n, m, min(cfg.micro_batch_size, cfg.prompts_per_step * m))
+    batch = trl_batch_arguments(cfg.prompts_per_step, n, m, min(cfg.micro_batch_size, cfg.prompts_per_step * m))
     common = dict(output_dir=str(out), max_steps=max_steps, learning_rate=cfg.learning_rate,
                   lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps, adam_beta1=cfg.adam_beta1,
                   adam_beta2=cfg.adam_beta2, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,

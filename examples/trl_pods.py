@@ -30,7 +30,7 @@ from datasets import Dataset, load_dataset
 
 from podsrl.trl import PODSConfig as GRPOConfig  # was: from trl import GRPOConfig, GRPOTrainer
 from podsrl.trl import PODSTrainer as GRPOTrainer
-from podsrl.trl import pods_batch_arguments
+from podsrl.trl import trl_batch_arguments
 
 SYSTEM_PROMPT = ("A conversation between User and Assistant. The Assistant first thinks about the reasoning process "
                  "and then gives the answer. The reasoning and the answer are enclosed within <think> </think> and "
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    batch = pods_batch_arguments(args.prompts_per_step, args.num_generations, args.num_kept, args.micro_batch_size,
+    batch = trl_batch_arguments(args.prompts_per_step, args.num_generations, args.num_kept, args.micro_batch_size,
                                  args.num_processes)
     common = dict(output_dir=args.output_dir, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
                   downsampling_rule=args.downsampling_rule, temperature=1.0, beta=0.0, seed=args.seed,

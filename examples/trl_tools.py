@@ -27,7 +27,7 @@ from trl.chat_template_utils import qwen3_template
 
 from podsrl.build.chat_standins import chat_tokenizer
 from podsrl.models import load_model
-from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments
+from podsrl.trl import PODSConfig, PODSTrainer, trl_batch_arguments
 
 # ChatML with Qwen's tool-call and tool-response markup, tools listed as name(arguments)
 COMPACT_TOOL_TEMPLATE = (
@@ -139,7 +139,7 @@ def main() -> None:
     loss = warm_up(model, tokenizer, args.warmup_steps, args.seed)
     print(f"warm-up: {args.warmup_steps} supervised steps, last loss {loss:.3f}")
 
-    batch = pods_batch_arguments(args.prompts_per_step, args.num_generations, args.num_kept,
+    batch = trl_batch_arguments(args.prompts_per_step, args.num_generations, args.num_kept,
                                  micro_batch_size=args.prompts_per_step * args.num_kept)
     config = PODSConfig(output_dir=args.output_dir, max_steps=args.max_steps, learning_rate=args.learning_rate,
                         lr_scheduler_type="constant", use_cpu=True, bf16=False, report_to="none", save_strategy="no",

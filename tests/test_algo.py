@@ -53,7 +53,7 @@ def test_loss_with_ratio_one_is_reinforce_with_baseline():
     # ratio 1 everywhere: per token -A; sequence means: -2 and +1; mean over sequences: -0.5
     assert float(loss) == pytest.approx(-0.5)
     assert stats["clip_fraction"] == 0
-    token_loss, _ = policy_loss(logp, logp, adv, mask, aggregation="token")
+    token_loss, _ = policy_loss(logp, logp, adv, mask, aggregation="dapo")
     assert float(token_loss) == pytest.approx((2 * -2.0 + 3 * 1.0) / 5)
 
 
@@ -87,11 +87,11 @@ def ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation):
             clipped += ratio * a != bounded * a
         per_sequence.append(sum(terms) / max(1, len(terms)))
         total, tokens = total + sum(terms), tokens + len(terms)
-    loss = sum(per_sequence) / len(per_sequence) if aggregation == "sequence" else total / tokens
+    loss = sum(per_sequence) / len(per_sequence) if aggregation == "grpo" else total / tokens
     return loss, clipped / tokens
 
 
-@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+@pytest.mark.parametrize("aggregation", ["grpo", "dapo"])
 def test_clipped_loss_matches_a_token_by_token_oracle(aggregation):
     generator = torch.Generator().manual_seed(5)
     for trial in range(20):
@@ -129,7 +129,7 @@ def test_gradient_matches_finite_differences():
     ref = logp.detach() + 0.1 * torch.randn(3, 4, dtype=torch.float64)
     adv = torch.randn(3, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)
-    for aggregation in ("sequence", "token"):
+    for aggregation in ("grpo", "dapo"):
         def fn(x):
             return policy_loss(x, old, adv, mask, ref_logp=ref, beta=0.3, epsilon=0.5,
                                epsilon_high=0.5, aggregation=aggregation)[0]
@@ -145,7 +145,7 @@ def test_reinforce_gradient_is_minus_advantage_over_length():
     assert torch.allclose(logp.grad, expected)
 
 
-@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+@pytest.mark.parametrize("aggregation", ["grpo", "dapo"])
 def test_micro_batch_losses_add_up_to_full_batch(aggregation):
     generator = torch.Generator().manual_seed(1)
     logp = -torch.rand(8, 5, generator=generator)
@@ -188,3 +188,17 @@ def test_shared_prompt_logprobs_equal_full_rows_with_gradients(random_model_dir,
     assert torch.allclose(shared, full, atol=1e-5)
     assert all(torch.allclose(s, f, atol=1e-5, rtol=1e-4) for s, f in zip(shared_grads, full_grads))
     assert any(float(g.abs().max()) > 0 for g in full_grads)
+
+
+def test_the_old_aggregation_names_still_work_with_a_deprecation_warning():
+    """LOSSES is the one table of aggregations; policy_loss's names before it ('sequence',
+    'token') give the same loss as their loss_type names, and say they are deprecated."""
+    generator = torch.Generator().manual_seed(3)
+    logp, mask = -torch.rand(4, 5, generator=generator), (torch.rand(4, 5, generator=generator) > 0.3).float()
+    adv = torch.randn(4, generator=generator)
+    for old, new in (("sequence", "grpo"), ("token", "dapo")):
+        with pytest.warns(DeprecationWarning, match=new):
+            before = policy_loss(logp, logp, adv, mask, aggregation=old)[0]
+        assert float(before) == float(policy_loss(logp, logp, adv, mask, aggregation=new)[0])
+    with pytest.raises(ValueError, match="aggregation: unknown aggregation 'mean'"):
+        policy_loss(logp, logp, adv, mask, aggregation="mean")

@@ -276,7 +276,7 @@ def test_a_restarted_comparison_starts_a_run_that_stopped_before_its_first_check
         raise RuntimeError("a bug in step 1")
 
     with monkeypatch.context() as patch, pytest.raises(RuntimeError, match="a bug in step 1"):
-        patch.setattr("podsrl.trainer.loop.update_policy", bug)
+        patch.setattr("podsrl.trainer.stages.update_policy", bug)
         run_comparison(base, arms, 1, 0.01, tmp_path, log=lambda _line: None)
     (run_dir,) = run_comparison(base, arms, 1, 0.01, tmp_path, log=lambda _line: None)
     assert (run_dir / "summary.json").exists()

@@ -11,6 +11,7 @@ import zlib
 import pytest
 import torch
 
+from podsrl.algorithms.group_stats import is_constant
 from podsrl.algorithms.pass_rate import PassRatePosterior, beta_power_mean, draw_probabilities, nonconstant_probability
 from podsrl.config import make_config
 from podsrl.metrics import read_metrics
@@ -20,7 +21,6 @@ from podsrl.prompt_selection import (
     PassRateSelector,
     PromptSelectionOptions,
     informative_first,
-    is_constant,
 )
 from podsrl.trainer import train
 
@@ -192,7 +192,8 @@ def test_constant_groups_and_the_informative_first_batch():
 
 
 def test_selectors_are_registered_and_module_selectors_resolve():
-    assert set(PROMPT_SELECTORS) == {"none", "dynamic_sampling", "pass_rate"}
+    assert set(PROMPT_SELECTORS) == {"shuffled", "dynamic_sampling", "pass_rate", "none"}  # none: shuffled's old name
+    assert PROMPT_SELECTORS["none"] is PROMPT_SELECTORS["shuffled"]
     assert PROMPT_SELECTORS.resolve("podsrl.prompt_selection:DynamicSampling") is DynamicSampling
     with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'best'"):
         make_config(overrides={"prompt_selector": "best"})
@@ -236,7 +237,7 @@ def test_selectors_leave_evaluation_on_the_whole_held_out_set(random_model_dir, 
     """The first evaluation (the same model) is the same with every selector: selection only
     changes which train prompts are generated for."""
     first = [read_metrics(run(random_model_dir, tmp_path / name, prompt_selector=name, max_steps=1)
-                          / "metrics.jsonl")[0] for name in ("none", "pass_rate", "dynamic_sampling")]
+                          / "metrics.jsonl")[0] for name in ("shuffled", "pass_rate", "dynamic_sampling")]
     assert first[0]["eval_accuracy"] == first[1]["eval_accuracy"] == first[2]["eval_accuracy"]
     assert first[0]["eval_greedy_accuracy"] == first[1]["eval_greedy_accuracy"]
 
@@ -262,3 +263,19 @@ def test_a_pass_rate_pool_smaller_than_prompts_per_step_is_refused_before_the_ru
         run(random_model_dir, tmp_path / "run", prompt_selector="pass_rate", task="jsonl",
             train_data=tmp_path / "train.jsonl", test_data=tmp_path / "test.jsonl")
     assert not (tmp_path / "run").exists()
+
+
+def test_none_is_the_shuffled_pass_s_old_name_warned_and_resumable(tmp_path):
+    """'none' still selects the shuffled pass, with a warning that names the new name; a run
+    started under either name resumes under the other (the value means the same)."""
+    from podsrl.config import Config, validate
+    from podsrl.trainer.run_dir import RunDirError, check_resume_config
+
+    assert Config().prompt_selector == "shuffled"
+    with pytest.warns(FutureWarning, match="'none' is the old name of 'shuffled'"):
+        validate(Config(prompt_selector="none"))
+    for saved, now in (("none", "shuffled"), ("shuffled", "none")):
+        (tmp_path / "config.json").write_text(json.dumps({**Config(prompt_selector=saved).to_dict()}))
+        assert check_resume_config(tmp_path, Config(prompt_selector=now).to_dict()) == []
+    with pytest.raises(RunDirError, match="prompt_selector: run 'shuffled', now 'pass_rate'"):
+        check_resume_config(tmp_path, Config(prompt_selector="pass_rate").to_dict())

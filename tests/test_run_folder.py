@@ -155,7 +155,7 @@ def stopped_run(random_model_dir, tmp_path_factory):
         return update_policy(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("podsrl.trainer.loop.update_policy", buggy_update)
+        patch.setattr("podsrl.trainer.stages.update_policy", buggy_update)
         with pytest.raises(RuntimeError, match="a bug in step 2"):
             train(same_command(random_model_dir, out))
     assert {p.name for p in out.iterdir()} == {LOCK_FILE, "config.json", "environment.json", "data.json",

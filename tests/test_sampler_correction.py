@@ -98,11 +98,11 @@ def rollouts_with_sampling_logp(tokenizer, prompts, n, seed):
 def test_sampling_log_probs_follow_their_rows_through_selection_and_flattening(tiny):
     rollouts = rollouts_with_sampling_logp(tiny.tokenizer, ["What is 1 + 2?", "What is 30 - 4?"], 4, seed=1)
     keep = torch.tensor([[3, 0], [1, 2]])
-    kept = rollouts.select(keep)
+    kept = rollouts.kept(keep)
     assert torch.equal(kept.sampling_logp, torch.stack([rollouts.sampling_logp[p, keep[p]] for p in range(2)]))
     batch = flatten_for_update(kept, torch.zeros(2, 2))
     assert torch.equal(batch.sampling_logp, kept.sampling_logp.reshape(4, 5))
-    both = Rollouts.concat([rollouts.groups([1]), rollouts.groups([0])], tiny.tokenizer.pad_token_id)
+    both = Rollouts.concat([rollouts.at_prompts([1]), rollouts.at_prompts([0])], tiny.tokenizer.pad_token_id)
     assert torch.equal(both.sampling_logp, rollouts.sampling_logp[[1, 0]])
     assert batch.rows(1, 3).trimmed().sampling_logp.shape == (2, 5)
 

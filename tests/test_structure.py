@@ -112,6 +112,21 @@ def test_only_the_cli_trainer_and_experiments_see_the_config():
                            for r in readers), readers
 
 
+def test_the_loop_reads_no_config_and_reaches_through_no_component_bag():
+    """trainer/loop.py calls stages bound to the config at set-up: it imports neither the
+    config module nor anything that imports only for it, names no ``cfg`` / ``Config``, and
+    reaches nothing through ``run.components`` (a reader's go-to-definition ends at a stage)."""
+    path = MODULES["podsrl.trainer.loop"]
+    tree = ast.parse(path.read_text())
+    assert "podsrl.config" not in GRAPH["podsrl.trainer.loop"]
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not names & {"cfg", "Config", "parts", "components"}, names & {"cfg", "Config", "parts", "components"}
+    assert not attributes & {"cfg", "components"}, attributes & {"cfg", "components"}
+    step = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "training_step")
+    assert [arg.arg for arg in step.args.args] == ["stages", "step", "timer"]  # the stages, not the run
+
+
 def test_training_never_imports_the_asset_builders():
     reachable, todo = set(), ["podsrl.trainer.loop"]
     while todo:

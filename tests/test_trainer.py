@@ -88,7 +88,7 @@ def test_every_method_runs(random_model_dir, tmp_path, method):
     assert record["kept_completion_len"] > 0
 
 
-@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+@pytest.mark.parametrize("aggregation", ["grpo", "dapo"])
 def test_micro_batching_equals_one_big_batch(random_model_dir, aggregation):
     """The gradient accumulated over micro-batches is the one-batch gradient (SGD with lr 1
     makes the parameter change the gradient itself; Adam's first step is sign(g) and would
@@ -350,9 +350,13 @@ def test_generation_shapes_and_masks():
             assert rollouts.texts[p][j] == bundle.tokenizer.decode(ids[:end], skip_special_tokens=True)
             ended += eos in ids
     assert ended == 10 and len(set(rollouts.completion_mask.sum(-1).flatten().tolist())) > 1  # lengths vary
-    kept = rollouts.select(torch.tensor([[0, 4], [1, 2]]))
+    kept = rollouts.kept(torch.tensor([[0, 4], [1, 2]]))
     assert kept.completion_ids.shape[:2] == (2, 2) and kept.texts[1] == rollouts.texts[1][1:3]
     assert torch.equal(kept.completion_ids[0, 1], rollouts.completion_ids[0, 4])
+    with pytest.warns(DeprecationWarning, match="Rollouts.kept"):  # the name before select meant one thing
+        assert rollouts.select(torch.tensor([[0, 4], [1, 2]])).texts == kept.texts
+    with pytest.warns(DeprecationWarning, match="Rollouts.at_prompts"):
+        assert rollouts.groups([1]).texts == rollouts.at_prompts([1]).texts == rollouts.texts[1:]
 
 
 def test_shared_prefill_draws_the_same_samples(random_model_dir):
@@ -393,13 +397,13 @@ def test_the_update_gets_advantages_normalised_over_the_kept_m_not_the_generated
     the update, and normalising over all n would give something else on these very steps."""
     import statistics
 
-    from podsrl.trainer import loop
+    from podsrl.trainer import loop, stages
 
     steps, batches = [], []
-    real_step, real_update = loop.training_step, loop.update_policy
+    real_step, real_update = loop.training_step, stages.update_policy
 
-    def spy_step(run, timer):
-        steps.append(real_step(run, timer))
+    def spy_step(*args):
+        steps.append(real_step(*args))
         return steps[-1]
 
     def spy_update(model, optimizer, scheduler, batch, *args, **kwargs):
@@ -407,7 +411,7 @@ def test_the_update_gets_advantages_normalised_over_the_kept_m_not_the_generated
         return real_update(model, optimizer, scheduler, batch, *args, **kwargs)
 
     monkeypatch.setattr(loop, "training_step", spy_step)
-    monkeypatch.setattr(loop, "update_policy", spy_update)
+    monkeypatch.setattr(stages, "update_policy", spy_update)
     train(quick_config(random_model_dir, tmp_path / "run", max_steps=3, num_generations=6, num_kept=3))
 
     def normalised(group: list[float], over: list[float]) -> list[float]:

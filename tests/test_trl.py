@@ -23,7 +23,7 @@ from podsrl.algorithms import group_advantages, select
 from podsrl.models import load_model
 from podsrl.rewards import arithmetic_correct, arithmetic_format
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments
+from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments, trl_batch_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = build_arithmetic(level=3, num_train=300, num_test=10, seed=0).train
@@ -43,6 +43,11 @@ def options(tmp_path, **overrides) -> dict:
     return values
 
 
+def test_the_old_batch_arguments_name_warns_and_answers_the_same():
+    with pytest.warns(DeprecationWarning, match="trl_batch_arguments"):
+        assert pods_batch_arguments(16, 16, 4, 8, 2) == trl_batch_arguments(16, 16, 4, 8, 2)
+
+
 def trainer(cls, config, **kwargs):
     bundle = load_model("tiny")
     torch.manual_seed(0)
@@ -51,21 +56,21 @@ def trainer(cls, config, **kwargs):
 
 
 def test_batch_arguments_and_the_errors_that_name_the_arithmetic(monkeypatch):
-    assert pods_batch_arguments(16, 16, 4, 8, 2) == {"per_device_train_batch_size": 32,
+    assert trl_batch_arguments(16, 16, 4, 8, 2) == {"per_device_train_batch_size": 32,
                                                      "gradient_accumulation_steps": 4, "steps_per_generation": 4,
                                                      "num_generations": 16, "num_kept": 4}
     with pytest.raises(ValueError, match="prompts_per_step: 3 prompts do not split evenly over 2 processes"):
-        pods_batch_arguments(3, 16, 4, 8, 2)
+        trl_batch_arguments(3, 16, 4, 8, 2)
     with pytest.raises(ValueError, match="micro_batch_size: 8 prompts per process x num_kept 4 = 32 kept rows"):
-        pods_batch_arguments(16, 16, 4, 12, 2)
+        trl_batch_arguments(16, 16, 4, 12, 2)
     # #38: zero, negative, bool and float counts, m > n (zero steps divided by zero later)
     for args, field, value in [((0, 16, 4, 8), "prompts_per_step", "0"), ((16, 16, 4, 0), "micro_batch_size", "0"),
                                ((16, -2, 4, 8), "num_generations", "-2"), ((16, 16, True, 8), "num_kept", "True"),
                                ((16, 16, 4, 8, 1.0), "num_processes", "1.0")]:
         with pytest.raises(ValueError, match=f"{field}: must be a whole number >= 1, got {value}$"):
-            pods_batch_arguments(*args)
+            trl_batch_arguments(*args)
     with pytest.raises(ValueError, match="num_kept: 8 is more than num_generations 4"):
-        pods_batch_arguments(16, 4, 8, 8)
+        trl_batch_arguments(16, 4, 8, 8)
     with pytest.raises(ValueError, match="num_kept: must be between 2"):
         PODSConfig(**options(Path("/tmp"), num_kept=5))
     with pytest.raises(ValueError, match="num_kept: must be a whole number, got '4'"):
@@ -85,7 +90,7 @@ def test_batch_arguments_and_the_errors_that_name_the_arithmetic(monkeypatch):
         PODSConfig(**options(Path("/tmp"), per_device_train_batch_size=2, gradient_accumulation_steps=2), num_kept=3)
     # every combination the helper returns passes the config's own checks
     for args in [(8, 4, 2, 4, 1), (16, 16, 4, 8, 1), (16, 8, 4, 4, 2)]:
-        batch = pods_batch_arguments(*args)
+        batch = trl_batch_arguments(*args)
         PODSConfig(**{**options(Path("/tmp")), **batch})
 
 
@@ -218,7 +223,7 @@ import transformers
 from datasets import Dataset
 from podsrl.models import load_model
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments
+from podsrl.trl import PODSConfig, PODSTrainer, trl_batch_arguments
 
 rank = int(os.environ["RANK"])
 
@@ -238,7 +243,7 @@ class Recording(PODSTrainer):
 
 examples = build_arithmetic(level=3, num_train=200, num_test=10, seed=0).train
 bundle = load_model("tiny")
-batch = pods_batch_arguments(prompts_per_step=4, num_generations=4, num_kept=2, micro_batch_size=2, num_processes=2)
+batch = trl_batch_arguments(prompts_per_step=4, num_generations=4, num_kept=2, micro_batch_size=2, num_processes=2)
 config = PODSConfig(output_dir=sys.argv[1] + "/out", max_steps=2, use_cpu=True, report_to="none", save_strategy="no",
                     disable_tqdm=True, seed=0, max_completion_length=6, top_k=0, ddp_backend="gloo",
                     downsampling_rule="random", **batch)

@@ -16,6 +16,7 @@ from podsrl.integrations.verl_core import (
     pods_batch_arguments,
     select_sessions,
     split_key,
+    verl_batch_arguments,
 )
 
 
@@ -98,9 +99,9 @@ def test_batch_arguments_against_the_arithmetic_they_must_satisfy():
         possible = m <= n and P % k == 0 and (P * m // k) % n == 0 and (P * m // k) % dp == 0
         if not possible:
             with pytest.raises(VerlConfigError):
-                pods_batch_arguments(P, n, m, k, dp)
+                verl_batch_arguments(P, n, m, k, dp)
             continue
-        args = pods_batch_arguments(P, n, m, k, dp)
+        args = verl_batch_arguments(P, n, m, k, dp)
         mini_batch_rows = args["actor_rollout_ref.actor.ppo_mini_batch_size"] * args["actor_rollout_ref.rollout.n"]
         assert args["data.train_batch_size"] == P and args["actor_rollout_ref.rollout.n"] == n
         assert mini_batch_rows * k == P * m and mini_batch_rows % dp == 0
@@ -125,3 +126,8 @@ def test_the_helper_refuses_an_unknown_trainer_mode_or_rule(capsys):
     assert "downsampling_rule: unknown rule 'best'" in capsys.readouterr().err
     assert main(["8", "8", "4", "--trainer_mode", "colocate_async"]) == 0
     assert "custom_sampler.name=PODSReplayBufferAsync" in capsys.readouterr().out
+
+
+def test_the_old_batch_arguments_name_warns_and_answers_the_same():
+    with pytest.warns(DeprecationWarning, match="verl_batch_arguments"):
+        assert pods_batch_arguments(8, 8, 4, 2, 2) == verl_batch_arguments(8, 8, 4, 2, 2)

@@ -65,13 +65,13 @@ class Config:
     downsampling_rule: str = _f("max_variance", "Which m of the n rollouts pods keeps "
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
-    prompt_selector: str = _f("none", "Which train prompts each step generates for "
-                                      "(podsrl.prompt_selection.PROMPT_SELECTORS): 'none' = a shuffled pass over the "
-                                      "train split; 'dynamic_sampling' = DAPO's: groups whose rewards are all equal "
-                                      "are set aside and more prompts generated for until the step has "
-                                      "prompts_per_step informative groups; 'pass_rate' = prompts drawn by the "
-                                      "predicted chance that their group is not constant, from each prompt's "
-                                      "pass-rate history. Evaluation always uses the whole held-out set.")
+    prompt_selector: str = _f("shuffled", "Which train prompts each step generates for (podsrl.prompt_selection."
+                                          "PROMPT_SELECTORS): 'shuffled' = a shuffled pass over the train split "
+                                          "('none', its old name, still works); 'dynamic_sampling' = DAPO's: groups "
+                                          "whose rewards are all equal are set aside and more prompts generated for "
+                                          "until the step has prompts_per_step informative groups; 'pass_rate' = "
+                                          "prompts drawn by the predicted chance that their group is not constant, "
+                                          "from each prompt's pass-rate history. Evaluation uses the whole test set.")
     dynamic_sampling_rounds: int = _f(3, "dynamic_sampling: extra generation rounds per step at most; past them, "
                                          "constant groups fill the batch.")
     pass_rate_half_life: float = _f(50.0, "pass_rate: steps after which a prompt's pass / fail evidence weighs "
@@ -139,8 +139,8 @@ class Config:
                                       "(n bounded by time, not memory); 'vllm' = a vLLM engine in the training "
                                       "process, the policy's weights pushed to it after every optimizer step, also "
                                       "used for evaluation (needs vLLM: docs/generation.md).")
-    generation_batch_size: int = _f(0, "hf engine: max sequences decoded at once, in whole prompt groups (0 = the "
-                                       "whole batch). Not TRL's generation_batch_size (P x n rows per step).")
+    generation_batch_size: int = _f(0, "Max sequences per engine call, in whole prompt groups, for every engine "
+                                       "(0 = the whole batch in one call). Not TRL's generation_batch_size.")
     generation_dtype: str = _f("auto", "hf engine: generate and evaluate from a copy of the policy in this dtype "
                                        "('bfloat16', 'float32'), LoRA merged, refreshed after every update; '' = "
                                        "from the policy; 'auto' = bfloat16 when the forward passes run in bfloat16 "

@@ -8,6 +8,7 @@ imports this module and re-exports ``validate``; kept apart so the field list st
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 from podsrl.algorithms.advantages import ADVANTAGES
@@ -70,6 +71,9 @@ def _check_names(cfg) -> None:
     ENGINES.resolve(cfg.generation_engine)
     ADVANTAGES.resolve(cfg.advantage_estimator)
     PROMPT_SELECTORS.resolve(cfg.prompt_selector)
+    if cfg.prompt_selector == "none":
+        warnings.warn("prompt_selector: 'none' is the old name of 'shuffled' (a shuffled pass over the train split); "
+                      "use 'shuffled'", FutureWarning, stacklevel=2)
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     if SCHEDULES.resolve(cfg.generation_schedule).plans_lanes:

@@ -4,12 +4,14 @@ PODS chooses which rollouts of a group to train on; a prompt selector chooses wh
 get a group at all, so that fewer groups come out constant (every rollout right, or every
 one wrong: advantages all 0, its n rollouts generated for nothing). Built-ins:
 
-* ``none``: a shuffled pass over the train split, epoch after epoch (the default).
+* ``shuffled``: a shuffled pass over the train split, epoch after epoch (the default; its
+  name was ``none``, still accepted).
 * ``dynamic_sampling``: DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2): the same pass,
   but after scoring, constant groups are set aside and more prompts are generated for,
   round after round (at most ``dynamic_sampling_rounds`` extra rounds), until the step has
   ``prompts_per_step`` informative groups; constant groups fill the batch only when the cap
-  is reached. The trainer runs the rounds (``refill_rounds`` > 0).
+  is reached. A selector's ``refill_rounds`` > 0 gets it this prompt source
+  (:class:`podsrl.trainer.prompt_source.DynamicSamplingSource`), which runs the rounds.
 * ``pass_rate``: draws prompts in proportion to the predicted chance that their group of n
   is not constant, from a per-prompt pass-rate posterior that forgets (algorithms/pass_rate.py),
   with a share of every draw spread evenly (exploration: no prompt starves, unseen prompts
@@ -26,7 +28,6 @@ holds it to that contract.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,8 +52,8 @@ class PromptSelectionOptions:
 class PromptSelector(Protocol):
     """``take`` the prompts of one generation round (indices into the train split, the same
     list on every process), then ``observe`` their outcomes (gathered from every process, for
-    a selector that ``learns``); ``refill_rounds`` > 0 asks the trainer to generate for more
-    prompts while groups come out constant."""
+    a selector that ``learns``); ``refill_rounds`` > 0 is the cap of DAPO's refill rounds: the
+    trainer's prompt source then generates for more prompts while groups come out constant."""
 
     refill_rounds: int
     learns: bool
@@ -107,7 +108,8 @@ class ShuffledPass:
 
 
 class DynamicSampling(ShuffledPass):
-    """The shuffled pass, with DAPO's refill of constant groups (the trainer runs the rounds)."""
+    """The shuffled pass with a cap of ``refill_rounds`` DAPO refill rounds per step (the
+    rounds are run by :class:`podsrl.trainer.prompt_source.DynamicSamplingSource`)."""
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
         super().__init__(size, options)
@@ -226,16 +228,9 @@ def checked_selector(value, args: tuple, field: str, spec: str):
 
 
 PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", {
-    "none": ShuffledPass, "dynamic_sampling": DynamicSampling, "pass_rate": PassRateSelector},
+    "shuffled": ShuffledPass, "dynamic_sampling": DynamicSampling, "pass_rate": PassRateSelector,
+    "none": ShuffledPass},  # 'none': the shuffled pass's old name, still accepted (config_checks warns)
     takes="(size, options)", arity=2, check_output=checked_selector)
-
-
-def is_constant(rewards: torch.Tensor) -> torch.Tensor:
-    """[P] True where every generated reward of the group is the same (NaN = not generated)."""
-    generated = ~rewards.isnan()  # [P, n]
-    high = torch.where(generated, rewards, -math.inf).amax(1)
-    low = torch.where(generated, rewards, math.inf).amin(1)
-    return ~(high > low)
 
 
 def informative_first(constant: torch.Tensor, count: int) -> list[int]:

@@ -13,6 +13,7 @@ across prompts before selecting (variance is a within-group quantity).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -74,8 +75,9 @@ class Rollouts:
         rows = zip(self.completion_ids.reshape(-1, width).tolist(), self.completion_mask.reshape(-1, width).tolist())
         return [[token for token, keep in zip(ids, mask) if keep] for ids, mask in rows]
 
-    def select(self, keep: torch.Tensor) -> "Rollouts":
-        """The rollouts at ``keep`` [P, m] (indices into the group axis), group axis kept."""
+    def kept(self, keep: torch.Tensor) -> "Rollouts":
+        """The rollouts at ``keep`` [P, m] (indices into the group axis, what selection kept),
+        prompt axis unchanged."""
         rows = torch.arange(keep.shape[0]).unsqueeze(1)  # [P, 1]
         return Rollouts(
             prompt_ids=self.prompt_ids,
@@ -88,7 +90,7 @@ class Rollouts:
             sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows, keep],
         )
 
-    def groups(self, indices: list[int]) -> "Rollouts":
+    def at_prompts(self, indices: list[int]) -> "Rollouts":
         """The prompt groups at ``indices`` (along P), in that order; ``stats`` stay the
         whole batch's (what generating it cost)."""
         rows = torch.tensor(indices, dtype=torch.long)
@@ -97,6 +99,16 @@ class Rollouts:
                                    texts=[self.texts[i] for i in indices],
                                    generated=None if self.generated is None else self.generated[rows],
                                    sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows])
+
+    def select(self, keep: torch.Tensor) -> "Rollouts":
+        """Deprecated name of :meth:`kept` (``select`` now means only a rule's choice)."""
+        warnings.warn("Rollouts.select is deprecated: use Rollouts.kept", DeprecationWarning, stacklevel=2)
+        return self.kept(keep)
+
+    def groups(self, indices: list[int]) -> "Rollouts":
+        """Deprecated name of :meth:`at_prompts` (``Groups`` is the selection input)."""
+        warnings.warn("Rollouts.groups is deprecated: use Rollouts.at_prompts", DeprecationWarning, stacklevel=2)
+        return self.at_prompts(indices)
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_token_id: int) -> "Rollouts":
@@ -141,7 +153,7 @@ class Scores:
     format: torch.Tensor
     unverifiable: torch.Tensor
 
-    def groups(self, indices: list[int]) -> "Scores":
+    def at_prompts(self, indices: list[int]) -> "Scores":
         """The scores of the prompt groups at ``indices`` (along P), in that order."""
         rows = torch.tensor(indices, dtype=torch.long)
         return Scores(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))

@@ -17,7 +17,7 @@ import torch
 from transformers import get_scheduler
 
 from podsrl.algorithms.importance import SamplerCorrection, sampler_importance_weights, sampler_logp_difference
-from podsrl.algorithms.loss import Aggregate, Aggregation, policy_loss
+from podsrl.algorithms.loss import Aggregate, policy_loss
 from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
 from podsrl.models.memory import UpdateMemory
@@ -31,7 +31,7 @@ class UpdateOptions:
     epsilon: float = 0.2  # ratio clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float = 0.2
     beta: float = 0.0  # weight of the k3 KL to the reference policy
-    loss_aggregation: Aggregation | Aggregate = "sequence"  # or "token" (DAPO), or a LOSSES aggregation
+    loss_aggregation: str | Aggregate = "grpo"  # a LOSSES name ("dapo": DAPO's token mean) or an aggregation
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
     share_prompt: bool = True  # run each prompt once per group in the forward/backward
     activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)
@@ -101,10 +101,10 @@ def batch_logprobs(model, batch: UpdateBatch, size: int, share_prompt: bool = Tr
     logprobs = shared_prompt_token_logprobs if share_prompt else token_logprobs
     out = torch.zeros(batch.completion_mask.shape)  # [B, Lc] on the CPU, like the batch
     row = 0
-    for part in micro_batches(batch, size, device=model.device):
-        lc = part.completion_mask.shape[1]
-        out[row:row + len(part), :lc] = logprobs(model, part.input_ids, part.attention_mask, lc).cpu()
-        row += len(part)
+    for micro in micro_batches(batch, size, device=model.device):
+        lc = micro.completion_mask.shape[1]
+        out[row:row + len(micro), :lc] = logprobs(model, micro.input_ids, micro.attention_mask, lc).cpu()
+        row += len(micro)
     return out
 
 
@@ -153,23 +153,23 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     sampler = SamplerGap()
     device = procs.unwrap(model).device
     memory = UpdateMemory(model, device)
-    parts = list(micro_batches(batch, options.micro_batch_size, device=device))
-    for i, part in enumerate(parts):
-        lc = part.completion_mask.shape[1]
+    micros = list(micro_batches(batch, options.micro_batch_size, device=device))
+    for i, micro in enumerate(micros):
+        lc = micro.completion_mask.shape[1]
         # gradients are averaged across processes once per step, after the last micro-batch
-        with procs.no_sync(model, last=i == len(parts) - 1), \
+        with procs.no_sync(model, last=i == len(micros) - 1), \
                 activation_checkpointing(procs.unwrap(model), options.activation_checkpointing):
             with memory.micro_batch():
-                logp = logprobs(model, part.input_ids, part.attention_mask, lc)  # [b, lc]
-            old_logp = part.old_logp if part.old_logp is not None else logp.detach()
+                logp = logprobs(model, micro.input_ids, micro.attention_mask, lc)  # [b, lc]
+            old_logp = micro.old_logp if micro.old_logp is not None else logp.detach()
             loss, stats = policy_loss(
-                logp, old_logp, part.advantages, part.completion_mask,
+                logp, old_logp, micro.advantages, micro.completion_mask,
                 epsilon=options.epsilon, epsilon_high=options.epsilon_high,
-                ref_logp=part.ref_logp, beta=options.beta, aggregation=options.loss_aggregation,
+                ref_logp=micro.ref_logp, beta=options.beta, aggregation=options.loss_aggregation,
                 num_sequences=num_sequences, num_tokens=num_tokens,
-                sampler_weights=sampler.weights(old_logp, part, options.sampler_correction))
+                sampler_weights=sampler.weights(old_logp, micro, options.sampler_correction))
             procs.backward(loss)
-        share = len(part) / num_sequences
+        share = len(micro) / num_sequences
         total_loss += loss.item()
         clip_fraction += stats["clip_fraction"] * share
         kl += stats.get("kl", 0.0) * share
@@ -197,20 +197,20 @@ class SamplerGap:
         self.difference_sum = self.tokens = self.difference_max = self.weight_sum = 0.0
         self.seen = False
 
-    def weights(self, policy_logp: torch.Tensor, part: UpdateBatch,
+    def weights(self, policy_logp: torch.Tensor, micro: UpdateBatch,
                 correction: SamplerCorrection | None) -> torch.Tensor | None:
-        """[b, lc] or [b, 1] importance weights for ``part`` (None: nothing to correct)."""
-        if part.sampling_logp is None:
+        """[b, lc] or [b, 1] importance weights for ``micro`` (None: nothing to correct)."""
+        if micro.sampling_logp is None:
             return None
-        mask = part.completion_mask.to(policy_logp.dtype)
-        total, tokens, largest = sampler_logp_difference(policy_logp, part.sampling_logp, mask)
+        mask = micro.completion_mask.to(policy_logp.dtype)
+        total, tokens, largest = sampler_logp_difference(policy_logp, micro.sampling_logp, mask)
         self.seen = True
         self.difference_sum, self.tokens = self.difference_sum + total, self.tokens + tokens
         self.difference_max = max(self.difference_max, largest)
         if correction is None:
             self.weight_sum += tokens
             return None
-        weights = sampler_importance_weights(policy_logp, part.sampling_logp, mask, correction)
+        weights = sampler_importance_weights(policy_logp, micro.sampling_logp, mask, correction)
         self.weight_sum += float((weights * mask).sum())  # per token, sequence weights broadcast
         return weights
 

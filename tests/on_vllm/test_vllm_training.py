@@ -17,7 +17,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: scripts/test_vll
 
 from podsrl.config import make_config  # noqa: E402
 from podsrl.metrics import read_metrics  # noqa: E402
-from podsrl.trainer.loop import train  # noqa: E402
+from podsrl.trainer import train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

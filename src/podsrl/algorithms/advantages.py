@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from podsrl.algorithms.group_stats import is_constant
 from podsrl.contracts import finite, tensor_like
 from podsrl.registry import Registry
 
@@ -25,7 +26,7 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: floa
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [P, m], got shape {tuple(rewards.shape)}")
     centred = rewards - rewards.mean(dim=1, keepdim=True)  # [P, m]
-    constant = (rewards.amax(dim=1) == rewards.amin(dim=1)).unsqueeze(1)  # [P, 1]
+    constant = is_constant(rewards).unsqueeze(1)  # [P, 1]
     if scale_by_std and rewards.shape[1] > 1:
         centred = centred / (rewards.std(dim=1, keepdim=True) + eps)
     return centred.masked_fill(constant, 0.0)

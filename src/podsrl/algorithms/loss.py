@@ -12,14 +12,14 @@ config as ``module:function`` (:mod:`podsrl.registry`).
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+import warnings
+from typing import Callable
 
 import torch
 
 from podsrl.contracts import broken, tensor_like
 from podsrl.registry import Registry
 
-Aggregation = Literal["sequence", "token"]
 Aggregate = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
@@ -34,9 +34,6 @@ def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, 
     return (per_token * mask).sum() / num_tokens
 
 
-# TRL's loss_type values that podsrl implements (TRL's grpo_trainer.py: "grpo" averages each
-# sequence's tokens then the sequences; "dapo" divides by the token count of the whole
-# accumulated step, over all processes)
 def loss_value(value, args: tuple, field: str, spec: str) -> torch.Tensor:
     """An aggregation's contract: one floating-point number, finite wherever the per-token
     terms are (a non-finite term is the model's: the step is skipped, as documented), carrying
@@ -51,15 +48,30 @@ def loss_value(value, args: tuple, field: str, spec: str) -> torch.Tensor:
     return loss
 
 
+# TRL's loss_type values that podsrl implements (TRL's grpo_trainer.py: "grpo" averages each
+# sequence's tokens then the sequences; "dapo" divides by the token count of the whole
+# accumulated step, over all processes)
 LOSSES = Registry("loss", "loss_type", {"grpo": sequence_mean, "dapo": token_mean},
                   takes="(per_token, mask, num_sequences, num_tokens)", arity=4, check_output=loss_value)
-AGGREGATIONS: dict[str, Aggregate] = {"sequence": sequence_mean, "token": token_mean}
+RENAMED_AGGREGATIONS = {"sequence": "grpo", "token": "dapo"}  # policy_loss's names before LOSSES was the one table
+
+
+def aggregation_named(name: str) -> Aggregate:
+    """The aggregation registered in ``LOSSES`` as ``name`` (the old names 'sequence' and
+    'token' still work, with a DeprecationWarning)."""
+    if name in RENAMED_AGGREGATIONS:
+        warnings.warn(f"aggregation {name!r} is deprecated: use the loss_type name {RENAMED_AGGREGATIONS[name]!r}",
+                      DeprecationWarning, stacklevel=3)
+        name = RENAMED_AGGREGATIONS[name]
+    if name not in LOSSES:
+        raise ValueError(f"aggregation: unknown aggregation {name!r}; use one of {', '.join(sorted(LOSSES))}")
+    return LOSSES[name]
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float = 0.2,
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
-                aggregation: Aggregation | Aggregate = "sequence", num_sequences: int | None = None,
+                aggregation: str | Aggregate = "grpo", num_sequences: int | None = None,
                 num_tokens: float | None = None, sampler_weights: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped policy-gradient loss (PPO clip, GRPO/PODS objective).
@@ -70,9 +82,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     ``q = ref_logp - logp`` (unbiased, non-negative). With one iteration per batch,
     old_logp = logp.detach(): the ratio is 1 and the loss is REINFORCE with a group baseline.
 
-    Aggregation: ``"sequence"`` = token mean per sequence, then mean over sequences (the
-    paper; TRL's loss_type "grpo"); ``"token"`` = mean over all tokens of the batch (DAPO;
-    TRL's "dapo"); or any aggregation function (``LOSSES``). For gradient accumulation pass
+    Aggregation: a ``LOSSES`` name, ``"grpo"`` = token mean per sequence, then mean over
+    sequences (the paper), ``"dapo"`` = mean over all tokens of the batch (DAPO), as TRL's
+    loss_type; or any aggregation function. For gradient accumulation pass
     the *whole* batch's ``num_sequences`` / ``num_tokens``: the micro-batch losses then add up
     to the full-batch loss exactly.
 
@@ -96,8 +108,6 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         kl = torch.exp(q) - q - 1  # [B, Lc] k3 estimator
         per_token = per_token + beta * kl
         stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1))
-    if isinstance(aggregation, str) and aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation: unknown aggregation {aggregation!r}; use 'sequence' or 'token'")
-    aggregate = AGGREGATIONS[aggregation] if isinstance(aggregation, str) else aggregation
+    aggregate = aggregation_named(aggregation) if isinstance(aggregation, str) else aggregation
     loss = aggregate(per_token, mask, num_sequences or logp.shape[0], num_tokens or mask.sum().clamp_min(1))
     return loss, stats

@@ -103,7 +103,7 @@ def arm_variants(fields: dict) -> list[str]:
     """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto'):
     the slots engine, early stop, and a prompt selector other than the shuffled pass (by its
     name; a module's by the object's; with its arguments, if any)."""
-    selector = component_label(fields.get("prompt_selector", "none"), short=True)
+    selector = component_label(fields.get("prompt_selector", "shuffled"), short=True)
     return [label for label, on in (("slots", fields.get("generation_engine") == "slots"),
                                     ("early-stop", fields.get("group_early_stop")),
-                                    (selector, selector != "none")) if on]
+                                    (selector, selector not in ("shuffled", "none"))) if on]

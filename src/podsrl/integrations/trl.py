@@ -27,7 +27,7 @@ kept rows (groups x m) must split evenly over the processes and then into the
 prompt groups (one prompt's n rows on two processes), selection still sees every group
 whole (the rewards are gathered), and the kept rows are then shared out evenly between the
 processes (refused with ``environment_factory``: an environment instance cannot move).
-:func:`pods_batch_arguments` derives whole-group arguments from prompts per step, n, m,
+:func:`trl_batch_arguments` derives whole-group arguments from prompts per step, n, m,
 the micro-batch size and the process count.
 
 vLLM: TRL generates with vLLM as it does for GRPOTrainer (server or colocate), and the kept
@@ -44,6 +44,7 @@ Not run by the developers: GPUs, and vLLM on a GPU (vLLM colocate ran on vLLM's 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -71,7 +72,15 @@ if not Version(SUPPORTED_TRL[0]) <= Version(trl.__version__) < Version(SUPPORTED
                       "pip install 'podsrl[trl]'")
 
 
-def pods_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int, micro_batch_size: int,
+def pods_batch_arguments(*args, **kwargs) -> dict[str, int]:
+    """Deprecated name of :func:`trl_batch_arguments` (verl's batch arithmetic is
+    :func:`podsrl.integrations.verl.verl_batch_arguments`)."""
+    warnings.warn("podsrl.trl.pods_batch_arguments is deprecated: use podsrl.trl.trl_batch_arguments",
+                  DeprecationWarning, stacklevel=2)
+    return trl_batch_arguments(*args, **kwargs)
+
+
+def trl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int, micro_batch_size: int,
                          num_processes: int = 1) -> dict[str, int]:
     """TRL's batch arguments for one optimizer step on ``prompts_per_step`` prompts (over all
     processes), each with ``num_generations`` (n) rollouts of which ``num_kept`` (m) are
@@ -225,7 +234,7 @@ class PODSTrainer(GRPOTrainer):
                 "environment_factory: with per_device_train_batch_size x steps_per_generation not a multiple of "
                 "num_generations, a prompt's rollouts lie on two processes and PODSTrainer moves kept rows between "
                 "them; an environment instance holds its rollout's state in the process that ran it and cannot move. "
-                "Make the generated rows per process a multiple of num_generations (podsrl.trl.pods_batch_arguments)")
+                "Make the generated rows per process a multiple of num_generations (podsrl.trl.trl_batch_arguments)")
         if self.use_vllm and self.vllm_mode == "colocate" and vllm_runs_on_cpu():
             self.vllm_generation = CPUWeightSync(self.vllm_generation)
         # the same stream on every process: rules that draw choose the same rows everywhere

@@ -44,6 +44,7 @@ from podsrl.integrations.verl_core import (
     pods_batch_arguments,
     sampler_overrides,
     select_sessions,
+    verl_batch_arguments,
 )
 
 SUPPORTED_VERL = ("0.9.1", "0.9.2")  # [lowest tested, first untested): the replay buffer's contract is new in 0.9
@@ -52,7 +53,7 @@ if not Version(SUPPORTED_VERL[0]) <= Version(verl.__version__) < Version(SUPPORT
                       f"subclasses verl's v1 ReplayBuffer); found verl {verl.__version__}: pip install 'podsrl[verl]'")
 
 __all__ = ["PODSReplayBuffer", "PODSReplayBufferAsync", "RowSelection", "VerlConfigError", "check_verl_config",
-           "pods_batch_arguments", "sampler_overrides", "select_sessions"]
+           "pods_batch_arguments", "sampler_overrides", "select_sessions", "verl_batch_arguments"]
 KWARGS = "trainer.v1.sampler.sampler_kwargs"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +78,14 @@ def select_sessions(keys: list[str], scores: list[float], num_kept: int, rule: s
     return RowSelection(kept_keys, dropped_keys, metrics)
 
 
-def pods_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int, mini_batches_per_step: int = 1,
+def pods_batch_arguments(*args, **kwargs) -> dict[str, int]:
+    """Deprecated name of :func:`verl_batch_arguments` (TRL's has its own, ``podsrl.trl.trl_batch_arguments``)."""
+    warnings.warn("podsrl.integrations.verl.pods_batch_arguments is deprecated: use verl_batch_arguments",
+                  DeprecationWarning, stacklevel=2)
+    return verl_batch_arguments(*args, **kwargs)
+
+
+def verl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int, mini_batches_per_step: int = 1,
                          data_parallel_size: int = 1) -> dict[str, int]:
     """verl's batch settings for PODS with ``prompts_per_step`` prompts, n = ``num_generations``
     rollouts each, m = ``num_kept`` trained on, in ``mini_batches_per_step`` actor mini-batches
@@ -89,7 +97,7 @@ def pods_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: 
     verl would add padding rows or split a prompt's group across mini-batches are refused."""
     P, n, m, k, dp = prompts_per_step, num_generations, num_kept, mini_batches_per_step, data_parallel_size
     if min(P, n, m, k, dp) < 1:
-        raise VerlConfigError("pods_batch_arguments: every count must be at least 1")
+        raise VerlConfigError("verl_batch_arguments: every count must be at least 1")
     if not 2 <= m <= n:
         raise VerlConfigError(f"num_kept: must be between 2 and num_generations = {n}, got {m}")
     if P % k:
@@ -110,7 +118,7 @@ def pods_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: 
 
 def check_batch_settings(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int, num_kept: int,
                          data_parallel_size: int = 1, parameter_sync_step: int = 1) -> None:
-    """Refuse a verl config whose kept rows would be padded or split (see :func:`pods_batch_arguments`)."""
+    """Refuse a verl config whose kept rows would be padded or split (see :func:`verl_batch_arguments`)."""
     sampled = train_batch_size // max(parameter_sync_step, 1)  # prompts per sample() call
     rows, mini_batch = sampled * num_kept, ppo_mini_batch_size * rollout_n
     if rows % mini_batch or rows % data_parallel_size or mini_batch % num_kept:
@@ -118,7 +126,7 @@ def check_batch_settings(train_batch_size: int, rollout_n: int, ppo_mini_batch_s
             f"PODS batch arithmetic: {sampled} prompts x num_kept {num_kept} = {rows} kept rows per update, but verl's "
             f"actor mini-batch is ppo_mini_batch_size {ppo_mini_batch_size} x rollout.n {rollout_n} = {mini_batch} "
             f"rows over {data_parallel_size} rank(s): verl would pad with synthetic rows or split a group. Use "
-            f"podsrl.integrations.verl.pods_batch_arguments to choose data.train_batch_size, rollout.n and "
+            f"podsrl.integrations.verl.verl_batch_arguments to choose data.train_batch_size, rollout.n and "
             f"ppo_mini_batch_size")
 
 
@@ -129,13 +137,13 @@ def sampler_overrides(prompts_per_step: int, num_generations: int, num_kept: int
                       data_parallel_size: int = 1, downsampling_rule: str = "max_variance",
                       trainer_mode: str = "sync") -> list[str]:
     """The Hydra overrides that switch a verl GRPO command to PODS: the sampler, its options
-    and the batch settings of :func:`pods_batch_arguments`. An unknown trainer mode or rule is
+    and the batch settings of :func:`verl_batch_arguments`. An unknown trainer mode or rule is
     refused here, not on the cluster."""
     if trainer_mode not in TRAINER_MODES:
         raise VerlConfigError(f"trainer_mode: {trainer_mode!r} is not one of verl's {', '.join(TRAINER_MODES)}")
     RULES.resolve(downsampling_rule)  # a registered name, or module:function (raises naming the field)
     name = "PODSReplayBuffer" if trainer_mode == "sync" else "PODSReplayBufferAsync"
-    batch = pods_batch_arguments(prompts_per_step, num_generations, num_kept, mini_batches_per_step, data_parallel_size)
+    batch = verl_batch_arguments(prompts_per_step, num_generations, num_kept, mini_batches_per_step, data_parallel_size)
     return ["trainer.v1.sampler.custom_sampler.path=pkg://podsrl.integrations.verl",
             f"trainer.v1.sampler.custom_sampler.name={name}",
             f"+trainer.v1.sampler.sampler_kwargs.num_kept={num_kept}",

@@ -147,7 +147,7 @@ class PreparedSplit:
             return [prompt_messages(ex, self.system_prompt) for ex in self.examples]
         return [ex.prompt for ex in self.examples]
 
-    def select(self, indices: list[int]) -> "PreparedSplit":
+    def at_prompts(self, indices: list[int]) -> "PreparedSplit":
         """The examples at ``indices``, in that order (``dropped`` not carried over)."""
         return PreparedSplit([self.examples[i] for i in indices], [self.prompts[i] for i in indices], 0, self.chat,
                              self.system_prompt)

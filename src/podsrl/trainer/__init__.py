@@ -1,7 +1,10 @@
 """Training runs: ``train(cfg)`` and its parts.
 
-- :mod:`~podsrl.trainer.loop`: the loop and one step of the pipeline
-- :mod:`~podsrl.trainer.setup`: Config -> the stages' options and the run's components
+- :mod:`~podsrl.trainer.training`: ``train(cfg)``: set-up, then the loop
+- :mod:`~podsrl.trainer.loop`: the loop and one step of the pipeline (it reads no config)
+- :mod:`~podsrl.trainer.stages`: the step's stages, bound to the config at set-up;
+  :mod:`~podsrl.trainer.prompt_source`: the step's prompt groups, generated and scored
+- :mod:`~podsrl.trainer.setup`: Config -> the stages and the run's components
 - :mod:`~podsrl.trainer.run`: the run's bookkeeping (evaluate, resume, checkpoint, finish)
 - :mod:`~podsrl.trainer.state`: prompt order, rollout seeds, clean stops on signals
 - :mod:`~podsrl.trainer.checkpoints`: checkpoint files (crash-safe, all-or-nothing)
@@ -11,8 +14,8 @@
   (:mod:`~podsrl.trainer.run_info` reads the run's files, :mod:`~podsrl.trainer.model_card` writes its card)
 """
 
-from podsrl.trainer.loop import train
 from podsrl.trainer.run import RunResult
 from podsrl.trainer.state import TrainingStopped
+from podsrl.trainer.training import train
 
 __all__ = ["RunResult", "TrainingStopped", "train"]

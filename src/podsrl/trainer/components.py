@@ -1,12 +1,13 @@
-"""A training run in three parts, plus what a step hands on:
+"""A training run in four parts, plus what sees a finished step:
 
+* :class:`~podsrl.trainer.stages.StepStages`: the step's stages, configured (the loop calls them);
 * :class:`Components`: what the run is built from, once, by :func:`podsrl.trainer.setup.set_up`
   (the engine's and the group-size policy's learned state are checkpointed through their
   ``state_dict``);
 * :class:`RunState`: the counters and streams a checkpoint restores besides the weights, the
   optimizer, the scheduler and the engine, so a resumed run repeats an uninterrupted one;
-* :class:`Cadence`: when things happen (the end, evaluations, checkpoints);
-* :class:`StepOutcome`: one step's pipeline products, and :class:`StepHook`, what sees them.
+* :class:`Cadence`: when things happen (the end, evaluations, checkpoints, giving up);
+* :class:`StepHook`: what sees a finished step (:class:`~podsrl.trainer.stages.StepOutcome`).
 """
 
 from __future__ import annotations
@@ -18,34 +19,20 @@ from typing import Callable, Protocol
 
 import torch
 
-from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.config import Config
 from podsrl.distributed import Processes
-from podsrl.methods import Method
 from podsrl.metrics import MetricsLog
 from podsrl.models import ModelBundle
 from podsrl.prompt_selection import PromptSelector
 from podsrl.rewards.scorer import Scorer
 from podsrl.rollout import GenerationEngine, generate
-from podsrl.tasks import Example, PreparedSplit, Task
+from podsrl.tasks import PreparedSplit, Task
 from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import EvalOptions
-from podsrl.trainer.logging import StageTimer
 from podsrl.trainer.run_dir import RunLock
-from podsrl.types import Rollouts, Scores
-from podsrl.update import UpdateOptions, UpdateResult
-
-
-@dataclass
-class StepOutcome:
-    examples: list[Example]  # [P] this process's prompts
-    rollouts: Rollouts  # [P, n, Lc]
-    scores: Scores  # [P, n]
-    keep: torch.Tensor  # [P, m] indices of the kept rollouts into the group axis
-    kept: Rollouts  # [P, m, Lc]
-    kept_rewards: torch.Tensor  # [P, m]
-    update: UpdateResult
-    prompt_record: dict = field(default_factory=dict)  # the prompt selector's numbers (none for the default)
+from podsrl.trainer.stages import StepOutcome
+from podsrl.trainer.timer import StageTimer
+from podsrl.types import Rollouts
 
 
 class StepHook(Protocol):
@@ -69,9 +56,6 @@ class Components:
     test_split: PreparedSplit
     scorer: Scorer
     engine: GenerationEngine  # built by podsrl.rollout.ENGINES
-    group_size: GroupSizePolicy  # n per step: fixed, or adaptive_n's controller
-    method: Method
-    advantage_estimator: Callable[[torch.Tensor, bool], torch.Tensor]  # kept rewards [P, m] -> advantages [P, m]
     policy: torch.nn.Module  # the bare model: generation, no-grad log-probs, saving
     reference: torch.nn.Module | None  # a frozen copy for the KL (None: none, or LoRA's adapter-free base)
     optimizer: torch.optim.Optimizer
@@ -79,10 +63,8 @@ class Components:
     metrics: MetricsLog | None  # only the main process writes
     rollout_log: MetricsLog | None  # rollouts.jsonl (log_rollouts groups per step); only the main process
     trackers: Trackers  # none but on the main process with report_to
-    update_options: UpdateOptions
     eval_options: EvalOptions
     hooks: list[StepHook] = field(default_factory=list)  # run after each step, in order
-    reward_bounds: tuple[float, float] | None = None  # declared bounds of the reward (group_early_stop)
     eval_generate: Callable[..., Rollouts] = generate  # evaluation's sampler: transformers, or the engine's own
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
     lock: RunLock | None = None  # the run folder's lock, held by the main process until the run ends
@@ -104,9 +86,11 @@ class RunState:
 
 @dataclass
 class Cadence:
-    """When the run ends, evaluates and checkpoints (the config's fields, read in one place)."""
+    """When the run ends, evaluates and checkpoints, and when it gives up (the config's fields,
+    read in one place)."""
 
     max_steps: int
+    max_consecutive_skips: int = 5  # non-finite steps in a row before the run stops
     max_minutes: float = 0.0  # 0: no time budget
     eval_steps: int = 0  # 0: only at the start and the end
     save_steps: int = 0  # 0: no step-count checkpoints
@@ -115,7 +99,8 @@ class Cadence:
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Cadence":
-        return cls(max_steps=cfg.max_steps, max_minutes=cfg.max_minutes, eval_steps=cfg.eval_steps,
+        return cls(max_steps=cfg.max_steps, max_consecutive_skips=cfg.max_consecutive_skips,
+                   max_minutes=cfg.max_minutes, eval_steps=cfg.eval_steps,
                    save_steps=cfg.save_steps, checkpoint_minutes=cfg.checkpoint_minutes)
 
     def out_of_time(self, state: RunState) -> bool:

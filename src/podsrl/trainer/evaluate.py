@@ -93,7 +93,7 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
     sampling noise (common random numbers)."""
     procs = procs or Processes()
     mine = procs.strided(list(range(min(options.prompts, len(split.examples)))))
-    split = split.select(mine)
+    split = split.at_prompts(mine)
     modes = {"eval_accuracy": (options.samples, options.temperature)}
     if options.greedy:
         modes["eval_greedy_accuracy"] = (1, 0.0)

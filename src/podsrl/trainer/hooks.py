@@ -4,10 +4,12 @@ checkpoints. Each sees the finished step and adds its numbers to the step's metr
 
 from __future__ import annotations
 
+from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.config import Config
 from podsrl.distributed import Processes
-from podsrl.trainer.components import Components, StepHook, StepOutcome
-from podsrl.trainer.logging import StageTimer
+from podsrl.trainer.components import Components, StepHook
+from podsrl.trainer.stages import StepOutcome
+from podsrl.trainer.timer import StageTimer
 
 
 class ParameterDrift:
@@ -22,8 +24,11 @@ class GroupSizeFeedback:
     """adaptive_n: log what the group-size policy chose for this step and why, then let it
     learn from the step's rewards (every process's) and the slowest process's timings."""
 
+    def __init__(self, policy: GroupSizePolicy) -> None:
+        self.policy = policy
+
     def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
-        procs, policy = components.procs, components.group_size
+        procs, policy = components.procs, self.policy
         record.update(policy.decision)
         generation = procs.max([timer.seconds["generate"] + timer.seconds["reward"]])[0]
         policy.observe(procs.gather(outcome.scores.reward), generation, procs.max([timer.total])[0] - generation)
@@ -37,7 +42,7 @@ class EngineRecord:
         record.update(components.procs.mean(components.engine.step_record()))
 
 
-def step_hooks(cfg: Config, procs: Processes, engine=None) -> list[StepHook]:
+def step_hooks(cfg: Config, procs: Processes, engine=None, group_size: GroupSizePolicy | None = None) -> list[StepHook]:
     """The hooks a run with ``cfg`` over ``procs`` needs, in the order they run."""
     hooks: list[StepHook] = []
     if hasattr(engine, "step_record"):
@@ -45,5 +50,5 @@ def step_hooks(cfg: Config, procs: Processes, engine=None) -> list[StepHook]:
     if procs.world_size > 1 and not procs.sharded:
         hooks.append(ParameterDrift())
     if cfg.adaptive_n:
-        hooks.append(GroupSizeFeedback())
+        hooks.append(GroupSizeFeedback(group_size))
     return hooks

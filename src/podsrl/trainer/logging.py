@@ -1,4 +1,4 @@
-"""What each step logs: per-stage timers, the step record (what shows whether
+"""What each step logs: the step record (what shows whether
 down-sampling works: reward mean and spread before and after selection, zero-variance
 groups, completion lengths, seconds per stage), a sample of its rollouts and the progress
 bar. The metrics.jsonl / rollouts.jsonl files are :mod:`podsrl.metrics`, the trackers
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -18,28 +16,7 @@ from tqdm.auto import tqdm
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.distributed import Processes
 from podsrl.metrics import read_metrics
-from podsrl.tasks import Example
-from podsrl.types import Rollouts, Scores
-from podsrl.update import UpdateResult
-
-
-class StageTimer:
-    """Wall-clock seconds per named stage of one step: ``with timer("generate"): ...``."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
+from podsrl.trainer.stages import StepOutcome
 
 
 def say(message: str) -> None:
@@ -51,12 +28,12 @@ def progress_bar(total: int, step: int, desc: str, enabled: bool):
     return tqdm(total=total, initial=step, disable=not enabled, desc=desc, unit="step", dynamic_ncols=True)
 
 
-def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rollouts, scores: Scores,
-                kept: Rollouts, kept_rewards: torch.Tensor, update: UpdateResult, seconds: dict[str, float],
+def step_record(procs: Processes, step: int, train_seconds: float, outcome: StepOutcome, seconds: dict[str, float],
                 reward_failures: int) -> dict:
     """One metrics.jsonl record, from tensors gathered over every process's prompt groups."""
+    rollouts, scores, kept, update = outcome.rollouts, outcome.scores, outcome.kept, outcome.update
     everywhere = {name: procs.gather(t) for name, t in (  # [P_all, ...]: the whole batch
-        ("rewards", scores.reward), ("kept_rewards", kept_rewards), ("correct", scores.correct),
+        ("rewards", scores.reward), ("kept_rewards", outcome.kept_rewards), ("correct", scores.correct),
         ("format", scores.format), ("unverifiable", scores.unverifiable.float()),
         ("length", rollouts.completion_mask.sum(-1).float().masked_fill(~rollouts.generated_mask, float("nan"))),
         ("kept_length", kept.completion_mask.sum(-1).float()), ("generated", rollouts.generated_mask.float()))}
@@ -80,11 +57,11 @@ def step_record(procs: Processes, step: int, train_seconds: float, rollouts: Rol
     return record
 
 
-def rollout_rows(step: int, examples: list[Example], rollouts: Rollouts, scores: Scores, keep: torch.Tensor,
-                 groups: int) -> list[dict]:
+def rollout_rows(step: int, outcome: StepOutcome, groups: int) -> list[dict]:
     """One record per rollout of the first ``groups`` prompt groups: what the model was asked
     (the prompt before templating, the gold answer), what it wrote, how it scored, and
-    whether selection kept it for the update. ``keep`` [P, m] indexes the group axis."""
+    whether selection kept it for the update (``outcome.keep`` [P, m] indexes the group axis)."""
+    examples, rollouts, scores, keep = outcome.examples, outcome.rollouts, outcome.scores, outcome.keep
     kept = torch.zeros(scores.reward.shape, dtype=torch.bool).scatter_(1, keep, True)  # [P, n]
     generated = rollouts.generated_mask
     rows = []

@@ -36,7 +36,8 @@ from podsrl.trainer.early_stop import reward_bounds
 from podsrl.trainer.evaluate import EvalOptions, eval_shortfall
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.logging import say
-from podsrl.trainer.run import Run
+from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
+from podsrl.trainer.run import Run, StepReport
 from podsrl.trainer.run_dir import (
     RunDirError,
     RunLock,
@@ -44,6 +45,17 @@ from podsrl.trainer.run_dir import (
     check_resume_config,
     clear_stopped_run,
     stopped_before_first_checkpoint,
+)
+from podsrl.trainer.stages import (
+    Advantages,
+    ExtraLogprobs,
+    PolicyUpdate,
+    ProgressAt,
+    RolloutGenerator,
+    ScoreEverywhere,
+    Selection,
+    StepStages,
+    StopperFactory,
 )
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
 
@@ -260,20 +272,48 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
     optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad), optimizer_options(cfg))
+    group_size = group_size_policy(cfg)
     components = Components(
         cfg=cfg, procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0], test_split=splits[1],
-        scorer=scorer, engine=engine, group_size=group_size_policy(cfg), method=METHODS[cfg.method],
-        advantage_estimator=ADVANTAGES.checked(cfg.advantage_estimator), policy=policy,
-        reference=reference, optimizer=optimizer, scheduler=scheduler,
+        scorer=scorer, engine=engine, policy=policy, reference=reference, optimizer=optimizer, scheduler=scheduler,
         metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
         trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
                           run_name=str(run_dir)),
-        update_options=update_options(cfg), eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine),
-        reward_bounds=bounds, eval_generate=getattr(engine, "generate", generate))  # vllm evaluates on its engine
+        eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine, group_size),
+        eval_generate=getattr(engine, "generate", generate))  # vllm evaluates on its engine
     state = RunState(prompt_selector=selector,
                      generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
-    return Run(components, state, Cadence.from_config(cfg))
+    stages = step_stages(cfg, components, selector, group_size, state.generators["rule"], bounds)
+    report = StepReport(method=cfg.method, progress=cfg.progress and procs.is_main, log_rollouts=cfg.log_rollouts)
+    return Run(stages, components, state, Cadence.from_config(cfg), report)
+
+
+def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,
+                rule_generator: torch.Generator, reward_bounds: tuple[float, float] | None) -> StepStages:
+    """The step's stages, each bound to the config values it needs (the loop reads none)."""
+    procs, tokenizer = components.procs, components.bundle.tokenizer
+    progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
+                          train_prompts=len(components.train_split.examples), is_main=procs.is_main,
+                          is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
+    stopper = (StopperFactory(components.scorer, tokenizer, cfg.num_kept, reward_bounds, progress)
+               if cfg.group_early_stop else None)
+    generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, METHODS[cfg.method],
+                                         cfg.num_kept, cfg.generation_batch_size, cfg.prompts_per_step, cfg.seed,
+                                         stopper)
+    source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
+                  generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
+    prompts = (DynamicSamplingSource(**source, refill_rounds=selector.refill_rounds,
+                                     pad_token_id=tokenizer.pad_token_id)
+               if selector.refill_rounds else PromptSource(**source))
+    needs_old, needs_ref = cfg.num_iterations > 1, cfg.beta > 0
+    logprobs = (ExtraLogprobs(components.policy, components.reference, cfg.micro_batch_size, cfg.share_prompt_in_update,
+                              old=needs_old, ref=needs_ref) if needs_old or needs_ref else None)
+    return StepStages(
+        group_size=group_size, prompts=prompts,
+        select=Selection(METHODS[cfg.method], cfg.num_kept, cfg.downsampling_rule, rule_generator),
+        advantages=Advantages(ADVANTAGES.checked(cfg.advantage_estimator), cfg.scale_rewards), logprobs=logprobs,
+        update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations))
 
 
 def data_warnings(cfg: Config, train: list, held_out: int) -> list[str]:

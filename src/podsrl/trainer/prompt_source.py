@@ -1,0 +1,99 @@
+"""Where a step's prompt groups come from: a prompt source asks the prompt selector
+(:mod:`podsrl.prompt_selection`) for prompts, has this process's share generated and scored,
+and hands the loop one :class:`ScoredGroups`.
+
+* :class:`PromptSource`: one round (the ``shuffled`` pass, ``pass_rate``, a user's selector).
+* :class:`DynamicSamplingSource`: DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2): rounds
+  until every process has its share of informative groups, or the selector's cap.
+
+The collectives stay where every process agrees: the selector draws the same list on every
+process, and every process takes part in each gather and reduction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from podsrl.algorithms.group_stats import is_constant
+from podsrl.distributed import Processes
+from podsrl.prompt_selection import PromptSelector, informative_first
+from podsrl.tasks.base import PreparedSplit
+from podsrl.trainer.timer import StageTimer
+from podsrl.types import Rollouts, Scores
+
+GenerateFn = Callable[[PreparedSplit, int, int, int], Rollouts]  # (split, n, step, round) -> [P, n, Lc]
+ScoreFn = Callable[[PreparedSplit, Rollouts, int], Scores]  # (split, rollouts, step) -> [P, n]
+
+
+@dataclass
+class ScoredGroups:
+    """One step's prompt groups on this process, generated and scored."""
+
+    split: PreparedSplit  # [P] the prompts (examples and rendered text)
+    rollouts: Rollouts  # [P, n, Lc]
+    scores: Scores  # [P, n], NaN where not generated
+    record: dict = field(default_factory=dict)  # the source's numbers for the step's metrics
+
+
+class PromptSource:
+    """One generation round per step: the selector's ``prompts_per_step`` prompts, this
+    process's block of them generated and scored; a selector that learns observes the
+    outcomes of every process."""
+
+    def __init__(self, selector: PromptSelector, prompts_per_step: int, train_split: PreparedSplit,
+                 generate: GenerateFn, score: ScoreFn, procs: Processes) -> None:
+        self.selector, self.prompts_per_step, self.train_split = selector, prompts_per_step, train_split
+        self.generate, self.score, self.procs = generate, score, procs
+
+    def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
+        _, groups = self.round(step, n, 0, timer)
+        groups.record = self.selector.record()
+        return groups
+
+    def round(self, step: int, n: int, round_index: int, timer: StageTimer) -> tuple[list[int], ScoredGroups]:
+        """One round: this process's prompt indices and their scored groups."""
+        indices = self.selector.take(self.prompts_per_step, step, n)  # the same list on every process
+        mine = self.procs.block(indices)  # this process's share
+        split = self.train_split.at_prompts(mine)
+        with timer("generate"):
+            rollouts = self.generate(split, n, step, round_index)  # [P, n, Lc]
+        with timer("reward"):
+            scores = self.score(split, rollouts, step)  # [P, n], NaN where skipped
+        if self.selector.learns:  # the gather is a collective: only for a selector that uses it
+            correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [P, n]
+            self.selector.observe(step, indices, self.procs.gather(correct))  # [P_all, n]: every process's
+        return mine, ScoredGroups(split, rollouts, scores)
+
+
+class DynamicSamplingSource(PromptSource):
+    """DAPO's dynamic sampling: another round while any process has fewer informative groups
+    than its share, at most ``refill_rounds`` extra rounds; each process then keeps its share,
+    informative groups first (constant ones fill the batch only at the cap)."""
+
+    def __init__(self, selector: PromptSelector, prompts_per_step: int, train_split: PreparedSplit,
+                 generate: GenerateFn, score: ScoreFn, procs: Processes, refill_rounds: int,
+                 pad_token_id: int) -> None:
+        super().__init__(selector, prompts_per_step, train_split, generate, score, procs)
+        self.refill_rounds, self.pad_token_id = refill_rounds, pad_token_id
+
+    def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
+        indices, rounds, informative = [], [], 0
+        for round_index in range(self.refill_rounds + 1):
+            mine, groups = self.round(step, n, round_index, timer)
+            indices += mine
+            rounds.append(groups)
+            informative += int((~is_constant(groups.scores.reward)).sum())  # this process's, over the rounds
+            if not self.procs.max([float(informative < len(mine))])[0]:
+                break
+        rollouts = Rollouts.concat([g.rollouts for g in rounds], self.pad_token_id)  # [P * rounds, n, Lc]
+        scores = Scores.concat([g.scores for g in rounds])
+        constant = is_constant(scores.reward)  # [P * rounds]
+        keep = informative_first(constant, len(mine))  # this process's share
+        generated, constant_groups, set_aside = self.procs.sum(
+            [float(len(constant)), float(constant.sum()), float(constant.sum() - constant[keep].sum())])
+        record = {"prompt_rounds": len(rounds), "prompts_generated": int(generated),
+                  "generated_constant_frac": constant_groups / generated,
+                  "constant_groups_set_aside": int(set_aside)}
+        return ScoredGroups(self.train_split.at_prompts([indices[i] for i in keep]), rollouts.at_prompts(keep),
+                            scores.at_prompts(keep), record)

@@ -1,0 +1,224 @@
+"""The step's stages, each bound at set-up (:func:`podsrl.trainer.setup.step_stages`) to the
+config values it needs, so the loop calls them and reads no config:
+
+    n = group_size.choose(step)                      # fixed, or adaptive_n's controller
+    groups = prompts.scored_groups(step, n, timer)   # the prompt source: generate + reward
+    keep = select(groups)                            # [P, n] -> [P, m]
+    advantages(kept_rewards)                         # [P, m] -> [P, m]
+    logprobs(batch)                                  # old / reference log-probs, when needed
+    update(batch)                                    # num_iterations optimizer steps
+
+:class:`RolloutGenerator` and :class:`ScoreEverywhere` are what the prompt source
+(:mod:`podsrl.trainer.prompt_source`) generates and scores with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from podsrl.algorithms.rollout_budget import GroupSizePolicy
+from podsrl.algorithms.select import Groups
+from podsrl.distributed import Processes
+from podsrl.methods import Method
+from podsrl.rewards import RewardError
+from podsrl.rewards.scorer import Scorer, TrainerProgress
+from podsrl.rollout import GenerationEngine
+from podsrl.tasks.base import Example, PreparedSplit
+from podsrl.trainer.early_stop import SaturationStopper
+from podsrl.trainer.prompt_source import PromptSource
+from podsrl.trainer.state import sampling_seed
+from podsrl.types import Rollouts, Scores, UpdateBatch
+from podsrl.update import UpdateOptions, UpdateResult, batch_logprobs, update_policy
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The method's choice of the rollouts to train on, bound to m, the down-sampling rule and
+    the rule's random stream (restored in place from a checkpoint)."""
+
+    method: Method
+    num_kept: int
+    rule: str
+    generator: torch.Generator
+
+    def __call__(self, groups: Groups) -> torch.Tensor:
+        """Indices [P, trained] into the group axis of the groups [P, generated]."""
+        return self.method.keep(groups, self.num_kept, self.rule, self.generator)
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """The advantage estimator bound to ``scale_rewards``: kept rewards [P, m] -> [P, m]."""
+
+    estimator: Callable[[torch.Tensor, bool], torch.Tensor]
+    scale_rewards: bool
+
+    def __call__(self, kept_rewards: torch.Tensor) -> torch.Tensor:
+        return self.estimator(kept_rewards, self.scale_rewards)
+
+
+@dataclass(frozen=True)
+class ExtraLogprobs:
+    """The log-probs the update needs besides its own, on the kept rollouts only: the
+    generating policy's (``old``: a batch reused over iterations) and the reference's (``ref``:
+    the KL); with LoRA the reference is the policy with its adapter off (``reference`` None)."""
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    micro_batch_size: int
+    share_prompt: bool
+    old: bool
+    ref: bool
+
+    def __call__(self, batch: UpdateBatch) -> None:
+        options = dict(size=self.micro_batch_size, share_prompt=self.share_prompt)
+        if self.old:
+            batch.old_logp = batch_logprobs(self.policy, batch, **options)
+        if self.ref:
+            if self.reference is None:
+                with self.policy.disable_adapter():
+                    batch.ref_logp = batch_logprobs(self.policy, batch, **options)
+            else:
+                batch.ref_logp = batch_logprobs(self.reference, batch, **options)
+
+
+@dataclass
+class PolicyUpdate:
+    """``iterations`` optimizer steps on the step's batch (GRPO's mu: the batch reused). The
+    model and optimizer are the wrapped ones (DDP / FSDP), set by :meth:`bind` once the run
+    has prepared them."""
+
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    options: UpdateOptions
+    procs: Processes
+    iterations: int
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+
+    def bind(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def __call__(self, batch: UpdateBatch) -> UpdateResult:
+        tokens_per_process = self.procs.sum([float(batch.completion_mask.sum())])[0] / self.procs.world_size
+        for _ in range(self.iterations):
+            update = update_policy(self.model, self.optimizer, self.scheduler, batch, self.options, self.procs,
+                                   tokens_per_process)
+        return update
+
+
+@dataclass(frozen=True)
+class ProgressAt:
+    """Reward functions' ``trainer_state`` while a step's rollouts are scored (TRL scores
+    before the step's optimizer step, so ``global_step`` counts the steps completed)."""
+
+    max_steps: int
+    prompts_per_step: int
+    train_prompts: int
+    is_main: bool
+    is_local_main: bool
+
+    def __call__(self, step: int) -> TrainerProgress:
+        done = step - 1
+        return TrainerProgress(global_step=done, max_steps=self.max_steps,
+                               epoch=done * self.prompts_per_step / self.train_prompts,
+                               is_world_process_zero=self.is_main, is_local_process_zero=self.is_local_main)
+
+
+@dataclass(frozen=True)
+class ScoreEverywhere:
+    """The rollouts' scores; a reward failure (the 'raise' policy) on any process stops every
+    process here, so none is left waiting for the others in a later collective."""
+
+    scorer: Scorer
+    procs: Processes
+    progress: ProgressAt
+
+    def __call__(self, split: PreparedSplit, rollouts: Rollouts, step: int) -> Scores:
+        failure = None
+        try:
+            scores = self.scorer(split, rollouts, self.progress(step))
+        except RewardError as err:
+            failure = err
+        if self.procs.max([float(failure is not None)])[0]:
+            raise failure or RewardError("a reward function failed on another process (its error is in that "
+                                         "process's output)")
+        return scores
+
+
+@dataclass(frozen=True)
+class StopperFactory:
+    """group_early_stop: a :class:`SaturationStopper` per chunk of prompts, scoring samples as
+    they finish against the reward's declared bounds."""
+
+    scorer: Scorer
+    tokenizer: object
+    num_kept: int
+    bounds: tuple[float, float]
+    progress: ProgressAt
+
+    def __call__(self, prompts: PreparedSplit, step: int) -> SaturationStopper:
+        return SaturationStopper(self.scorer, prompts, self.tokenizer, self.num_kept, self.bounds, self.progress(step))
+
+
+@dataclass(frozen=True)
+class RolloutGenerator:
+    """The method's rollouts for each prompt of a split (n of them for pods), in chunks of
+    ``batch_size / rollouts per prompt`` prompts (``batch_size`` 0: one chunk), each chunk
+    seeded by its position in the step's batch (so the split over processes does not change
+    the samples) and by the generation round (dynamic sampling's refills draw afresh); with a
+    ``stopper``, saturated groups stop early (``Rollouts.generated`` marks what they skipped)."""
+
+    engine: GenerationEngine
+    policy: torch.nn.Module
+    tokenizer: object
+    procs: Processes
+    method: Method
+    num_kept: int
+    batch_size: int
+    prompts_per_step: int
+    seed: int
+    stopper: StopperFactory | None
+
+    def __call__(self, split: PreparedSplit, n: int, step: int, round_index: int) -> Rollouts:
+        per_prompt = self.method.generated_per_prompt(n, self.num_kept)
+        total = len(split.prompts)
+        chunk_size = max(1, self.batch_size // per_prompt) if self.batch_size else total
+        chunks = []
+        with self.procs.whole_weights(self.policy):
+            for start in range(0, total, chunk_size):
+                chunk = split.at_prompts(list(range(start, min(start + chunk_size, total))))
+                stopper = self.stopper(chunk, step) if self.stopper else None
+                first_prompt = round_index * self.prompts_per_step + self.procs.rank * total + start  # in the step
+                torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
+                chunks.append(self.engine(self.policy, self.tokenizer, chunk.prompts, per_prompt, stopper=stopper))
+        return Rollouts.concat(chunks, self.tokenizer.pad_token_id)
+
+
+@dataclass
+class StepOutcome:
+    """One step's pipeline products, for the step's record, its hooks and its rollout log."""
+
+    examples: list[Example]  # [P] this process's prompts
+    rollouts: Rollouts  # [P, n, Lc]
+    scores: Scores  # [P, n]
+    keep: torch.Tensor  # [P, m] indices of the kept rollouts into the group axis
+    kept: Rollouts  # [P, m, Lc]
+    kept_rewards: torch.Tensor  # [P, m]
+    update: UpdateResult
+    prompt_record: dict = field(default_factory=dict)  # the prompt source's numbers (none for the default)
+
+
+@dataclass
+class StepStages:
+    """The stages of one training step, configured: what :func:`podsrl.trainer.loop.training_step`
+    calls, in order."""
+
+    group_size: GroupSizePolicy  # n per step: fixed, or adaptive_n's controller
+    prompts: PromptSource  # the step's prompt groups, generated and scored
+    select: Selection  # groups [P, n] -> indices kept [P, m]
+    advantages: Advantages  # kept rewards [P, m] -> advantages [P, m]
+    logprobs: ExtraLogprobs | None  # old / reference log-probs (None: the update needs neither)
+    update: PolicyUpdate  # the optimizer step(s)

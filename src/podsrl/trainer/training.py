@@ -1,0 +1,38 @@
+"""``train(cfg)``: set the run up from its config (:mod:`podsrl.trainer.setup`), then run its
+steps (:mod:`podsrl.trainer.loop`), stopping cleanly on SIGINT / SIGTERM."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from podsrl.config import Config
+from podsrl.interrupts import StopNow
+from podsrl.rewards import RewardFn
+from podsrl.trainer.loop import run_steps
+from podsrl.trainer.run import RunResult
+from podsrl.trainer.setup import set_up
+from podsrl.trainer.state import StopSignals, TrainingStopped
+
+
+def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> RunResult:
+    """Train with ``cfg``; stops cleanly (with a checkpoint) on SIGINT / SIGTERM.
+
+    ``reward_funcs``: reward functions as Python callables (TRL's signature), replacing the
+    task's reward like the config's ``reward_funcs`` names do (not both); weighted by the
+    config's ``reward_weights``. A run that finished but learned nothing (no reward applied,
+    or every step skipped) returns with ``RunResult.failure`` saying why (``podsrl train``
+    exits 1 then)."""
+    with StopSignals() as stop:
+        try:
+            run = set_up(cfg, reward_funcs)
+        except StopNow as interrupted:
+            raise TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained",
+                                  signum=interrupted.signum) from None
+        try:
+            return run_steps(run, stop)
+        except StopNow as interrupted:  # outside a step: evaluating, logging, writing a checkpoint
+            raise TrainingStopped(f"stopped by {interrupted} after step {run.state.step}; last checkpoint: "
+                                  f"{run.last_checkpoint()}; continue with the same command plus --resume true",
+                                  signum=interrupted.signum) from None
+        finally:
+            run.release()
