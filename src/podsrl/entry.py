@@ -18,6 +18,6 @@ def main(argv: list[str] | None = None) -> int:
         if (err.name or "").split(".")[0] not in TRAIN_STACK:
             raise
         print(f"podsrl: the command line needs podsrl's trainer dependencies, and {err.name} is not installed: "
-              f"pip install 'podsrl[train]'", file=sys.stderr)
+              f"pip install '.[train]' in a podsrl clone", file=sys.stderr)
         return 2
     return run_command(argv)

@@ -40,7 +40,7 @@ TRACKERS = {"tensorboard": TrackerKind(is_tensorboard_available, "tensorboard"),
 
 def _install_hint(name: str) -> str:
     package = TRACKERS[name].package
-    return f"pip install 'podsrl[{name}]' (or pip install {package})"
+    return f"pip install '.[{name}]' in a podsrl clone (or pip install {package})"
 
 
 def _asked(report_to: str) -> list[str]:

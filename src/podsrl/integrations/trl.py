@@ -56,7 +56,8 @@ try:
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import get_config_model_id
 except ImportError as err:  # an optional dependency
-    raise ImportError(f"podsrl.integrations.trl (podsrl.trl) needs TRL: pip install 'podsrl[trl]' ({err})") from err
+    raise ImportError(f"podsrl.integrations.trl (podsrl.trl) needs TRL: pip install '.[trl]' in a podsrl clone "
+                      f"({err})") from err
 
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, Groups, select
@@ -69,7 +70,7 @@ SUPPORTED_TRL = ("1.16.0", "1.17.0")  # [lowest tested, first untested)
 if not Version(SUPPORTED_TRL[0]) <= Version(trl.__version__) < Version(SUPPORTED_TRL[1]):
     raise ImportError(f"podsrl.integrations.trl supports trl >= {SUPPORTED_TRL[0]}, < {SUPPORTED_TRL[1]} (it "
                       f"overrides private methods of GRPOTrainer); found trl {trl.__version__}: "
-                      "pip install 'podsrl[trl]'")
+                      "pip install '.[trl]' in a podsrl clone")
 
 
 def pods_batch_arguments(*args, **kwargs) -> dict[str, int]:

