@@ -279,3 +279,59 @@ def test_none_is_the_shuffled_pass_s_old_name_warned_and_resumable(tmp_path):
         assert check_resume_config(tmp_path, Config(prompt_selector=now).to_dict()) == []
     with pytest.raises(RunDirError, match="prompt_selector: run 'shuffled', now 'pass_rate'"):
         check_resume_config(tmp_path, Config(prompt_selector="pass_rate").to_dict())
+
+
+class RefillingRecorder:
+    """A user's selector with a refill cap and numbers of its own (the prompt source reads only
+    its contract: take, observe, record, refill_rounds, learns)."""
+
+    refill_rounds, learns = 2, False
+
+    def __init__(self, numbers: dict) -> None:
+        self.numbers, self.next = numbers, 0
+
+    def take(self, count, step, group_size):
+        self.next += count
+        return list(range(self.next - count, self.next))
+
+    def observe(self, step, indices, correct):
+        pass
+
+    def record(self):
+        return dict(self.numbers)
+
+
+def test_dynamic_sampling_keeps_the_selectors_numbers_and_refuses_one_named_like_its_own():
+    """The refilling source adds the selector's record() to its rounds' record, and a selector
+    number named like one of the rounds' is a one-line error naming prompt_selector, not a
+    silent overwrite."""
+    from podsrl.contracts import UserCodeError
+    from podsrl.distributed import Processes
+    from podsrl.tasks.base import Example, PreparedSplit
+    from podsrl.trainer.prompt_source import DynamicSamplingSource
+    from podsrl.trainer.timer import StageTimer
+    from podsrl.types import Rollouts, Scores
+
+    split = PreparedSplit([Example(f"q{i}", "1") for i in range(12)], [f"q{i}" for i in range(12)], 0, False, "")
+
+    def generate(part, n, step, round_index):  # [P, n, 1]: one token per sample
+        p = len(part.prompts)
+        return Rollouts(torch.zeros(p, 1, dtype=torch.long), torch.ones(p, 1, dtype=torch.long),
+                        torch.ones(p, n, 1, dtype=torch.long), torch.ones(p, n, 1, dtype=torch.long),
+                        [["x"] * n for _ in range(p)], {"generated_tokens": p * n, "decode_steps": 1})
+
+    def score(part, rollouts, step):  # prompt i's group is constant unless i is a multiple of 3
+        rewards = torch.tensor([[float(int(e.prompt[1:]) % 3 == 0 and j == 0) for j in range(rollouts.group_size)]
+                                for e in part.examples])
+        return Scores(rewards, rewards, torch.full_like(rewards, float("nan")), torch.zeros_like(rewards).bool())
+
+    def source(numbers):
+        return DynamicSamplingSource(RefillingRecorder(numbers), 4, split, generate, score, Processes(),
+                                     refill_rounds=2, pad_token_id=0)
+
+    groups = source({"curriculum_level": 2.0}).scored_groups(1, 3, StageTimer())
+    assert groups.record["curriculum_level"] == 2.0
+    assert groups.record["prompt_rounds"] == 3 and groups.record["prompts_generated"] == 12  # 4 informative: at the cap
+    assert [e.prompt for e in groups.split.examples] == ["q0", "q3", "q6", "q9"]  # informative ones first
+    with pytest.raises(UserCodeError, match="prompt_selector: .*'prompt_rounds' from record\\(\\), a name the trainer"):
+        source({"prompt_rounds": 1.0}).scored_groups(1, 3, StageTimer())

@@ -17,7 +17,7 @@ from typing import Callable
 
 from podsrl.algorithms.group_stats import is_constant
 from podsrl.distributed import Processes
-from podsrl.prompt_selection import PromptSelector, informative_first
+from podsrl.prompt_selection import PromptSelector, add_selector_record, informative_first
 from podsrl.tasks.base import PreparedSplit
 from podsrl.trainer.timer import StageTimer
 from podsrl.types import Rollouts, Scores
@@ -95,5 +95,6 @@ class DynamicSamplingSource(PromptSource):
         record = {"prompt_rounds": len(rounds), "prompts_generated": int(generated),
                   "generated_constant_frac": constant_groups / generated,
                   "constant_groups_set_aside": int(set_aside)}
+        add_selector_record(self.selector.record(), record)  # a name of the rounds' own is refused
         return ScoredGroups(self.train_split.at_prompts([indices[i] for i in keep]), rollouts.at_prompts(keep),
                             scores.at_prompts(keep), record)
