@@ -89,7 +89,7 @@ ALLOWED = {
     "podsrl.rollout": {"podsrl.types"} | BOTTOM,
     "podsrl.tasks": {"podsrl.rewards", "podsrl.types"} | BOTTOM,
     "podsrl.rewards": {"podsrl.tasks", "podsrl.types"} | BOTTOM,  # the scorer reads a task's examples
-    "podsrl.methods": {"podsrl.algorithms"},
+    "podsrl.methods": {"podsrl.algorithms"} | BOTTOM,  # labels show a rule's arguments (podsrl.registry)
     "podsrl.prompt_selection": {"podsrl.algorithms"} | BOTTOM,  # a stage: which prompts to generate for
     "podsrl.update": LOWER | {"podsrl.models"},
     "podsrl.tracking": set(),  # trackers get plain values: config.py validates report_to with it

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from podsrl.algorithms.select import Groups, select
+from podsrl.registry import component_label
 
 
 @dataclass(frozen=True)
@@ -35,27 +36,29 @@ class Method:
         """Rollouts trained on per prompt."""
         return m if self.selects or not self.generates_n else n
 
-    def keep(self, groups: Groups, m: int, rule: str, generator: torch.Generator | None) -> torch.Tensor:
+    def keep(self, groups: Groups, m: int, rule, generator: torch.Generator | None) -> torch.Tensor:
         """Indices [P, trained] of the rollouts to train on, from the groups [P, generated]."""
         if self.selects:
             return select(rule, groups, m, generator=generator)
         return torch.arange(groups.rewards.shape[1]).expand(groups.rewards.shape[0], -1)
 
-    def arm_name(self, n: int, m: int, rule: str) -> str:
-        """How comparisons label a run of this method: 'grpo 4/4', 'grpo-ga 16', 'pods 16->4 max_variance'."""
+    def arm_name(self, n: int, m: int, rule) -> str:
+        """How comparisons label a run of this method: 'grpo 4/4', 'grpo-ga 16', 'pods 16->4 max_variance'
+        (a rule given with arguments shows them: :func:`podsrl.registry.component_label`)."""
         if not self.generates_n:
             return f"{self.name} {m}/{m}"
         if not self.selects:
             return f"{self.name} {n}"
-        return f"{self.name} {n}->{m} {rule}"
+        return f"{self.name} {n}->{m} {component_label(rule)}"
 
-    def dir_name(self, n: int, m: int, rule: str) -> str:
+    def dir_name(self, n: int, m: int, rule) -> str:
         """A folder name for a comparison arm: 'grpo-m4', 'grpo-ga-n16', 'pods-n16-m4-max_variance'."""
         if not self.generates_n:
             return f"{self.name}-m{m}"
         if not self.selects:
             return f"{self.name}-n{n}"
-        return f"{self.name}-n{n}-m{m}-{re.sub(r'[^A-Za-z0-9_.-]', '_', rule)}"  # a module:function rule too
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", component_label(rule))  # a module:function rule, its arguments too
+        return f"{self.name}-n{n}-m{m}-{safe}"
 
 
 METHODS: dict[str, Method] = {

@@ -33,7 +33,6 @@ from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
-from podsrl.registry import component_label
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
 
@@ -309,8 +308,7 @@ def _method_arms(base, methods: list[str], rules: list[str], n_values: list, m_v
 
 def arm_dir_name(overrides: dict) -> str:
     n = "auto" if overrides.get("adaptive_n") else overrides["num_generations"]
-    rule = component_label(overrides.get("downsampling_rule", ""))  # with its arguments, if any
-    name = METHODS[overrides["method"]].dir_name(n, overrides["num_kept"], rule)
+    name = METHODS[overrides["method"]].dir_name(n, overrides["num_kept"], overrides.get("downsampling_rule", ""))
     return "-".join([name, *(re.sub(r"[^A-Za-z0-9_.]", "_", v) for v in arm_variants(overrides))])
 
 

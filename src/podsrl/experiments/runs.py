@@ -36,7 +36,7 @@ class FinishedRun:
         # (runs written before the rename of n / m / rule still read)
         n = "auto" if c.get("adaptive_n") else c.get("num_generations", c.get("n"))
         m, rule = c.get("num_kept", c.get("m")), c.get("downsampling_rule", c.get("rule"))
-        return " ".join([METHODS[c["method"]].arm_name(n, m, component_label(rule)), *arm_variants(c)])
+        return " ".join([METHODS[c["method"]].arm_name(n, m, rule), *arm_variants(c)])
 
     @property
     def seed(self) -> int | None:

@@ -42,8 +42,7 @@ def method_label(info: RunInfo) -> str:
     method = METHODS.get(name)
     if method is None:  # a method this podsrl does not know: name it as the run did
         return str(name)
-    arm = method.arm_name(info.value("num_generations"), info.value("num_kept"),
-                          component_label(info.value("downsampling_rule")))
+    arm = method.arm_name(info.value("num_generations"), info.value("num_kept"), info.value("downsampling_rule"))
     return f"{arm}: {method.description}"
 
 
