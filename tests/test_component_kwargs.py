@@ -13,7 +13,7 @@ import torch
 
 from podsrl import cli
 from podsrl.algorithms.select import RULES, select
-from podsrl.config import Config, make_config, parse_value
+from podsrl.config import FIELDS, Config, make_config, parse_value
 from podsrl.config_checks import COMPONENTS
 from podsrl.experiments.compare import arm_dir_name
 from podsrl.experiments.runs import arm_variants
@@ -184,6 +184,8 @@ def test_string_specs_and_name_only_mappings_are_unchanged(field):
         assert parse_value(field, name) == name and parse_value(field, {"name": name}) == name
         assert registry.checked(name) is registry.checked(name)  # resolved once
         assert registry.checked(name).fn is obj and registry.checked(name).spec == name
+        assert registry.checked(registry.checked(name)) is registry.checked(name)  # bound at set-up, passed through
+    assert "Spec" in FIELDS[field].type  # the annotation says a mapping is accepted too
     assert parse_value(field, None) == "" and parse_value(field, "a:b") == "a:b"
     assert Config().to_dict() == json.loads(json.dumps(Config().to_dict()))  # the defaults: text, as before
 

@@ -196,6 +196,22 @@ def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
     assert all(r["prompts_generated"] == 4 * r["prompt_rounds"] for r in records)
 
 
+def test_a_reward_failure_on_one_process_in_early_stop_stops_both(tmp_path):
+    """group_early_stop scores inside generation; a reward that fails on rank 1 alone must stop
+    both processes with the error, not leave rank 0 waiting in a collective."""
+    reward = tmp_path / "rank_reward.py"
+    reward.write_text("import os\n\n\ndef fails_on_rank_1(completions, **kwargs):\n"
+                      "    if os.environ.get('RANK') == '1':\n        raise ValueError('rank 1 refuses')\n"
+                      "    return [float('Answer' in c) for c in completions]\n\n\n"
+                      "fails_on_rank_1.reward_bounds = (0.0, 1.0)\n")
+    done = launch(tmp_path / "run", generation_engine="slots", generation_schedule="round_robin",
+                  generation_micro_group=8, group_early_stop=True, reward_funcs=f"{reward}:fails_on_rank_1")
+    assert done.returncode != 0
+    assert "rank 1 refuses" in done.stderr  # rank 1's own error
+    assert "a reward function failed on another process" in done.stderr  # rank 0 stopped with it
+    assert done.stderr.count("stopped in step 1:") == 2, done.stderr[-3000:]  # each process, one line
+
+
 def test_prompts_must_split_evenly_over_processes(tmp_path):
     done = launch(tmp_path / "odd", prompts_per_step=3, generation_batch_size=0)
     assert done.returncode != 0

@@ -14,7 +14,7 @@ import torch
 from podsrl.algorithms.early_stop import fill_skipped, max_kept_variance, saturated
 from podsrl.algorithms.select import max_variance
 from podsrl.config import Config, validate
-from podsrl.rewards import bounded
+from podsrl.rewards import RewardError, bounded, in_process
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import ENGINES, GenerationOptions, generate_in_slots
 from podsrl.tasks import TaskOptions, build_task, prepare_split
@@ -126,9 +126,67 @@ def test_scoring_skips_samples_never_generated(tiny, arithmetic_split):
     # scoring samples one by one (as early stop does) gives the batch's rewards
     where = generated.nonzero().tolist()
     ids = rollouts.completion_id_lists()
-    one_by_one = scorer.sample_rewards(split, [p for p, _ in where], [rollouts.texts[p][j] for p, j in where],
-                                       [ids[p * 5 + j] for p, j in where])
-    assert torch.equal(one_by_one, full.reward[generated])
+    one_by_one = scorer.sample_scores(split, [p for p, _ in where], [rollouts.texts[p][j] for p, j in where],
+                                      [ids[p * 5 + j] for p, j in where])
+    assert torch.equal(one_by_one.reward, full.reward[generated])
+    assert torch.equal(one_by_one.correct, full.correct[generated])
+
+
+def test_the_reward_stage_reuses_what_early_stop_scored(tiny, arithmetic_split):
+    """Every generated sample is scored once: the reward stage scores only what the stopper
+    never saw, and the result equals scoring every sample afresh (a deterministic reward)."""
+    task, split = arithmetic_split
+    scored = []
+
+    @in_process  # counts in this process
+    @bounded(0.0, 1.0)
+    def counted(prompts, completions, **kwargs):
+        scored.append(len(completions))
+        return task.correct_fn(prompts=prompts, completions=completions, **kwargs)
+
+    scorer = Scorer.build(task, ScoringOptions(reward_funcs=(counted,), reward_weights=(1.0,)))
+    stopper = SaturationStopper(scorer, split, tiny.tokenizer, 2, (0.0, 1.0))
+    torch.manual_seed(0)
+    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
+                                 schedule="round_robin", stopper=stopper)
+    early = stopper.early_scores(rollouts)  # [6, 8]
+    reported = sum(scored)
+    assert reported == int((~early.reward.isnan()).sum()) > 0  # every reported sample found in the result
+    assert not bool((~early.reward.isnan() & ~rollouts.generated_mask).any())
+    reused = scorer(split, dataclasses.replace(rollouts, early_scores=early))
+    assert sum(scored) == int(rollouts.generated_mask.sum())  # the rest scored once, nothing twice
+    fresh = scorer(split, rollouts)
+    for name in ("reward", "correct", "format", "unverifiable"):
+        assert torch.equal(getattr(reused, name).nan_to_num(-1.0), getattr(fresh, name).nan_to_num(-1.0)), name
+    # the scores travel with the rollouts through chunking and prompt selection
+    both = type(rollouts).concat([dataclasses.replace(rollouts, early_scores=early)] * 2, tiny.tokenizer.pad_token_id)
+    assert torch.equal(both.at_prompts([7]).early_scores.reward.nan_to_num(-1.0), early.reward[1:2].nan_to_num(-1.0))
+    keep = torch.tensor([[0, 2]] * 6)
+    kept = dataclasses.replace(rollouts, early_scores=early).kept(keep)
+    assert torch.equal(kept.early_scores.reward.nan_to_num(-1.0), early.reward[:, [0, 2]].nan_to_num(-1.0))
+
+
+def test_a_reward_failure_in_early_stop_waits_for_the_end_of_generation(tiny, arithmetic_split):
+    """Raised inside the engine, a failure would stop this process alone; kept, generation
+    ends normally and the generator raises it where every process agrees on it."""
+    task, split = arithmetic_split
+    calls = []
+
+    @in_process
+    @bounded(0.0, 1.0)
+    def refuses(prompts, completions, **kwargs):
+        calls.append(len(completions))
+        raise ValueError("refused")
+
+    scorer = Scorer.build(task, ScoringOptions(reward_funcs=(refuses,), reward_weights=(1.0,)))
+    stopper = SaturationStopper(scorer, split, tiny.tokenizer, 2, (0.0, 1.0))
+    torch.manual_seed(0)
+    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
+                                 schedule="round_robin", stopper=stopper)
+    assert rollouts.generated_mask.all()  # nothing stopped early
+    assert isinstance(stopper.failure, RewardError) and "refused" in str(stopper.failure)
+    before = len(calls)
+    assert stopper([0], [rollouts.completion_id_lists()[0]]) == [] and len(calls) == before  # not called again
 
 
 def test_slots_engine_cancels_the_unstarted_samples_of_a_saturated_group(tiny, arithmetic_split):

@@ -20,6 +20,7 @@ from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_ranges import check_reward_weights
 from podsrl.config_yaml import read_yaml
 from podsrl.methods import METHODS
+from podsrl.registry import Spec
 from podsrl.rollout.generation_copy import copy_dtype
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RENAMED", "load_yaml", "make_config", "parse_value",
@@ -34,7 +35,7 @@ def _f(default, help: str):
 class Config:
     # --- what to train -------------------------------------------------------------------
     model: str = _f("tiny", "Built-in model name ('tiny'), a local folder, or a Hugging Face hub id.")
-    task: str = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
+    task: Spec = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = _f(3, "Arithmetic difficulty level (1-5; see podsrl.tasks.arithmetic.LEVELS).")
     data_seed: int = _f(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' "
                            "data_seed), in [0, 2**32 - 1].")
@@ -62,10 +63,10 @@ class Config:
     num_generations_max: int = _f(64, "adaptive_n: the largest n it may choose.")
     num_kept: int = _f(4, "m: rollouts kept per prompt and trained on (pods, grpo; >= 2: advantages are "
                           "normalised over the group). Ignored by grpo-ga.")
-    downsampling_rule: str = _f("max_variance", "Which m of the n rollouts pods keeps "
+    downsampling_rule: Spec = _f("max_variance", "Which m of the n rollouts pods keeps "
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
-    prompt_selector: str = _f("shuffled", "Which train prompts each step generates for (podsrl.prompt_selection."
+    prompt_selector: Spec = _f("shuffled", "Which train prompts each step generates for (podsrl.prompt_selection."
                                           "PROMPT_SELECTORS): 'shuffled' = a shuffled pass over the train split "
                                           "('none', its old name, still works); 'dynamic_sampling' = DAPO's: groups "
                                           "whose rewards are all equal are set aside and more prompts generated for "
@@ -106,11 +107,10 @@ class Config:
     beta: float = _f(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.")
     scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std: true or TRL's 'group'; false "
                                    "or 'none' only centres them (Dr. GRPO). TRL's 'batch' is refused.")
-    loss_type: str = _f("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean (the paper); "
-                                "'dapo' = mean over all tokens of the step (DAPO; TRL's default); or your own "
-                                "aggregation as 'module:function' (podsrl.algorithms.loss.LOSSES); TRL's others "
-                                "refused.")
-    advantage_estimator: str = _f("group", "How kept rewards become advantages: 'group' = (r - group mean) / "
+    loss_type: Spec = _f("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean (the paper); "
+                                "'dapo' = mean over all tokens of the step (DAPO; TRL's default); your own as "
+                                "'module:function' (podsrl.algorithms.loss.LOSSES); TRL's others refused.")
+    advantage_estimator: Spec = _f("group", "How kept rewards become advantages: 'group' = (r - group mean) / "
                                            "(group std + 1e-4) over each prompt's kept m (the paper; scale_rewards "
                                            "false only centres), or your own as 'module:function' "
                                            "(podsrl.algorithms.advantages.ADVANTAGES).")
@@ -118,7 +118,7 @@ class Config:
     correct_weight: float = _f(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
                                     "format 80 / 20).")
     format_weight: float = _f(0.2, "Weight of the format reward.")
-    reward_funcs: str = _f("", "Comma-separated reward functions replacing the task's default: built-in "
+    reward_funcs: str | list[Spec] = _f("", "Comma-separated reward functions replacing the task's default: built-in "
                                "names (podsrl.rewards.REWARDS) or 'module:function' / 'file.py:function' "
                                "with TRL's signature fn(prompts, completions, completion_ids, trainer_state, "
                                "**columns) (e.g. trl.rewards:accuracy_reward). Python callables go to "
@@ -134,7 +134,7 @@ class Config:
     temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0: they are sampled).")
     top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts, in (0, 1].")
     max_completion_length: int = _f(8, "Maximum completion length in tokens (TRL's field).")
-    generation_engine: str = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
+    generation_engine: Spec = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
                                       "on whole prompt groups; 'slots' = decoding slots refilled sample by sample "
                                       "(n bounded by time, not memory); 'vllm' = a vLLM engine in the training "
                                       "process, the policy's weights pushed to it after every optimizer step, also "
@@ -152,7 +152,7 @@ class Config:
     generation_refill: str = _f("continuous", "slots engine: 'continuous' gives a finished sample's slot to the "
                                               "next pending sample at once; 'group' waits for the whole "
                                               "micro-group (naive micro-groups).")
-    generation_schedule: str = _f("fifo", "slots engine: order of pending samples: 'fifo' (prompt by prompt), "
+    generation_schedule: Spec = _f("fifo", "slots engine: order of pending samples: 'fifo' (prompt by prompt), "
                                           "'round_robin' (one sample of each prompt in turn), 'shortest_first' "
                                           "or 'longest_first' by a prompt-level length predictor learned online, "
                                           "'length_aware' (Infinite Sampling's plan: probe, token-conditioned "

@@ -132,6 +132,8 @@ class Registry(dict):
     def checked(self, spec: "Spec | Callable") -> "Checked":
         """``spec`` (a name, ``module:function``, a mapping of one and keyword arguments, or
         the object itself) as a callable that keeps the kind's contract on every call."""
+        if isinstance(spec, Checked) and spec.field == self.field:  # bound at set-up already
+            return spec
         if isinstance(spec, (str, Mapping)):  # resolved and checked once, not at every call (select's per step)
             key = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=repr)
             name = spec_parts(spec, self.field)[0]

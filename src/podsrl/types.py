@@ -46,6 +46,8 @@ class Rollouts:
     sampling_logp    [P, n, Lc] float32: the log-prob of each generated token under the engine
                      that sampled it, when that engine is not the policy itself (vllm); None
                      otherwise (hf and slots sample from the policy's own forward pass)
+    early_scores     Scores [P, n]: what early stop scored samples as they finished (reward NaN
+                     where it scored none; the reward stage scores those); None without early stop
     """
 
     prompt_ids: torch.Tensor
@@ -56,6 +58,7 @@ class Rollouts:
     stats: dict = field(default_factory=dict)
     generated: torch.Tensor | None = None
     sampling_logp: torch.Tensor | None = None
+    early_scores: Scores | None = None
 
     @property
     def group_size(self) -> int:
@@ -88,6 +91,7 @@ class Rollouts:
             stats=self.stats,
             generated=None if self.generated is None else self.generated.gather(1, keep),
             sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows, keep],
+            early_scores=None if self.early_scores is None else self.early_scores.kept(keep),
         )
 
     def at_prompts(self, indices: list[int]) -> "Rollouts":
@@ -98,7 +102,9 @@ class Rollouts:
                                    completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
                                    texts=[self.texts[i] for i in indices],
                                    generated=None if self.generated is None else self.generated[rows],
-                                   sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows])
+                                   sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows],
+                                   early_scores=None if self.early_scores is None
+                                   else self.early_scores.at_prompts(indices))
 
     def select(self, keep: torch.Tensor) -> "Rollouts":
         """Deprecated name of :meth:`kept` (``select`` now means only a rule's choice)."""
@@ -130,12 +136,14 @@ class Rollouts:
         generated = None if all(r.generated is None for r in parts) else torch.cat([r.generated_mask for r in parts])
         sampling_logp = None if any(r.sampling_logp is None for r in parts) else torch.cat(
             [right(r.sampling_logp, 0.0) for r in parts])  # [P, n, Lc]
+        early_scores = None if any(r.early_scores is None for r in parts) else Scores.concat(
+            [r.early_scores for r in parts])  # [P, n]
         return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in parts]),  # [P, Lp]
                         prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in parts]),
                         completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in parts]),
                         completion_mask=torch.cat([right(r.completion_mask, 0) for r in parts]),  # [P, n, Lc]
                         texts=[group for r in parts for group in r.texts], stats=stats, generated=generated,
-                        sampling_logp=sampling_logp)
+                        sampling_logp=sampling_logp, early_scores=early_scores)
 
 
 @dataclass
@@ -152,6 +160,10 @@ class Scores:
     correct: torch.Tensor
     format: torch.Tensor
     unverifiable: torch.Tensor
+
+    def kept(self, keep: torch.Tensor) -> "Scores":
+        """The scores at ``keep`` [P, m] (indices into the group axis), prompt axis unchanged."""
+        return Scores(*(getattr(self, f.name).gather(1, keep) for f in dataclasses.fields(self)))
 
     def at_prompts(self, indices: list[int]) -> "Scores":
         """The scores of the prompt groups at ``indices`` (along P), in that order."""

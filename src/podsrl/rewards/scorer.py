@@ -12,6 +12,7 @@ column under its own name, ``trainer_state``, ``log_extra`` and ``log_metric``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,13 @@ def sample_reward_inputs(split: PreparedSplit, prompt_index: list[int], texts: l
     return RewardInputs([prompts[p] for p in prompt_index], completions, columns, shared)
 
 
+def unscored(shape: tuple[int, ...]) -> Scores:
+    """Scores of samples not scored (yet): NaN in every part, none unverifiable."""
+    nan = torch.full(shape, float("nan"))
+    unverifiable = torch.zeros(shape, dtype=torch.bool)
+    return Scores(reward=nan, correct=nan.clone(), format=nan.clone(), unverifiable=unverifiable)
+
+
 @dataclass(frozen=True)
 class ScoringOptions:
     correct_weight: float = 0.8
@@ -136,38 +144,32 @@ class Scorer:
 
         Per sample, the weighted sum skips functions that return None / NaN (TRL's nansum);
         where none applies the sample is unverifiable: it scores 0 and is counted. Samples
-        never generated (``rollouts.generated``) are not scored: NaN in every part.
+        never generated (``rollouts.generated``) are not scored: NaN in every part. Samples
+        early stop scored as they finished (``rollouts.early_scores``) keep those scores: each
+        sample is scored once, and the reward that decided its group's stop is the one trained on.
         """
         shape = (len(split.examples), rollouts.group_size)
-        if rollouts.generated is None:
+        if rollouts.generated is None and rollouts.early_scores is None:
             return self._score(reward_inputs(split, rollouts, trainer_state), shape)
-        where = rollouts.generated.flatten().nonzero().squeeze(1).tolist()  # [N'] prompt-major
-        n = rollouts.group_size
+        known = rollouts.early_scores if rollouts.early_scores is not None else unscored(shape)
+        todo = rollouts.generated_mask & known.reward.isnan()  # [P, n] generated, not scored yet
+        where = todo.flatten().nonzero().squeeze(1)  # [N'] prompt-major
+        if not len(where):
+            return known
+        n, samples = rollouts.group_size, where.tolist()
         texts, ids = [t for group in rollouts.texts for t in group], rollouts.completion_id_lists()
-        inputs = sample_reward_inputs(split, [i // n for i in where], [texts[i] for i in where],
-                                      [ids[i] for i in where], trainer_state)
+        inputs = sample_reward_inputs(split, [i // n for i in samples], [texts[i] for i in samples],
+                                      [ids[i] for i in samples], trainer_state)
         flat = self._score(inputs, (len(where),))
-        parts = {}
-        for name in ("reward", "correct", "format"):
-            parts[name] = torch.full((shape[0] * n,), float("nan")).index_copy(0, torch.tensor(where),
-                                                                               getattr(flat, name))
-        unverifiable = torch.zeros(shape[0] * n, dtype=torch.bool).index_copy(0, torch.tensor(where),
-                                                                               flat.unverifiable)
-        return Scores(**{name: t.view(shape) for name, t in parts.items()}, unverifiable=unverifiable.view(shape))
+        return Scores(*(getattr(known, f.name).flatten().index_copy(0, where, getattr(flat, f.name)).view(shape)
+                        for f in dataclasses.fields(Scores)))
 
-    def sample_rewards(self, split: PreparedSplit, prompt_index: list[int], texts: list[str],
-                       completion_ids: list[list[int]], trainer_state: Any = None) -> torch.Tensor:
-        """The training reward [N] of N single completions (early stop scores samples as they
-        finish). Failures and applied rewards are not counted here: the reward stage scores
-        these samples again and counts them then."""
-        stacks = [stack for stack in (self.correct, self.format, self.custom) if stack is not None]
-        before = [(stack.failures, stack.applied) for stack in stacks]
-        try:
-            inputs = sample_reward_inputs(split, prompt_index, texts, completion_ids, trainer_state)
-            return self._score(inputs, (len(texts),)).reward
-        finally:
-            for stack, (failures, applied) in zip(stacks, before):
-                stack.failures, stack.applied = failures, applied
+    def sample_scores(self, split: PreparedSplit, prompt_index: list[int], texts: list[str],
+                      completion_ids: list[list[int]], trainer_state: Any = None) -> Scores:
+        """The scores [N] of N single completions, the i-th of prompt ``prompt_index[i]`` (early
+        stop scores samples as they finish; the reward stage then reuses them)."""
+        inputs = sample_reward_inputs(split, prompt_index, texts, completion_ids, trainer_state)
+        return self._score(inputs, (len(texts),))
 
     def _score(self, inputs: RewardInputs, shape: tuple[int, ...]) -> Scores:
         args = (inputs.prompts, inputs.completions, inputs.columns, inputs.shared)

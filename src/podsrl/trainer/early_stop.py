@@ -7,13 +7,17 @@ for those, more samples cannot raise the variance max-variance selection keeps.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
 from typing import Any
 
 import torch
 
 from podsrl.algorithms.early_stop import saturated
-from podsrl.rewards.scorer import Scorer
+from podsrl.rewards import RewardError
+from podsrl.rewards.scorer import Scorer, unscored
 from podsrl.tasks.base import PreparedSplit
+from podsrl.types import Rollouts, Scores
 
 
 def reward_bounds(scorer: Scorer) -> tuple[float, float]:
@@ -32,21 +36,36 @@ def reward_bounds(scorer: Scorer) -> tuple[float, float]:
 
 class SaturationStopper:
     """Scores the samples of one generation call as they finish; says which prompts' groups
-    became saturated. ``split``: the call's P prompts; rewards must be per-sample (a reward
-    that depends on the other samples of the batch would be scored differently here)."""
+    became saturated, and hands the reward stage those scores (:meth:`early_scores`), so no
+    sample is scored twice. ``split``: the call's P prompts; rewards must be per-sample (a
+    reward that depends on the other samples of the batch would be scored differently here)."""
 
     def __init__(self, scorer: Scorer, split: PreparedSplit, tokenizer, num_kept: int,
                  bounds: tuple[float, float], trainer_state: Any = None) -> None:
         self.scorer, self.split, self.tokenizer, self.num_kept = scorer, split, tokenizer, num_kept
         self.bounds, self.trainer_state = bounds, trainer_state
         self.rewards: list[list[float]] = [[] for _ in split.examples]  # per prompt, in finishing order
+        # per prompt: a finished sample's tokens -> its score rows (reward, correct, format, unverifiable)
+        self.scored: list[dict[tuple[int, ...], list[tuple]]] = [defaultdict(list) for _ in split.examples]
         self.saturated: set[int] = set()
+        # A reward failure is kept, not raised inside the engine: generation goes on without
+        # stopping, so every process reaches the point where the failure is agreed on and
+        # raised together (the RolloutGenerator); raising here would stop one process alone.
+        self.failure: RewardError | None = None
 
     def __call__(self, prompt_index: list[int], completion_ids: list[list[int]]) -> list[int]:
+        if self.failure is not None:
+            return []
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        rewards = self.scorer.sample_rewards(self.split, prompt_index, texts, completion_ids, self.trainer_state)
-        for prompt, reward in zip(prompt_index, rewards.tolist()):
+        try:
+            scores = self.scorer.sample_scores(self.split, prompt_index, texts, completion_ids, self.trainer_state)
+        except RewardError as err:
+            self.failure = err
+            return []
+        rows = zip(*(getattr(scores, f.name).tolist() for f in dataclasses.fields(Scores)))
+        for prompt, ids, reward, row in zip(prompt_index, completion_ids, scores.reward.tolist(), rows):
             self.rewards[prompt].append(reward)
+            self.scored[prompt][tuple(ids)].append(row)
         open_prompts = sorted(set(prompt_index) - self.saturated)
         if not open_prompts:
             return []
@@ -57,3 +76,19 @@ class SaturationStopper:
         now = [p for p, done in zip(open_prompts, saturated(table, self.num_kept, *self.bounds).tolist()) if done]
         self.saturated.update(now)
         return now
+
+    def early_scores(self, rollouts: Rollouts) -> Scores:
+        """The scores [P, n] of the call's ``rollouts`` this stopper gave as samples finished,
+        matched by prompt and tokens (the engine returns every reported sample); NaN where a
+        sample finished unreported (the reward stage scores it)."""
+        shape = rollouts.completion_ids.shape[:2]
+        known = unscored(shape)
+        columns = [getattr(known, f.name).view(-1) for f in dataclasses.fields(Scores)]  # each [P*n]
+        pending = [{ids: list(rows) for ids, rows in by_tokens.items()} for by_tokens in self.scored]
+        ids = rollouts.completion_id_lists()
+        for i in rollouts.generated_mask.flatten().nonzero().squeeze(1).tolist():
+            rows = pending[i // shape[1]].get(tuple(ids[i]))
+            if rows:
+                for column, value in zip(columns, rows.pop()):
+                    column[i] = value
+        return known

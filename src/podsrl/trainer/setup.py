@@ -17,6 +17,7 @@ from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
+from podsrl.algorithms.select import RULES
 from podsrl.config import Config, validate
 from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
@@ -292,13 +293,13 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,
                 rule_generator: torch.Generator, reward_bounds: tuple[float, float] | None) -> StepStages:
     """The step's stages, each bound to the config values it needs (the loop reads none)."""
-    procs, tokenizer = components.procs, components.bundle.tokenizer
+    procs, tokenizer, method = components.procs, components.bundle.tokenizer, METHODS[cfg.method]
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
                           train_prompts=len(components.train_split.examples), is_main=procs.is_main,
                           is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
     stopper = (StopperFactory(components.scorer, tokenizer, cfg.num_kept, reward_bounds, progress)
                if cfg.group_early_stop else None)
-    generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, METHODS[cfg.method],
+    generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, method,
                                          cfg.num_kept, cfg.generation_batch_size, cfg.prompts_per_step, cfg.seed,
                                          stopper)
     source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
@@ -311,7 +312,8 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
                               old=needs_old, ref=needs_ref) if needs_old or needs_ref else None)
     return StepStages(
         group_size=group_size, prompts=prompts,
-        select=Selection(METHODS[cfg.method], cfg.num_kept, cfg.downsampling_rule, rule_generator),
+        select=Selection(method, cfg.num_kept, RULES.checked(cfg.downsampling_rule) if method.selects else None,
+                         rule_generator),
         advantages=Advantages(ADVANTAGES.checked(cfg.advantage_estimator), cfg.scale_rewards), logprobs=logprobs,
         update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations))
 

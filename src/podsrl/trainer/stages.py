@@ -14,6 +14,7 @@ config values it needs, so the loop calls them and reads no config:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,6 +24,7 @@ from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.algorithms.select import Groups
 from podsrl.distributed import Processes
 from podsrl.methods import Method
+from podsrl.registry import Checked
 from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import Scorer, TrainerProgress
 from podsrl.rollout import GenerationEngine
@@ -36,12 +38,13 @@ from podsrl.update import UpdateOptions, UpdateResult, batch_logprobs, update_po
 
 @dataclass(frozen=True)
 class Selection:
-    """The method's choice of the rollouts to train on, bound to m, the down-sampling rule and
-    the rule's random stream (restored in place from a checkpoint)."""
+    """The method's choice of the rollouts to train on, bound to m, the down-sampling rule
+    (resolved and checked at set-up; None for a method that keeps every rollout) and the rule's
+    random stream (restored in place from a checkpoint)."""
 
     method: Method
     num_kept: int
-    rule: str
+    rule: Checked | None
     generator: torch.Generator
 
     def __call__(self, groups: Groups) -> torch.Tensor:
@@ -142,10 +145,16 @@ class ScoreEverywhere:
             scores = self.scorer(split, rollouts, self.progress(step))
         except RewardError as err:
             failure = err
-        if self.procs.max([float(failure is not None)])[0]:
-            raise failure or RewardError("a reward function failed on another process (its error is in that "
-                                         "process's output)")
+        raise_on_every_process(self.procs, failure)
         return scores
+
+
+def raise_on_every_process(procs: Processes, failure: RewardError | None) -> None:
+    """Raise ``failure`` here, or a RewardError naming another process's, on every process
+    at once if any process had one (a collective: every process must call this)."""
+    if procs.max([float(failure is not None)])[0]:
+        raise failure or RewardError("a reward function failed on another process (its error is in that "
+                                     "process's output)")
 
 
 @dataclass(frozen=True)
@@ -169,7 +178,9 @@ class RolloutGenerator:
     ``batch_size / rollouts per prompt`` prompts (``batch_size`` 0: one chunk), each chunk
     seeded by its position in the step's batch (so the split over processes does not change
     the samples) and by the generation round (dynamic sampling's refills draw afresh); with a
-    ``stopper``, saturated groups stop early (``Rollouts.generated`` marks what they skipped)."""
+    ``stopper``, saturated groups stop early (``Rollouts.generated`` marks what they skipped),
+    their scores travel with the rollouts, and a reward failure while scoring them is raised
+    after generation, on every process together."""
 
     engine: GenerationEngine
     policy: torch.nn.Module
@@ -186,14 +197,20 @@ class RolloutGenerator:
         per_prompt = self.method.generated_per_prompt(n, self.num_kept)
         total = len(split.prompts)
         chunk_size = max(1, self.batch_size // per_prompt) if self.batch_size else total
-        chunks = []
+        chunks, failure = [], None
         with self.procs.whole_weights(self.policy):
             for start in range(0, total, chunk_size):
                 chunk = split.at_prompts(list(range(start, min(start + chunk_size, total))))
-                stopper = self.stopper(chunk, step) if self.stopper else None
+                stopper = self.stopper(chunk, step) if self.stopper and failure is None else None
                 first_prompt = round_index * self.prompts_per_step + self.procs.rank * total + start  # in the step
                 torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
-                chunks.append(self.engine(self.policy, self.tokenizer, chunk.prompts, per_prompt, stopper=stopper))
+                rollouts = self.engine(self.policy, self.tokenizer, chunk.prompts, per_prompt, stopper=stopper)
+                if stopper is not None:  # the scores early stop gave, for the reward stage to reuse
+                    rollouts = dataclasses.replace(rollouts, early_scores=stopper.early_scores(rollouts))
+                    failure = stopper.failure
+                chunks.append(rollouts)
+        if self.stopper is not None:  # early stop's reward failure, raised on every process together
+            raise_on_every_process(self.procs, failure)
         return Rollouts.concat(chunks, self.tokenizer.pad_token_id)
 
 
