@@ -7,6 +7,10 @@ on all n. So, per prompt group and per step (medians over steps, warm-up steps d
     extra generated rollout = (generate_s[pods] - generate_s[grpo]) / (P * (n - m))
     extra trained rollout   = (update_s[grpo-ga] - update_s[pods])  / (P * (n - m))
 
+Without grpo-ga runs the marginal trained rollout is not measured: the table then gives the
+average one, update_s[grpo] / (P * m), which includes the update's fixed cost, so the ratio it
+gives is an upper bound on the marginal one.
+
 Their ratio says where PODS can win at equal time: the larger it is, the more rollouts PODS
 can generate for the price of training on one (docs/reproducing.md, "Where the gain comes from").
 
@@ -66,9 +70,10 @@ def pooled(runs: list[Path]) -> dict[str, dict]:
         entry.setdefault("measured", set()).add(f"{environment.get('machine', 'unknown machine')}, "
                                                 f"torch {environment.get('torch', '?')}, "
                                                 f"code {environment.get('commit', '?')}")
-    missing = {"grpo", "pods", "grpo-ga"} - set(by_method)
+    missing = {"grpo", "pods"} - set(by_method)
     if missing:
-        raise SystemExit(f"rollout_costs: needs runs of grpo, pods and grpo-ga; none of {', '.join(sorted(missing))}")
+        raise SystemExit(f"rollout_costs: needs runs of grpo and pods (and grpo-ga for the marginal trained "
+                         f"rollout); none of {', '.join(sorted(missing))}")
     return by_method
 
 
@@ -79,7 +84,11 @@ def table(by_method: dict[str, dict]) -> str:
               for method, e in by_method.items()}
     extra = prompts * (n - m)
     generated = (median["pods"][0] - median["grpo"][0]) / extra
-    trained = (median["grpo-ga"][1] - median["pods"][1]) / extra
+    if "grpo-ga" in median:
+        trained, trained_label = (median["grpo-ga"][1] - median["pods"][1]) / extra, "one extra trained rollout"
+    else:
+        trained = median["grpo"][1] / (prompts * m)
+        trained_label = "one trained rollout on average (no grpo-ga runs: an upper bound on the marginal cost)"
     measured = sorted(set().union(*(e["measured"] for e in by_method.values())))
     lines = [f"Runs measured on: {'; '.join(measured)}.", "",
              f"model {pods['model']}, {prompts} prompts per step, n = {n}, m = {m}, "
@@ -88,12 +97,14 @@ def table(by_method: dict[str, dict]) -> str:
              "| method | runs | steps | generate s/step | update s/step |",
              "| --- | --- | --- | --- | --- |"]
     for method in ("grpo", "pods", "grpo-ga"):
+        if method not in by_method:
+            continue
         e = by_method[method]
         generate, update = median[method]
         lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {generate:.3f} | {update:.3f} |")
     ratio = f"{trained / generated:.1f}x" if generated > 0 else "n/a (extra rollouts measured free)"
     lines += ["",
-              f"- one extra generated rollout: {1000 * generated:.2f} ms; one extra trained rollout: "
+              f"- one extra generated rollout: {1000 * generated:.2f} ms; {trained_label}: "
               f"{1000 * trained:.2f} ms; trained / generated: {ratio}"]
     return "\n".join(lines)
 
