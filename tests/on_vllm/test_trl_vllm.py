@@ -22,6 +22,12 @@ from podsrl.trl import PODSConfig, PODSTrainer  # noqa: E402
 
 TASK = build_arithmetic(level=3, num_train=400, num_test=16, seed=0)
 
+# TRL's own engine runs in bfloat16 (vLLM's dtype "auto"). Where the CPU computes bfloat16 natively
+# (AMX or AVX-512 BF16), vLLM's CPU backend repacks those layers too and TRL's own sync cannot
+# load into them (docs/trl.md). Decided before any engine is built: a sync failing inside
+# train() leaves vLLM's process-wide state broken for the next test's engine.
+REPACKS_BFLOAT16 = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
 
 @pytest.fixture(autouse=True)
 def _cpu_kv_cache(monkeypatch):
@@ -57,7 +63,10 @@ def engine_greedy_equals_transformers(trainer, tokenizer) -> list[bool]:
 
 
 @pytest.mark.parametrize("trainer_class, num_kept, steps_per_generation",
-                         [(GRPOTrainer, 8, 1), (PODSTrainer, 8, 1), (PODSTrainer, 4, 2)],
+                         [pytest.param(GRPOTrainer, 8, 1, marks=pytest.mark.skipif(
+                             REPACKS_BFLOAT16, reason="vLLM's CPU backend repacks bfloat16 layers on this CPU "
+                             "(AMX / AVX-512 BF16), where TRL's own weight sync fails (docs/trl.md)")),
+                          (PODSTrainer, 8, 1), (PODSTrainer, 4, 2)],
                          ids=["GRPOTrainer", "PODSTrainer m=n", "PODSTrainer m<n"])
 def test_trainers_train_with_vllm_colocate_and_sync_their_weights(trainer_class, num_kept, steps_per_generation,
                                                                   tmp_path):
