@@ -161,19 +161,23 @@ class Scores:
     format: torch.Tensor
     unverifiable: torch.Tensor
 
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The four tensors, in field order (``Scores(*parts)`` rebuilds them)."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
     def kept(self, keep: torch.Tensor) -> "Scores":
         """The scores at ``keep`` [P, m] (indices into the group axis), prompt axis unchanged."""
-        return Scores(*(getattr(self, f.name).gather(1, keep) for f in dataclasses.fields(self)))
+        return Scores(*(part.gather(1, keep) for part in self.parts()))
 
     def at_prompts(self, indices: list[int]) -> "Scores":
         """The scores of the prompt groups at ``indices`` (along P), in that order."""
         rows = torch.tensor(indices, dtype=torch.long)
-        return Scores(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
+        return Scores(*(part[rows] for part in self.parts()))
 
     @staticmethod
     def concat(parts: list["Scores"]) -> "Scores":
         """Scores of consecutive prompt chunks as one batch [sum P, n]."""
-        return Scores(*(torch.cat([getattr(s, f.name) for s in parts]) for f in dataclasses.fields(Scores)))
+        return Scores(*(torch.cat(same) for same in zip(*(s.parts() for s in parts))))
 
 
 @dataclass

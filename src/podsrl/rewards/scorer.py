@@ -12,7 +12,6 @@ column under its own name, ``trainer_state``, ``log_extra`` and ``log_metric``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,8 +160,8 @@ class Scorer:
         inputs = sample_reward_inputs(split, [i // n for i in samples], [texts[i] for i in samples],
                                       [ids[i] for i in samples], trainer_state)
         flat = self._score(inputs, (len(where),))
-        return Scores(*(getattr(known, f.name).flatten().index_copy(0, where, getattr(flat, f.name)).view(shape)
-                        for f in dataclasses.fields(Scores)))
+        return Scores(*(old.flatten().index_copy(0, where, new).view(shape)
+                        for old, new in zip(known.parts(), flat.parts())))
 
     def sample_scores(self, split: PreparedSplit, prompt_index: list[int], texts: list[str],
                       completion_ids: list[list[int]], trainer_state: Any = None) -> Scores:

@@ -7,7 +7,6 @@ for those, more samples cannot raise the variance max-variance selection keeps.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from typing import Any
 
@@ -62,7 +61,7 @@ class SaturationStopper:
         except RewardError as err:
             self.failure = err
             return []
-        rows = zip(*(getattr(scores, f.name).tolist() for f in dataclasses.fields(Scores)))
+        rows = zip(*(part.tolist() for part in scores.parts()))
         for prompt, ids, reward, row in zip(prompt_index, completion_ids, scores.reward.tolist(), rows):
             self.rewards[prompt].append(reward)
             self.scored[prompt][tuple(ids)].append(row)
@@ -83,7 +82,7 @@ class SaturationStopper:
         sample finished unreported (the reward stage scores it)."""
         shape = rollouts.completion_ids.shape[:2]
         known = unscored(shape)
-        columns = [getattr(known, f.name).view(-1) for f in dataclasses.fields(Scores)]  # each [P*n]
+        columns = [part.view(-1) for part in known.parts()]  # each [P*n]
         pending = [{ids: list(rows) for ids, rows in by_tokens.items()} for by_tokens in self.scored]
         ids = rollouts.completion_id_lists()
         for i in rollouts.generated_mask.flatten().nonzero().squeeze(1).tolist():
