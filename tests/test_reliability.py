@@ -154,6 +154,57 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_pa
     assert training_records(out) == training_records(full)
 
 
+def records_but_timings(run_dir):
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "train_seconds"}
+            for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_that_step(
+        random_model_dir, tmp_path, monkeypatch, when):
+    """A SIGTERM that comes while the step runs (the evaluation due after it is then not
+    begun) or while the evaluation runs (it gets the grace, then is cut short) stops the run
+    within seconds with the step checkpointed; the resumed run evaluates that step first, so
+    its metrics (evaluations included) and weights equal an uninterrupted run's."""
+    from podsrl.trainer.run import Run
+
+    settings = dict(max_steps=4, eval_steps=2, save_steps=0, log_rollouts=2)
+    full = train(quick(random_model_dir, tmp_path / "full", **settings)).run_dir
+    evaluate, step_record, evaluated = Run.evaluate, Run.step_record, []
+
+    def signal_in_step_2(run, *args):
+        if run.state.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # a first signal: a stop after the step
+        return step_record(run, *args)
+
+    def evaluation_hangs_at_step_2(run):
+        evaluated.append(run.state.step)
+        if run.state.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(600)
+        return evaluate(run)
+    monkeypatch.setattr(Run, "step_record" if when == "before" else "evaluate",
+                        signal_in_step_2 if when == "before" else evaluation_hangs_at_step_2)
+    out, start = tmp_path / "run", time.monotonic()
+    with pytest.raises(TrainingStopped) as stopped:
+        train(quick(random_model_dir, out, **settings))
+    assert time.monotonic() - start < 60 and stopped.value.signum == signal.SIGTERM
+    assert str(stopped.value).startswith("stopped by SIGTERM after step 2, before its evaluation; checkpoint ")
+    assert evaluated == ([] if when == "before" else [0, 2])
+    assert [c.name for c in list_checkpoints(out / "checkpoints")] == ["step_0000002"]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]  # step 2's record is held back
+    monkeypatch.undo()
+    # resumed to step 2 only, then again from the same checkpoint to step 4: step 2 is logged once
+    train(quick(random_model_dir, out, **{**settings, "max_steps": 2}, resume=True))
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    train(quick(random_model_dir, out, **settings, resume=True))
+    assert records_but_timings(out) == records_but_timings(full)
+    assert "eval_accuracy" in read_metrics(out / "metrics.jsonl")[2]
+    assert (out / "rollouts.jsonl").read_text() == (full / "rollouts.jsonl").read_text()
+    a, b = weights(out), weights(full)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_path, monkeypatch):
     calls = {"n": 0}
     real = update.policy_loss

@@ -97,7 +97,7 @@ def calling(field: str, spec: str):
     raises (``SystemExit`` included) becomes a :class:`UserCodeError` naming it. (podsrl's own
     components are not run through this: their errors are already podsrl's one-line errors,
     and their calls end.)"""
-    with interrupts.user_code(f"{field} {spec}"):
+    with interrupts.interruptible(f"{field} {spec}"):
         try:
             yield
         except UserCodeError:

@@ -3,12 +3,13 @@ estimator, loss, prompt selector, engine or reward hangs.
 
 The trainer's signal handler (:class:`podsrl.trainer.state.StopSignals`) asks for a clean stop
 after the current step. That is enough while podsrl's own code runs, since a step ends; user
-code may never return. So every call into user code runs inside :func:`user_code`: a stop
-asked for while it runs (or already pending when it starts) gives it ``GRACE_SECONDS`` to
-return, then :class:`StopNow` is raised inside it (from a ``SIGALRM`` timer, in the main
-thread, where Python runs signal handlers: a ``time.sleep``, a socket wait or a pure-Python
-loop is interrupted; a C extension that never returns to the interpreter is not). A second
-signal raises :class:`StopNow` at once, wherever the run is.
+code may never return, and an evaluation of a large model can outlast a scheduler's grace
+period. So every call into user code, and every evaluation during training, runs inside
+:func:`interruptible`: a stop asked for while it runs (or already pending when it starts)
+gives it ``GRACE_SECONDS`` to return, then :class:`StopNow` is raised inside it (from a
+``SIGALRM`` timer, in the main thread, where Python runs signal handlers: a ``time.sleep``, a
+socket wait or a pure-Python loop is interrupted; a C extension that never returns to the
+interpreter is not). A second signal raises :class:`StopNow` at once, wherever the run is.
 
 :class:`StopNow` is a ``KeyboardInterrupt``: user code that catches ``Exception`` does not
 swallow it, and code that cleans up after a Ctrl-C cleans up after it too.
@@ -25,17 +26,18 @@ GRACE_SECONDS = 2.0  # how long user code may take to return once a stop is aske
 
 class StopNow(KeyboardInterrupt):
     """A stop that could not wait for the step to end: ``signum`` the signal, ``where`` the
-    user code it interrupted ('' where it was podsrl's own)."""
+    code it interrupted ('' where it was not inside :func:`interruptible`), ``waited``: True
+    where a first signal's grace ran out, False for a second signal (stop at once)."""
 
-    def __init__(self, signum: int, where: str = "") -> None:
+    def __init__(self, signum: int, where: str = "", waited: bool = False) -> None:
         super().__init__(f"{signal.Signals(signum).name}{f' in {where}' if where else ''}")
-        self.signum, self.where = signum, where
+        self.signum, self.where, self.waited = signum, where, waited
 
 
 class _Stops:
-    """The process's one view of stops: which user code runs now, and the pending signal."""
+    """The process's one view of stops: which interruptible code runs now, and the pending signal."""
 
-    inside: str | None = None  # a label of the user code running now ('advantage_estimator my.py:adv')
+    inside: str | None = None  # a label of the code running now ('advantage_estimator my.py:adv', 'evaluation')
     pending: int | None = None  # the signal of a stop asked for and not yet done
 
 
@@ -47,9 +49,9 @@ def _in_main_thread() -> bool:
 
 
 def _raise_if_inside(_signum, _frame) -> None:
-    """SIGALRM: the grace is over; interrupt the user code still running."""
+    """SIGALRM: the grace is over; interrupt the code still running."""
     if _stops.inside is not None and _stops.pending is not None:
-        raise StopNow(_stops.pending, _stops.inside)
+        raise StopNow(_stops.pending, _stops.inside, waited=True)
 
 
 def _arm(seconds: float) -> None:
@@ -64,9 +66,9 @@ def _disarm() -> None:
 
 
 @contextmanager
-def user_code(label: str):
-    """Run user code (``label`` names it, e.g. ``"loss_type my_losses.py:mean"``) where a stop
-    can end it: see the module's docstring."""
+def interruptible(label: str):
+    """Run code that may not return soon (``label`` names it, e.g. ``"loss_type
+    my_losses.py:mean"``) where a stop can end it: see the module's docstring."""
     outer, _stops.inside = _stops.inside, label
     if outer is None and _stops.pending is not None:
         _arm(GRACE_SECONDS)  # a stop is pending: this call gets the grace, not forever
@@ -79,7 +81,7 @@ def user_code(label: str):
 
 
 def stop_requested(signum: int) -> None:
-    """A first signal: the run stops after the step; user code running now gets the grace."""
+    """A first signal: the run stops after the step; interruptible code running now gets the grace."""
     _stops.pending = signum
     if _stops.inside is not None:
         _arm(GRACE_SECONDS)

@@ -78,7 +78,7 @@ class RewardWorker:
             self.start(fn)
         try:
             self.conn.send_bytes(request)
-            with interrupts.user_code(f"reward_funcs {reward_name(fn)}"):  # a stop does not wait for the timeout
+            with interrupts.interruptible(f"reward_funcs {reward_name(fn)}"):  # a stop does not wait for the timeout
                 reply = self.conn.recv_bytes() if self.conn.poll(timeout) else None
         except (EOFError, OSError):  # the function ended the process: os._exit, a crash, the OOM killer
             raise CallFailed(f"its worker process ended ({self.stop()})") from None

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import nullcontext
 
 from podsrl.algorithms.select import Groups
 from podsrl.contracts import UserCodeError
-from podsrl.interrupts import StopNow
+from podsrl.interrupts import StopNow, interruptible
 from podsrl.rewards import RewardError
 from podsrl.trainer.run import Run, RunResult
 from podsrl.trainer.stages import StepOutcome, StepStages
@@ -53,9 +54,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
             outcome, timer = step_or_stop(run)
             record = run.step_record(outcome, timer)
             if cadence.evaluation_due(state):
-                eval_start = time.perf_counter()
-                latest_eval = run.evaluate()
-                record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
+                latest_eval = evaluate_or_stop(run, stop, record, outcome)
             run.log_step(record, outcome)
             progress.update(1)
             progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
@@ -85,6 +84,29 @@ def step_or_stop(run: Run) -> tuple[StepOutcome, StageTimer]:
                                update_began="update" in timer.seconds) from None
     run.state.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
     return outcome, timer
+
+
+def evaluate_or_stop(run: Run, stop: StopSignals, record: dict, outcome: StepOutcome) -> dict[str, float]:
+    """The evaluation due after this step, added to its ``record``. A stop does not wait for it
+    (an evaluation of a large model can outlast a scheduler's grace period between SIGTERM and
+    SIGKILL): asked for before it, the evaluation is not begun; asked for during it, it gets the
+    grace (:mod:`podsrl.interrupts`), then is cut short. Either way the step is checkpointed
+    with its record held back and the resumed run evaluates it first, so its metrics equal an
+    uninterrupted run's (:meth:`Run.hold_back_evaluation`). A multi-process run waits for the
+    evaluation: a signal may reach one process only, and a checkpoint needs every process."""
+    single = run.procs.world_size == 1
+    if single and stop.signum:
+        raise run.hold_back_evaluation(record, outcome, stop.signum)
+    eval_start = time.perf_counter()
+    try:
+        with interruptible("evaluation") if single else nullcontext():
+            latest_eval = run.evaluate()
+    except StopNow as interrupted:
+        if not (interrupted.waited and single):  # a second signal: stop at once, no checkpoint
+            raise
+        raise run.hold_back_evaluation(record, outcome, interrupted.signum) from None
+    record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
+    return latest_eval
 
 
 def checkpoint_or_stop(run: Run, stop: StopSignals, consecutive_skips: int) -> None:

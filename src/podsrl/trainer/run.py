@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from podsrl.trainer.timer import StageTimer
 
 EVAL_SEED_OFFSET = 10_007  # evaluation's own seed stream: seed + offset + rank
 GROUP_SIZE_STATE = "rollout_budget"  # the group-size policy's key in a checkpoint's trainer state
+HELD_BACK_STATE = "held_back_step"  # a checkpoint's step record (and rollout rows) waiting for its evaluation
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class Run:
         self.stages, self.components, self.state, self.cadence = stages, components, state, cadence
         self.report = report
         self.procs: Processes = components.procs  # the collectives every process takes part in
+        self.held_back: dict | None = None  # from the checkpoint resumed: a step whose evaluation a stop cut short
 
     @property
     def checkpoints(self) -> Path:
@@ -89,8 +92,20 @@ class Run:
 
     def log_step(self, record: dict, outcome: StepOutcome) -> None:
         """The step's record and, on the main process, its first ``log_rollouts`` groups."""
-        sampled = self.report.log_rollouts if self.procs.is_main else 0
-        self.log(record, rollout_rows(self.state.step, outcome, sampled))
+        self.log(record, self._rollout_rows(outcome))
+
+    def _rollout_rows(self, outcome: StepOutcome) -> list[dict]:
+        return rollout_rows(self.state.step, outcome, self.report.log_rollouts if self.procs.is_main else 0)
+
+    def hold_back_evaluation(self, record: dict, outcome: StepOutcome, signum: int) -> TrainingStopped:
+        """A stop came before the finished step's evaluation or during it: checkpoint the step
+        with its record and rollout rows held back (not logged), and return the one-line stop
+        to raise. The resumed run evaluates the step first, then logs it (:meth:`resume_or_start`)."""
+        self.checkpoint(held_back={"record": record, "rollouts": self._rollout_rows(outcome)})
+        name = signal.Signals(signum).name
+        return TrainingStopped(f"stopped by {name} after step {self.state.step}, before its evaluation; checkpoint "
+                               f"written to {self.checkpoints}; continue with the same command plus --resume true "
+                               f"(it evaluates step {self.state.step} first)", signum=signum)
 
     def evaluate(self) -> dict[str, float]:
         components = self.components
@@ -136,16 +151,22 @@ class Run:
             initial = self.evaluate()
             self.log({"step": 0, "train_seconds": 0.0, **initial})
             return initial, initial
+        held_back = self.held_back
         if components.procs.is_main:
-            for log in (components.metrics, components.rollout_log):
-                log.truncate_after(self.state.step)  # the steps after the checkpoint are redone
+            for log in (components.metrics, components.rollout_log):  # the steps after the checkpoint are redone,
+                log.truncate_after(self.state.step - bool(held_back))  # and its own when held back (logged below)
             # the run as it would be started from scratch: the fields a resume may change, as changed
             # now (checked against the checkpoint's config); each start's command is in environment.json
             started = {**components.cfg.to_dict(), "resume": False}
             (components.run_dir / "config.json").write_text(json.dumps(started, indent=2) + "\n")
             record_environment(components.run_dir)
-            say(f"resumed from {resumed} at step {self.state.step}")
-        components.trackers.start(components.cfg.to_dict(), first_step=self.state.step + 1)
+            say(f"resumed from {resumed} at step {self.state.step}"
+                f"{', evaluating it first (a stop came before its evaluation)' if held_back else ''}")
+        components.trackers.start(components.cfg.to_dict(), first_step=self.state.step + (0 if held_back else 1))
+        if held_back:  # the evaluation a stop cut short, then the step's log, as an uninterrupted run had them
+            eval_start = time.perf_counter()
+            held_back["record"].update(self.evaluate(), time_eval=time.perf_counter() - eval_start)
+            self.log(held_back["record"], held_back["rollouts"])
         components.procs.barrier()  # the other processes read the log only once it is rewritten
         return logged_evals(components.run_dir / "metrics.jsonl")
 
@@ -183,6 +204,7 @@ class Run:
             state.prompt_selector.load_state_dict(saved["sampler"])
             if GROUP_SIZE_STATE in saved:
                 self.stages.group_size.load_state_dict(saved[GROUP_SIZE_STATE])
+            self.held_back = saved.get(HELD_BACK_STATE)
             if not saved["engine_restored"] and components.engine.state_dict():
                 say(f"resume: {candidate} holds no generation-engine state for process {components.procs.rank} "
                     f"(written by fewer processes): the length predictor starts afresh, so rollouts differ "
@@ -221,8 +243,9 @@ class Run:
         return TrainingStopped(f"stopped in step {state.step + 1}: {how}; checkpoint of step {state.step} in "
                                f"{components.checkpoints}: {advice}", signum=signum)
 
-    def checkpoint(self) -> None:
-        """Write a checkpoint of the current step (every process must call this)."""
+    def checkpoint(self, held_back: dict | None = None) -> None:
+        """Write a checkpoint of the current step (every process must call this); ``held_back``:
+        the step's record and rollout rows, not logged yet (:meth:`hold_back_evaluation`)."""
         components, state = self.components, self.state
         # gathered when sharded
         weights, optimizer_state = components.procs.full_state(components.policy, components.optimizer)
@@ -236,7 +259,8 @@ class Run:
                             keep=components.cfg.save_total_limit, engine_states=engine_states,
                             trainer_state={"train_seconds": state.train_seconds,
                                            "sampler": state.prompt_selector.state_dict(),  # the selector's state
-                                           **({GROUP_SIZE_STATE: group_size} if group_size else {})})
+                                           **({GROUP_SIZE_STATE: group_size} if group_size else {}),
+                                           **({HELD_BACK_STATE: held_back} if held_back else {})})
         components.procs.barrier()
         self.cadence.last_checkpoint_time = time.time()
 
