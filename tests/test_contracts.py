@@ -371,6 +371,28 @@ def test_a_second_signal_outside_a_step_is_one_line_with_the_last_checkpoint(tmp
     assert str(stopped.value).startswith("stopped by SIGINT after step 2; last checkpoint: ")
 
 
+def test_a_second_signal_before_the_first_checkpoint_says_to_start_again_not_to_resume(tmp_path, random_model_dir,
+                                                                                       monkeypatch):
+    """Stopped at once in the initial evaluation, a run has no checkpoint: the line says to
+    run the same command again, and that command starts the run afresh in the same folder."""
+    from podsrl.interrupts import StopNow
+    from podsrl.trainer.run import Run
+
+    evaluate = Run.evaluate
+
+    def interrupted(run):
+        raise StopNow(signal.SIGINT, "evaluation")
+    monkeypatch.setattr(Run, "evaluate", interrupted)
+    cfg, _ = misbehaving_run(tmp_path, random_model_dir, "advantage_estimator", hang=False)
+    cfg = dataclasses.replace(cfg, advantage_estimator="group")
+    with pytest.raises(TrainingStopped) as stopped:
+        train(cfg)
+    assert str(stopped.value) == ("stopped by SIGINT in evaluation after step 0; last checkpoint: none; nothing to "
+                                  "resume: run the same command again to start afresh (podsrl reuses the folder)")
+    monkeypatch.setattr(Run, "evaluate", evaluate)
+    assert train(cfg).steps == 3
+
+
 def test_trls_reward_signature_with_named_columns_passes():
     """Named parameters are dataset columns (``answer``), passed as keywords: accepted, as are
     podsrl's own reward functions; only a function that cannot take the keywords is refused."""

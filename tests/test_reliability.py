@@ -159,6 +159,27 @@ def records_but_timings(run_dir):
             for r in read_metrics(run_dir / "metrics.jsonl")]
 
 
+def evaluations_that(monkeypatch, misbehave):
+    """Patch the held-out evaluation Run.evaluate calls: ``misbehave(call)`` runs first at
+    each call (0 = the run's start); returns the calls made."""
+    from podsrl.trainer import run as run_module
+
+    real, calls = run_module.evaluate, []
+
+    def evaluate(*args, **kwargs):
+        calls.append(len(calls))
+        misbehave(calls[-1])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(run_module, "evaluate", evaluate)
+    return calls
+
+
+def sigterm_then(sleep: bool) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # a first signal, as a scheduler sends it
+    if sleep:
+        time.sleep(600)  # an evaluation that goes on far longer than the grace
+
+
 @pytest.mark.parametrize("when", ["before", "during"])
 def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_that_step(
         random_model_dir, tmp_path, monkeypatch, when):
@@ -170,27 +191,21 @@ def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_
 
     settings = dict(max_steps=4, eval_steps=2, save_steps=0, log_rollouts=2)
     full = train(quick(random_model_dir, tmp_path / "full", **settings)).run_dir
-    evaluate, step_record, evaluated = Run.evaluate, Run.step_record, []
+    if when == "before":
+        step_record = Run.step_record
 
-    def signal_in_step_2(run, *args):
-        if run.state.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)  # a first signal: a stop after the step
-        return step_record(run, *args)
-
-    def evaluation_hangs_at_step_2(run):
-        evaluated.append(run.state.step)
-        if run.state.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(600)
-        return evaluate(run)
-    monkeypatch.setattr(Run, "step_record" if when == "before" else "evaluate",
-                        signal_in_step_2 if when == "before" else evaluation_hangs_at_step_2)
+        def signal_in_step_2(run, *args):
+            if run.state.step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # a first signal: a stop after the step
+            return step_record(run, *args)
+        monkeypatch.setattr(Run, "step_record", signal_in_step_2)
+    calls = evaluations_that(monkeypatch, lambda call: call == 1 and when == "during" and sigterm_then(sleep=True))
     out, start = tmp_path / "run", time.monotonic()
     with pytest.raises(TrainingStopped) as stopped:
         train(quick(random_model_dir, out, **settings))
     assert time.monotonic() - start < 60 and stopped.value.signum == signal.SIGTERM
     assert str(stopped.value).startswith("stopped by SIGTERM after step 2, before its evaluation; checkpoint ")
-    assert evaluated == ([] if when == "before" else [0, 2])
+    assert calls == ([0] if when == "before" else [0, 1])  # the start's, and step 2's cut short
     assert [c.name for c in list_checkpoints(out / "checkpoints")] == ["step_0000002"]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]  # step 2's record is held back
     monkeypatch.undo()
@@ -203,6 +218,27 @@ def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_
     assert (out / "rollouts.jsonl").read_text() == (full / "rollouts.jsonl").read_text()
     a, b = weights(out), weights(full)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("evaluation", ["hangs", "returns"])
+def test_a_signal_during_the_first_evaluation_stops_before_any_step(random_model_dir, tmp_path, monkeypatch,
+                                                                    evaluation):
+    """A SIGTERM while the run evaluates its start: an evaluation that goes on is cut short
+    after the grace, one that returns is followed by no step; either way nothing is
+    checkpointed, the line says to run the same command again, and that run is a whole one."""
+    evaluations_that(monkeypatch, lambda call: sigterm_then(sleep=evaluation == "hangs"))
+    out, start = tmp_path / "run", time.monotonic()
+    with pytest.raises(TrainingStopped) as stopped:
+        train(quick(random_model_dir, out))
+    assert time.monotonic() - start < 60 and stopped.value.signum == signal.SIGTERM
+    where = "in evaluation after step 0" if evaluation == "hangs" else "before step 1"
+    assert str(stopped.value) == (f"stopped by SIGTERM {where}; last checkpoint: none; nothing to resume: run the "
+                                  f"same command again to start afresh (podsrl reuses the folder)")
+    assert not list_checkpoints(out / "checkpoints")
+    monkeypatch.undo()
+    full = train(quick(random_model_dir, tmp_path / "full")).run_dir
+    train(quick(random_model_dir, out))
+    assert records_but_timings(out) == records_but_timings(full)
 
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_path, monkeypatch):

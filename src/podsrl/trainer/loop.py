@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import signal
 import time
-from contextlib import nullcontext
 
 from podsrl.algorithms.select import Groups
 from podsrl.contracts import UserCodeError
-from podsrl.interrupts import StopNow, interruptible
+from podsrl.interrupts import StopNow
 from podsrl.rewards import RewardError
 from podsrl.trainer.run import Run, RunResult
 from podsrl.trainer.stages import StepOutcome, StepStages
@@ -46,6 +45,7 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
     record (hooks included), evaluation when due, its log line, and a checkpoint or stop when due."""
     state, cadence = run.state, run.cadence
     initial, latest_eval = run.resume_or_start()
+    stop_before_steps(run, stop)
     first_step, consecutive_skips, trained = state.step, 0, 0  # trained: steps whose update was not skipped
     cadence.last_checkpoint_time = time.time()
     with run.progress_bar() as progress:
@@ -86,12 +86,21 @@ def step_or_stop(run: Run) -> tuple[StepOutcome, StageTimer]:
     return outcome, timer
 
 
+def stop_before_steps(run: Run, stop: StopSignals) -> None:
+    """A stop asked for while the run was set up or evaluated its start: no step is begun
+    (every process agrees: a signal may reach one only)."""
+    signum = int(run.procs.max([float(stop.signum or 0)])[0])
+    if signum:
+        raise TrainingStopped(f"stopped by {signal.Signals(signum).name} before step {run.state.step + 1}; "
+                              f"{run.stopped_here()}", signum=signum)
+
+
 def evaluate_or_stop(run: Run, stop: StopSignals, record: dict, outcome: StepOutcome) -> dict[str, float]:
     """The evaluation due after this step, added to its ``record``. A stop does not wait for it
     (an evaluation of a large model can outlast a scheduler's grace period between SIGTERM and
     SIGKILL): asked for before it, the evaluation is not begun; asked for during it, it gets the
-    grace (:mod:`podsrl.interrupts`), then is cut short. Either way the step is checkpointed
-    with its record held back and the resumed run evaluates it first, so its metrics equal an
+    grace, then is cut short (:meth:`Run.evaluate`). Either way the step is checkpointed with
+    its record held back and the resumed run evaluates it first, so its metrics equal an
     uninterrupted run's (:meth:`Run.hold_back_evaluation`). A multi-process run waits for the
     evaluation: a signal may reach one process only, and a checkpoint needs every process."""
     single = run.procs.world_size == 1
@@ -99,8 +108,7 @@ def evaluate_or_stop(run: Run, stop: StopSignals, record: dict, outcome: StepOut
         raise run.hold_back_evaluation(record, outcome, stop.signum)
     eval_start = time.perf_counter()
     try:
-        with interruptible("evaluation") if single else nullcontext():
-            latest_eval = run.evaluate()
+        latest_eval = run.evaluate()
     except StopNow as interrupted:
         if not (interrupted.waited and single):  # a second signal: stop at once, no checkpoint
             raise

@@ -8,11 +8,12 @@ import os
 import shutil
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from podsrl.distributed import Processes
-from podsrl.interrupts import StopNow
+from podsrl.interrupts import StopNow, interruptible
 from podsrl.models.precision import autocast
 from podsrl.prompt_selection import add_selector_record
 from podsrl.provenance import record_environment
@@ -107,10 +108,22 @@ class Run:
                                f"written to {self.checkpoints}; continue with the same command plus --resume true "
                                f"(it evaluates step {self.state.step} first)", signum=signum)
 
+    def stopped_here(self) -> str:
+        """What a stop leaves: the last checkpoint, and how to go on from it."""
+        last = self.last_checkpoint()
+        if last == "none":
+            return ("last checkpoint: none; nothing to resume: run the same command again to start afresh "
+                    "(podsrl reuses the folder)")
+        return f"last checkpoint: {last}; continue with the same command plus --resume true"
+
     def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy now. A stop does not wait for it in a single-process run (it gets
+        the grace, then :class:`StopNow` is raised: :mod:`podsrl.interrupts`); a multi-process
+        run waits, since a signal may reach one process only."""
         components = self.components
         seed = components.cfg.seed + EVAL_SEED_OFFSET + components.procs.rank
-        with self.autocast():
+        stoppable = interruptible("evaluation") if components.procs.world_size == 1 else nullcontext()
+        with self.autocast(), stoppable:
             accuracy = evaluate(components.bundle, components.task, components.test_split, components.eval_options,
                                 seed, components.procs, generate_fn=components.eval_generate)
         return accuracy.accuracies

@@ -31,8 +31,7 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
         try:
             return run_steps(run, stop)
         except StopNow as interrupted:  # outside a step: evaluating, logging, writing a checkpoint
-            raise TrainingStopped(f"stopped by {interrupted} after step {run.state.step}; last checkpoint: "
-                                  f"{run.last_checkpoint()}; continue with the same command plus --resume true",
+            raise TrainingStopped(f"stopped by {interrupted} after step {run.state.step}; {run.stopped_here()}",
                                   signum=interrupted.signum) from None
         finally:
             run.release()
