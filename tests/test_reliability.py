@@ -56,8 +56,10 @@ def weights(run_dir):
     return load_file(str(run_dir / "model" / "model.safetensors"))
 
 
-def training_records(run_dir):
-    return [{k: v for k, v in r.items() if not k.startswith(("time_", "eval_")) and k != "train_seconds"}
+def training_records(run_dir, evaluations=False):
+    """The metrics records without their timings (and, unless ``evaluations``, their evaluations)."""
+    left_out = ("time_",) if evaluations else ("time_", "eval_")
+    return [{k: v for k, v in r.items() if not k.startswith(left_out) and k != "train_seconds"}
             for r in read_metrics(run_dir / "metrics.jsonl")]
 
 
@@ -154,11 +156,6 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_pa
     assert training_records(out) == training_records(full)
 
 
-def records_but_timings(run_dir):
-    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "train_seconds"}
-            for r in read_metrics(run_dir / "metrics.jsonl")]
-
-
 def evaluations_that(monkeypatch, misbehave):
     """Patch the held-out evaluation Run.evaluate calls: ``misbehave(call)`` runs first at
     each call (0 = the run's start); returns the calls made."""
@@ -213,7 +210,7 @@ def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_
     train(quick(random_model_dir, out, **{**settings, "max_steps": 2}, resume=True))
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
     train(quick(random_model_dir, out, **settings, resume=True))
-    assert records_but_timings(out) == records_but_timings(full)
+    assert training_records(out, evaluations=True) == training_records(full, evaluations=True)
     assert "eval_accuracy" in read_metrics(out / "metrics.jsonl")[2]
     assert (out / "rollouts.jsonl").read_text() == (full / "rollouts.jsonl").read_text()
     a, b = weights(out), weights(full)
@@ -238,7 +235,7 @@ def test_a_signal_during_the_first_evaluation_stops_before_any_step(random_model
     monkeypatch.undo()
     full = train(quick(random_model_dir, tmp_path / "full")).run_dir
     train(quick(random_model_dir, out))
-    assert records_but_timings(out) == records_but_timings(full)
+    assert training_records(out, evaluations=True) == training_records(full, evaluations=True)
 
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(random_model_dir, tmp_path, monkeypatch):

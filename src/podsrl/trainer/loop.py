@@ -106,15 +106,12 @@ def evaluate_or_stop(run: Run, stop: StopSignals, record: dict, outcome: StepOut
     single = run.procs.world_size == 1
     if single and stop.signum:
         raise run.hold_back_evaluation(record, outcome, stop.signum)
-    eval_start = time.perf_counter()
     try:
-        latest_eval = run.evaluate()
+        return run.evaluate_into(record)
     except StopNow as interrupted:
         if not (interrupted.waited and single):  # a second signal: stop at once, no checkpoint
             raise
         raise run.hold_back_evaluation(record, outcome, interrupted.signum) from None
-    record.update(latest_eval, time_eval=time.perf_counter() - eval_start)
-    return latest_eval
 
 
 def checkpoint_or_stop(run: Run, stop: StopSignals, consecutive_skips: int) -> None:

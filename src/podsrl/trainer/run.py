@@ -128,6 +128,13 @@ class Run:
                                 seed, components.procs, generate_fn=components.eval_generate)
         return accuracy.accuracies
 
+    def evaluate_into(self, record: dict) -> dict[str, float]:
+        """:meth:`evaluate`, its accuracies and its seconds (``time_eval``) added to ``record``."""
+        eval_start = time.perf_counter()
+        accuracies = self.evaluate()
+        record.update(accuracies, time_eval=time.perf_counter() - eval_start)
+        return accuracies
+
     def release(self) -> None:
         """However the run ends: trackers flushed and closed, the generation engine shut down
         (vllm frees its memory), the run folder's lock released."""
@@ -177,8 +184,7 @@ class Run:
                 f"{', evaluating it first (a stop came before its evaluation)' if held_back else ''}")
         components.trackers.start(components.cfg.to_dict(), first_step=self.state.step + (0 if held_back else 1))
         if held_back:  # the evaluation a stop cut short, then the step's log, as an uninterrupted run had them
-            eval_start = time.perf_counter()
-            held_back["record"].update(self.evaluate(), time_eval=time.perf_counter() - eval_start)
+            self.evaluate_into(held_back["record"])
             self.log(held_back["record"], held_back["rollouts"])
         components.procs.barrier()  # the other processes read the log only once it is rewritten
         return logged_evals(components.run_dir / "metrics.jsonl")
