@@ -16,14 +16,17 @@ GPU 0, then train on the other GPUs:
     CUDA_VISIBLE_DEVICES=1,2,3,4 accelerate launch --num_processes 4 examples/trl_pods.py \
         --model Qwen/Qwen2.5-3B-Instruct --use_vllm --vllm_mode server
 
-Offline on CPU (no hub, no GPU): the tiny model, arithmetic prompts, podsrl's arithmetic rewards:
+Offline on CPU (no hub, no GPU): the tiny model, arithmetic prompts, podsrl's arithmetic rewards;
+with --use_vllm, TRL's colocated vLLM on vLLM's CPU backend (in .venv-vllm: scripts/test_vllm.sh):
     python examples/trl_pods.py --offline --max_steps 20 --output_dir runs/trl-pods-tiny
+    .venv-vllm/bin/python examples/trl_pods.py --offline --use_vllm --max_steps 20 --output_dir runs/trl-pods-vllm
 
-The vLLM and GPU commands have not been run by podsrl's developers (no GPU); the offline
-one runs in the test suite.
+The GPU commands have not been run by podsrl's developers (no GPU); the offline ones run in
+the test suites (tests/test_trl.py, tests/on_vllm/test_trl_vllm.py).
 """
 
 import argparse
+import os
 
 import torch
 from datasets import Dataset, load_dataset
@@ -75,11 +78,13 @@ def main() -> None:
                                  args.num_processes)
     common = dict(output_dir=args.output_dir, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
                   downsampling_rule=args.downsampling_rule, temperature=1.0, beta=0.0, seed=args.seed,
-                  log_completions=True, report_to="none", **batch)
+                  log_completions=True, report_to="none", use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, **batch)
     if args.offline:
         from podsrl.models import load_model
         from podsrl.rewards import arithmetic_correct, arithmetic_format
 
+        if args.use_vllm:  # vLLM's CPU backend: a small KV cache (its default, a share of the memory, is slow to get)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         bundle = load_model("tiny")
         model, tokenizer, dataset = bundle.model, bundle.tokenizer, arithmetic_dataset()
         reward_funcs, weights = [arithmetic_correct, arithmetic_format], [0.8, 0.2]
@@ -91,7 +96,7 @@ def main() -> None:
         model, tokenizer, dataset = args.model, None, gsm8k_dataset("train")
         reward_funcs = [accuracy_reward, think_format_reward]
         config = GRPOConfig(**common, learning_rate=args.learning_rate or 5e-6, max_completion_length=512,
-                            bf16=True, use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, reward_weights=[1.0, 0.2],
+                            bf16=True, reward_weights=[1.0, 0.2],
                             adam_beta2=0.99, weight_decay=0.1, max_grad_norm=0.1, lr_scheduler_type="constant")
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_funcs, args=config,
                           train_dataset=dataset)

