@@ -26,4 +26,6 @@ fi
 echo "resolving docs/verl.md's install command beside verl[vllm]==0.9.1 (dry run) ..."
 .venv-verl/bin/python -m pip install --quiet --dry-run --ignore-installed "podsrl[verl] @ file://$PWD" \
   "verl[vllm]==0.9.1"
+# --noconftest drops tests/conftest.py's report of the machine and its CPU kind: say it here
+.venv-verl/bin/python -c "from podsrl.provenance import machine_description; print('machine:', machine_description())"
 exec .venv-verl/bin/python -m pytest -p no:cacheprovider --noconftest tests/verl tests/test_verl_core.py "$@"

@@ -9,6 +9,7 @@ import torch
 from podsrl.build.tiny import make_model, train_tokenizer
 from podsrl.config import make_config
 from podsrl.models import load_model
+from podsrl.provenance import machine_description
 from podsrl.tasks import TASKS, Task
 from podsrl.tasks.arithmetic import build_arithmetic
 
@@ -28,6 +29,17 @@ def random_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def pytest_report_header(config):
+    return f"machine: {machine_description()}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The machine and its CPU kind below the summary too (the suite runs with -q, which drops
+    the header): bfloat16's speed and rounding differ between AVX2, AVX-512 BF16 and AMX CPUs,
+    and CI runs on whichever kind the submitter has, so a report says which one it ran on."""
+    terminalreporter.write_line(f"machine: {machine_description()}")
 
 
 @pytest.fixture(autouse=True)
