@@ -4,6 +4,7 @@ user runs them."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,9 +43,9 @@ def test_compare_rejects_bad_sweep_values(tmp_path, capsys):
     assert "n_values: expected comma-separated integers" in capsys.readouterr().err
 
 
-def test_train_smoke_and_plot(random_model_dir, tmp_path):
-    run = tmp_path / "run"
-    result = podsrl("train", "--model", random_model_dir, "--max_steps", "2", "--prompts_per_step", "2",
+def test_train_smoke_and_plot(tmp_path):
+    run = tmp_path / "run"  # the shipped tiny model earns rewards (a random one would learn nothing: exit 1)
+    result = podsrl("train", "--model", "tiny", "--max_steps", "2", "--prompts_per_step", "2",
                     "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "8", "--eval_samples", "1",
                     "--output_dir", str(run), "--progress", "false")
     assert result.returncode == 0, result.stderr
@@ -52,7 +53,7 @@ def test_train_smoke_and_plot(random_model_dir, tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert (run / "accuracy.png").stat().st_size > 0 and f"plot:          {run / 'accuracy.png'}" in result.stdout
-    again = podsrl("train", "--model", random_model_dir, "--output_dir", str(run))
+    again = podsrl("train", "--model", "tiny", "--output_dir", str(run))
     assert again.returncode == 2 and "--resume" in again.stderr
     plot = podsrl("plot", str(run), "--output_dir", str(tmp_path / "plots"))
     assert plot.returncode == 0, plot.stderr
@@ -70,6 +71,29 @@ def test_eval_writes_per_sample_records(tmp_path):
     assert summary["accuracy"] == sum(r["correct"] for r in records) / 24
     # the shipped warm start answers in format and is often right, never always (see README)
     assert 0.2 < summary["accuracy"] < 0.95 and summary["answered"] > 0.9
+
+
+def test_eval_has_its_own_default_folder_and_never_overwrites_an_earlier_evals_samples(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Not the main job's runs/podsrl (a later `podsrl train` would find it taken): runs/eval/MODEL-TASK;
+    a second eval there writes TASK-2-samples.jsonl beside the first, which stays as it was."""
+    monkeypatch.chdir(tmp_path)
+    args = ["eval", "--eval_prompts", "4", "--eval_samples", "1", "--max_completion_length", "4"]
+    assert main(args) == 0
+    folder = tmp_path / "runs" / "eval" / "tiny-arithmetic" / "eval"
+    first = (folder / "arithmetic-samples.jsonl").read_bytes()
+    assert f"samples: {Path('runs/eval/tiny-arithmetic/eval/arithmetic-samples.jsonl')}" in capsys.readouterr().out
+    assert not (tmp_path / "runs" / "podsrl").exists()
+    assert main([*args, "--eval_temperature", "0"]) == 0
+    assert (folder / "arithmetic-samples.jsonl").read_bytes() == first
+    summary = json.loads((folder / "arithmetic-2-summary.json").read_text())
+    assert summary["temperature"] == 0 and summary["samples_file"] == str(Path(
+        "runs/eval/tiny-arithmetic/eval/arithmetic-2-samples.jsonl"))
+    assert len((folder / "arithmetic-2-samples.jsonl").read_text().splitlines()) == 4
+    assert "arithmetic-2-samples.jsonl" in capsys.readouterr().out
+    (tmp_path / "given.yaml").write_text("output_dir: mine\n")  # a folder given in a config file is kept
+    assert main([*args, "--config", "given.yaml"]) == 0
+    assert (tmp_path / "mine" / "eval" / "arithmetic-samples.jsonl").is_file()
 
 
 def _smollm2_installed():
@@ -93,9 +117,9 @@ def test_eval_smollm2_offline_through_its_hub_name(tmp_path):
     assert len(records) == 3 and all(r["completion"] for r in records)
 
 
-def test_eval_loads_a_lora_run_folder(random_model_dir, tmp_path):
+def test_eval_loads_a_lora_run_folder(tmp_path):
     run = tmp_path / "run"
-    trained = podsrl("train", "--model", random_model_dir, "--max_steps", "1", "--prompts_per_step", "2",
+    trained = podsrl("train", "--model", "tiny", "--max_steps", "1", "--prompts_per_step", "2",
                      "--num_generations", "4", "--num_kept", "2", "--eval_prompts", "4", "--eval_samples", "1",
                      "--lora_rank", "4", "--output_dir", str(run), "--progress", "false")
     assert trained.returncode == 0, trained.stderr
@@ -103,6 +127,50 @@ def test_eval_loads_a_lora_run_folder(random_model_dir, tmp_path):
     result = podsrl("eval", "--model", str(run / "model"), "--eval_prompts", "4", "--output_dir", str(tmp_path / "e"))
     assert result.returncode == 0, result.stderr
     assert len((tmp_path / "e" / "eval" / "arithmetic-samples.jsonl").read_text().splitlines()) == 16
+
+
+@pytest.mark.parametrize("command, target, says", [
+    ("train", "train", "the run had not begun, nothing was written: run the same command again"),
+    ("eval", "run_eval", "its results are written only at its end: run the same command again"),
+    ("compare", "run_comparison", "finished runs are kept and a stopped one checkpointed: re-run the same command, "
+                                  "which reuses them"),
+    ("plot", "analyze", "figures are written only at its end: run the same command again"),
+    ("env", "environment_report", "nothing was written"),
+])
+def test_a_ctrl_c_in_any_command_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch, command, target, says):
+    """A KeyboardInterrupt where no training run handles it (a run stops itself, with a
+    checkpoint) is one line saying what is left, never a traceback (export: test_export.py)."""
+    from podsrl import cli
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, target, ctrl_c)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 0}\n')
+    args = {"compare": ["--budget_minutes", "1"], "plot": [str(tmp_path / "run")], "env": []}.get(command, [])
+    args += [] if command == "env" else ["--output_dir", str(tmp_path / "out")]
+    assert main([command, *args]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [f"podsrl {command}: stopped by SIGINT; {says}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ctrl_c_after_a_run_finished_says_where_its_files_are(tmp_path, capsys, monkeypatch):
+    from podsrl import cli
+    from podsrl.trainer import RunResult
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    accuracy = {"eval_accuracy": 0.5}
+    finished = RunResult(run_dir=tmp_path, initial=accuracy, final=accuracy, steps=2, train_seconds=1.0,
+                         failure="all 2 optimizer steps were skipped")
+    monkeypatch.setattr(cli, "train", lambda cfg: finished)
+    monkeypatch.setattr(cli, "plot_accuracy", ctrl_c)
+    assert main(["train", "--output_dir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"podsrl train: stopped by SIGINT after the run finished; its files are in {tmp_path} (accuracy.png may be "
+        f"missing); it learned nothing: all 2 optimizer steps were skipped"]
 
 
 def test_compare_stopped_by_a_signal_is_one_line_and_the_signal_exit_code(tmp_path, capsys, monkeypatch):

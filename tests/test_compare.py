@@ -1,6 +1,7 @@
 """podsrl compare: the speedup metric against hand-made curves, censoring, pairing by seed,
 the interleaved run order, provenance, and an end-to-end run."""
 
+import dataclasses
 import json
 import random
 
@@ -259,6 +260,64 @@ def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it():
         {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "max_variance"}]
     with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'oracle'"):
         arm_configs(base, ["pods"], ["max_variance"], [16], [4], ["oracle"])
+
+
+def compared_arms(monkeypatch, *args):
+    """The arms `podsrl compare --methods pods ARGS` would run (nothing runs): their overrides
+    and (rule, prompt selector) of each arm's config."""
+    from podsrl import cli
+
+    planned = []
+
+    def plan(base, arms, *rest, **kwargs):
+        planned.extend((arm, dataclasses.replace(base, **arm)) for arm in arms)
+        raise ValueError("planned")
+    monkeypatch.setattr(cli, "run_comparison", plan)
+    cli.main(["compare", "--budget_minutes", "1", "--methods", "pods", *args])
+    return [arm for arm, _ in planned], [(cfg.downsampling_rule, cfg.prompt_selector) for _, cfg in planned]
+
+
+def test_compare_keeps_the_shared_configs_rule_and_selector_when_no_sweep_names_others(monkeypatch, tmp_path):
+    """`--downsampling_rule random` (or a rule with arguments) without --rules is the rule of
+    every pods arm, labels and folders included; it was silently replaced by max_variance."""
+    for given in ("random", '{"name": "random"}'):
+        arms, used = compared_arms(monkeypatch, "--downsampling_rule", given, "--prompt_selector", "pass_rate")
+        assert used == [("random", "pass_rate")] and arm_dir_name(arms[0]) == "pods-n16-m4-random"
+    path = tmp_path / "rules.py"
+    path.write_text("def ranked(rewards, m, generator=None, keep='lowest'):\n"
+                    "    return rewards.argsort(dim=1)[:, :m].sort(dim=1).values\n")
+    mapping = {"name": f"{path}:ranked", "keep": "a,b"}
+    arms, used = compared_arms(monkeypatch, "--downsampling_rule", json.dumps(mapping))
+    assert used == [(mapping, "shuffled")] and arm_dir_name(arms[0]).endswith("rules.py_ranked_keep__a_b__")
+
+
+def test_compare_splits_json_arms_on_top_level_commas_only(monkeypatch, tmp_path):
+    path = tmp_path / "rules.py"
+    path.write_text("def ranked(rewards, m, generator=None, keep='lowest', by=[0]):\n"
+                    "    return rewards.argsort(dim=1)[:, :m].sort(dim=1).values\n")
+    mapping = {"name": f"{path}:ranked", "by": [1, 2], "keep": "a,b}"}
+    arms, used = compared_arms(monkeypatch, "--rules", f"random, {json.dumps(mapping)},max_reward",
+                         "--prompt_selectors", 'shuffled,{"name": "pass_rate"}')
+    assert arms[1] == {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "random",
+                       "prompt_selector": "pass_rate"}
+    assert used == [(rule, selector) for rule in ("random", mapping, "max_reward")
+                    for selector in ("shuffled", "pass_rate")]
+
+
+def test_compare_validates_every_arm_before_the_first_runs(random_model_dir, monkeypatch, tmp_path, capsys):
+    from podsrl import cli
+
+    monkeypatch.setattr("podsrl.experiments.compare.train", lambda cfg: pytest.fail("an arm ran"))
+    code = cli.main(["compare", "--budget_minutes", "1", "--methods", "pods", "--model", random_model_dir,
+                     "--rules", 'max_variance,{"name": "max_variance", "nope": 1}', "--output_dir", str(tmp_path)])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "podsrl compare: error: arm pods-n16-m4-max_variance_nope_1_: downsampling_rule: max_variance takes no "
+        "argument 'nope' (it takes: none)")
+    assert list(tmp_path.iterdir()) == []
+    code = cli.main(["compare", "--budget_minutes", "1", "--methods", "pods", "--rules", "max_variance,{nope",
+                     "--output_dir", str(tmp_path)])
+    assert code == 2 and "podsrl compare: error: downsampling_rule: not valid JSON" in capsys.readouterr().err
 
 
 def test_a_restarted_comparison_starts_a_run_that_stopped_before_its_first_checkpoint_afresh(random_model_dir,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from podsrl import cli
+from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.select import RULES, select
 from podsrl.config import FIELDS, Config, make_config, parse_value
 from podsrl.config_checks import COMPONENTS
@@ -261,6 +262,63 @@ def test_the_command_line_refuses_a_bad_argument_before_any_model_loads(user, mo
                      f"(it takes: offset)")
     assert cli.main(["train", "--prompt_selector", "{name: x"]) == 2
     assert "prompt_selector: not valid JSON" in capsys.readouterr().err
+
+
+def test_a_key_given_twice_in_a_components_json_is_refused_naming_it(user, monkeypatch, capsys):
+    """Python's json keeps the last of two equal keys: which component was meant is unknown."""
+    monkeypatch.setattr(cli, "train", lambda cfg: pytest.fail("training started"))
+    assert cli.main(["train", "--downsampling_rule", '{"name": "random", "name": "max_variance"}']) == 2
+    assert capsys.readouterr().err.strip() == (
+        "podsrl train: error: downsampling_rule: key 'name' given twice in '{\"name\": \"random\", \"name\": "
+        "\"max_variance\"}'; JSON keeps only the last: remove one")
+    twice = json.dumps([{"name": user("parity_bonus"), "bonus": 1.0}])[:-2] + ', "bonus": 2.0}]'
+    with pytest.raises(ValueError, match=r"^reward_funcs: key 'bonus' given twice in "):
+        parse_value("reward_funcs", twice)
+    assert parse_value("downsampling_rule", '{"name": "random", "nested": {"name": 1}}') == {
+        "name": "random", "nested": {"name": 1}}  # the same key in two mappings is no repeat
+
+
+def test_a_keyword_only_argument_is_bound_for_every_kind_and_a_wrong_name_still_refused(tmp_path):
+    path = tmp_path / "keyword_only.py"
+    path.write_text(USER_CODE.replace("keep=\"lowest\"", "*, keep=\"lowest\"").replace("factor=1.0", "*, factor=1.0")
+                    .replace("scale=1.0", "*, scale=1.0").replace('label="plain"', '*, label="plain"')
+                    .replace("back=0", "*, back=0").replace("num_train=100", "*, num_train=100")
+                    .replace("bonus=1.0, **columns", "*, bonus=1.0, **columns").replace("offset=0", "*, offset=0"))
+    for field, name, key, value, _ in KINDS:
+        spec = f"{path}:{name}"
+        assert bound_arguments(COMPONENTS[field].resolve({"name": spec, key: value})) == {key: value}
+        with pytest.raises(ValueError, match=rf"^{field}: .* takes no argument '{key}x' \(it takes: {key}\)$"):
+            COMPONENTS[field].resolve({"name": spec, key + "x": value})
+    rewards = torch.tensor([[0.0, 1.0, 0.5, 0.25]])
+    assert select({"name": f"{path}:ranked", "keep": "highest"}, rewards, 2).tolist() == [[1, 2]]
+    assert make_config(overrides={"downsampling_rule": json.dumps({"name": f"{path}:ranked", "keep": "highest"})})
+
+
+def test_a_built_in_components_argument_out_of_range_is_refused_at_set_up(monkeypatch, capsys):
+    """group's eps is added to the group's std: eps -1 would flip every advantage's sign
+    (and 0 divide by a std near 0); refused in one line naming the field and the argument."""
+    monkeypatch.setattr(cli, "train", lambda cfg: pytest.fail("training started"))
+    assert cli.main(["train", "--advantage_estimator", '{"name": "group", "eps": -1}']) == 2
+    assert capsys.readouterr().err.strip() == ("podsrl train: error: advantage_estimator: group: argument eps = -1: "
+                                               "must be > 0 (it is added to each group's reward std)")
+    for bad in (0, 0.0, -1e-9):
+        with pytest.raises(ValueError, match=r"^advantage_estimator: group: argument eps = .*: must be > 0"):
+            ADVANTAGES.resolve({"name": "group", "eps": bad})
+    assert ADVANTAGES.resolve({"name": "group", "eps": 1e-6}).keywords == {"eps": 1e-6}
+
+
+def test_a_user_component_declares_its_arguments_ranges_with_argument_ranges(tmp_path):
+    path = tmp_path / "ranged.py"
+    path.write_text("import torch\nfrom podsrl.registry import argument_ranges, positive, probability\n"
+                    "@argument_ranges(temperature=positive, share=probability)\n"
+                    "def soft(rewards, m, generator=None, temperature=1.0, share=0.5):\n"
+                    "    return rewards.argsort(dim=1)[:, :m].sort(dim=1).values\n")
+    assert RULES.resolve({"name": f"{path}:soft", "temperature": 0.5, "share": 1}).keywords == {
+        "temperature": 0.5, "share": 1}
+    with pytest.raises(ValueError, match=r"^downsampling_rule: .*:soft: argument temperature = 0: must be > 0$"):
+        RULES.resolve({"name": f"{path}:soft", "temperature": 0})
+    with pytest.raises(ValueError, match=r"^downsampling_rule: .*:soft: argument share = 1.5: must be in \[0, 1\]$"):
+        RULES.resolve({"name": f"{path}:soft", "share": 1.5})
 
 
 def test_labels_and_folder_names_show_the_arguments_stably(user):

@@ -229,3 +229,15 @@ def test_a_key_given_twice_in_yaml_is_an_error_naming_file_key_and_lines(tmp_pat
     path.write_text("defaults: &d {max_steps: 3}\n")  # anchors and distinct keys still load (then fail as unknown)
     with pytest.raises(ValueError, match="unknown config field 'defaults'"):
         make_config(path)
+
+
+def test_a_key_given_twice_in_a_yaml_flow_mapping_is_an_error_too(tmp_path):
+    """In a flow mapping ({a: 1, a: 2}) both keys are on one line; PyYAML keeps the last there too."""
+    path = tmp_path / "flow.yaml"
+    path.write_text("max_steps: 3\ndownsampling_rule: {name: random, name: max_variance}\n")
+    with pytest.raises(ValueError, match=r"^\S*flow.yaml line 2: duplicate key 'name' \(first set on line 2\); YAML "
+                                         r"keeps only the last: remove one$"):
+        make_config(path)
+    path.write_text("max_steps: 3\nadvantage_estimator: {name: group, eps: 1.0e-3}\nreward_funcs: [{name: "
+                    "arithmetic_format}, {name: arithmetic_correct}]\n")  # one key per mapping: loads
+    assert make_config(path).advantage_estimator == {"name": "group", "eps": 1e-3}

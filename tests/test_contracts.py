@@ -335,6 +335,25 @@ def test_user_code_that_raises_stops_the_run_naming_it_with_the_last_step_checkp
     assert [r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())] == [0, 1]
 
 
+def test_a_loss_that_fails_before_the_first_checkpoint_says_to_run_the_command_again_not_to_resume(
+        tmp_path, random_model_dir):
+    """The loss runs inside the update: a failure there leaves no step to checkpoint, and with no
+    checkpoint yet --resume would be refused, so the line says what works (the same command)."""
+    spec = user_file(tmp_path, "def boom(per_token, mask, num_sequences, num_tokens):\n"
+                               "    raise RuntimeError('boom')\n") + ":boom"
+    cfg = make_config(overrides={k: str(v) for k, v in dict(
+        model=random_model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=4, num_kept=2,
+        max_completion_length=6, eval_prompts=4, eval_samples=1, eval_steps=0, save_steps=5, progress=False,
+        output_dir=str(tmp_path / "run"), loss_type=spec).items()})
+    with pytest.raises(TrainingStopped) as stopped:
+        train(cfg)
+    message = str(stopped.value)
+    assert message.startswith("stopped in step 1: ") and "boom" in message and "\n" not in message
+    assert message.endswith("; no checkpoint yet: fix it, then run the same command again to start afresh "
+                            "(podsrl reuses the folder)"), message
+    assert "--resume" not in message and not list_checkpoints(tmp_path / "run" / "checkpoints")
+
+
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_sigterm_ends_the_run_within_seconds_while_user_code_hangs(tmp_path, random_model_dir, kind):
     cfg, spec = misbehaving_run(tmp_path, random_model_dir, kind, hang=True)

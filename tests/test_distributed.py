@@ -196,6 +196,23 @@ def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
     assert all(r["prompts_generated"] == 4 * r["prompt_rounds"] for r in records)
 
 
+@pytest.mark.parametrize("spread_on", ["1", "none"])
+def test_a_run_with_a_learning_signal_on_one_process_only_is_judged_the_same_on_both(tmp_path, spread_on):
+    """Every advantage 0 fails the run (exit 1); the processes agree on it: rewards that differ
+    only on rank 1's prompts are a signal for the whole run, so neither process fails it."""
+    reward = tmp_path / "rank_reward.py"
+    reward.write_text("import os\n\n\ndef spread_on_one_rank(completions, **kwargs):\n"
+                      f"    spread = os.environ.get('RANK') == {spread_on!r}\n"
+                      "    return [float(spread and i % 2) for i in range(len(completions))]\n")
+    done = launch(tmp_path / "run", max_steps=1, reward_funcs=f"{reward}:spread_on_one_rank")
+    failure = json.loads((tmp_path / "run" / "summary.json").read_text()).get("failure", "")  # the files are kept
+    if spread_on == "none":
+        assert done.returncode != 0 and "podsrl train: error: every advantage was 0 in the 1 steps run" in done.stderr
+        assert failure.startswith("every advantage was 0")
+    else:
+        assert done.returncode == 0 and failure == "", done.stderr[-3000:]
+
+
 def test_a_reward_failure_on_one_process_in_early_stop_stops_both(tmp_path):
     """group_early_stop scores inside generation; a reward that fails on rank 1 alone must stop
     both processes with the error, not leave rank 0 waiting in a collective."""

@@ -1,6 +1,7 @@
 """Hand-off commands: ``podsrl export`` (a run as a standalone Hugging Face folder, LoRA
 merged, with a model card) and ``podsrl env`` (versions for bug reports), called in-process."""
 
+import hashlib
 import json
 import shutil
 import sys
@@ -16,6 +17,7 @@ from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.provenance import REPORTED_PACKAGES, installed, read_environment
 from podsrl.trainer import train
+from podsrl.trainer.export import EXPORT_MARKER
 from podsrl.trainer.model_card import base_model_id
 
 PROMPTS = ["What is 12 + 30? Answer in format: 'Answer: {result}'\n", "What is 7 - 9?"]
@@ -203,12 +205,89 @@ def test_overwrite_replaces_only_what_podsrl_exported(full_run, tmp_path, capsys
     assert before == {folder: sorted(p.relative_to(folder) for p in folder.rglob("*")) for folder in before}
     export(full_run, tmp_path / "hf")
     marker = json.loads((tmp_path / "hf" / "podsrl_export.json").read_text())
-    assert marker == {"run_dir": str(full_run.resolve()), "source": "final model", "step": marker["step"]}
+    assert marker == {"run_dir": str(full_run.resolve()), "source": "final model", "step": marker["step"],
+                      "files": {p.name: digest(p) for p in (tmp_path / "hf").iterdir() if p.name != EXPORT_MARKER}}
     assert f"{tmp_path / 'hf'}: holds an earlier podsrl export; pass --overwrite" in refused(full_run, tmp_path / "hf")
-    (tmp_path / "hf" / "stale.txt").write_text("from before")
     export(full_run, tmp_path / "hf", "--overwrite")
-    assert not (tmp_path / "hf" / "stale.txt").exists() and (tmp_path / "hf" / "README.md").is_file()
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf") and (tmp_path / "hf" / "README.md").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "other_run", "users_model"]  # no temporary folder
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_overwrite_keeps_and_lists_what_podsrl_did_not_export(full_run, tmp_path, capsys):
+    """#50: --overwrite trusted podsrl_export.json and replaced the folder whole: a user's
+    my_eval.csv added to the exported model was deleted, with exit code 0 and no list."""
+    export(full_run, tmp_path / "hf")
+    (tmp_path / "hf" / "my_eval.csv").write_text("prompt,correct\n1+1,1\n")
+    (tmp_path / "hf" / "evals").mkdir()
+    (tmp_path / "hf" / "evals" / "run1.json").write_text("{}")
+    capsys.readouterr()
+    export(full_run, tmp_path / "hf", "--overwrite")
+    assert f"{tmp_path / 'hf'}: kept 2 entries podsrl did not export (evals, my_eval.csv), moved into the new " \
+           f"export" in capsys.readouterr().err
+    assert (tmp_path / "hf" / "my_eval.csv").read_text() == "prompt,correct\n1+1,1\n"
+    assert (tmp_path / "hf" / "evals" / "run1.json").read_text() == "{}"
+    assert "my_eval.csv" not in json.loads((tmp_path / "hf" / EXPORT_MARKER).read_text())["files"]  # still the user's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temporary folder
+
+
+def users_readme(folder):
+    (folder / "README.md").write_text("# my notes on this model\n")
+    return "README.md"
+
+
+def hand_made_marker(folder):
+    (folder / EXPORT_MARKER).write_text(json.dumps({"run_dir": "elsewhere", "source": "final model", "step": 1}))
+    return EXPORT_MARKER
+
+
+def users_weights(folder):
+    (folder / "model.safetensors").write_bytes(b"my fine-tuned weights")
+    return "model.safetensors"
+
+
+@pytest.mark.parametrize("spoil", [users_readme, users_weights, hand_made_marker])
+def test_overwrite_refuses_before_loading_a_model_when_a_file_it_keeps_has_a_name_the_export_writes(
+        full_run, tmp_path, monkeypatch, capsys, spoil):
+    import podsrl.trainer.export as export_module
+
+    export(full_run, tmp_path / "hf")
+    (tmp_path / "hf" / "my_eval.csv").write_text("mine")
+    named = spoil(tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    monkeypatch.setattr(export_module, "load_model", lambda *a, **k: pytest.fail("loaded a model before refusing"))
+    assert main(["export", str(full_run), str(tmp_path / "hf"), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"podsrl export: error: {tmp_path / 'hf'}: holds files podsrl cannot prove it exported "
+                          f"whose names the new export writes (") and "\n" not in err
+    assert named in err.split("writes (")[1].split(")")[0].split(", ") and "my_eval.csv" not in err
+    assert "move them out" in err
+    assert before == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+
+
+def test_a_full_disk_during_an_export_is_one_line_and_leaves_no_staging_folder(full_run, tmp_path, monkeypatch,
+                                                                               capsys):
+    """#50: safetensors' own error on a full disk came out as a 28-line traceback."""
+    from safetensors import SafetensorError
+    from transformers import PreTrainedModel
+
+    def full_disk(self, folder, *args, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"partial")
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+
+    export(full_run, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
+    for target, flags in ((tmp_path / "new", ()), (tmp_path / "hf", ("--overwrite",))):
+        assert main(["export", str(full_run), str(target), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"podsrl export: error: {target}: could not write the export (SafetensorError: Error "
+                              f"while serializing") and "\n" not in err and "free space, then run the same" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging folder, nothing half-written
+    assert before == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
 
 
 def test_a_failed_export_leaves_the_destination_as_it_was(full_run, tmp_path, monkeypatch, capsys):
@@ -228,6 +307,25 @@ def test_a_failed_export_leaves_the_destination_as_it_was(full_run, tmp_path, mo
     assert main(["export", str(full_run), str(tmp_path / "hf"), "--overwrite"]) == 2
     assert (tmp_path / "hf" / "marker.txt").read_text() == "the previous export"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_ctrl_c_during_an_export_is_one_line_exit_130_and_leaves_the_destination_as_it_was(
+        full_run, tmp_path, monkeypatch, capsys):
+    import podsrl.trainer.export as export_module
+
+    def ctrl_c(path):
+        raise KeyboardInterrupt  # after the files are written, before the folder is renamed into place
+
+    export(full_run, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    monkeypatch.setattr(export_module, "fsync", ctrl_c)
+    for target, flags in ((tmp_path / "new", ()), (tmp_path / "hf", ("--overwrite",))):
+        assert main(["export", str(full_run), str(target), *flags]) == 130
+        assert capsys.readouterr().err.strip().splitlines() == [
+            "podsrl export: stopped by SIGINT; nothing was exported (an export is written beside its folder and "
+            "renamed into place at the end)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging folder
+    assert before == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
 
 
 def test_env_reports_the_installed_versions(capsys):

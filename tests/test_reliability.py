@@ -135,6 +135,59 @@ def test_a_second_ctrl_c_interrupts_at_once():
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous
 
 
+# a Ctrl-C while the command starts: torch and transformers take seconds to import (here: a minute)
+SLOW_IMPORT = """import sys, time
+class SlowCli:
+    def find_spec(self, name, path=None, target=None):
+        if name == "podsrl.cli":
+            print("importing", flush=True)
+            time.sleep(60)
+sys.meta_path.insert(0, SlowCli())
+from podsrl.entry import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+# a Ctrl-C while the model loads (here: 2 s longer), after the run folder is claimed
+SLOW_LOAD = """import sys, time, tests.conftest
+import podsrl.trainer.setup as setup
+real = setup.load_model
+def slow(*args, **kwargs):
+    print("loading", flush=True)
+    time.sleep(2)
+    return real(*args, **kwargs)
+setup.load_model = slow
+from podsrl.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("moment", ["importing", "loading"])
+def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped_run_leaves(
+        random_model_dir, tmp_path, moment):
+    """Before the first step: while podsrl's libraries import, nothing is written; while the
+    model loads, the run stops once set up, without evaluating, its folder as a run stopped
+    before its first checkpoint leaves it, which the same command starts afresh."""
+    from podsrl.trainer.run_dir import stopped_before_first_checkpoint
+
+    out = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT if moment == "importing" else SLOW_LOAD,
+                                *run_args(random_model_dir, out, 2)], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == moment
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    if moment == "importing":
+        assert lines == ["podsrl train: stopped by SIGINT while starting; nothing was written"]
+        assert not out.exists()
+        return
+    assert lines[-2:] == ["SIGINT: stopping once the run is set up, before its first step ... (again: stop at once)",
+                          "podsrl train: stopped by SIGINT during set-up; last checkpoint: none; nothing to resume: "
+                          "run the same command again to start afresh (podsrl reuses the folder)"]
+    assert stopped_before_first_checkpoint(out) and not (out / "metrics.jsonl").exists()
+    assert train(quick(random_model_dir, out, max_steps=1)).steps == 1
+
+
 def quick(model_dir, out, **overrides):
     values = dict(model=model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=6, num_kept=3,
                   max_completion_length=6,
@@ -154,6 +207,36 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_pa
     err = capfd.readouterr().err
     assert f"checkpoint {newest} is unreadable" in err and "step_0000002" in err
     assert training_records(out) == training_records(full)
+
+
+def test_a_checkpoint_holding_another_prompt_selectors_state_does_not_fit_and_is_skipped_or_refused(
+        random_model_dir, tmp_path, capfd):
+    """A selector's load_state_dict that meets another selector's state (KeyError: 'posterior')
+    is the checkpoint not fitting, like a model's: skipped for the previous one with a warning,
+    or, none fitting, the resume refused in one line with nothing changed."""
+    from podsrl.trainer.run_dir import RunDirError
+
+    full = train(quick(random_model_dir, tmp_path / "full", max_steps=4)).run_dir
+    out = tmp_path / "run"
+    train(quick(random_model_dir, out, max_steps=3))
+    newest = list_checkpoints(out / "checkpoints")[-1]
+    state = json.loads((newest / "trainer_state.json").read_text())
+    (newest / "trainer_state.json").write_text(json.dumps({**state, "sampler": {"posterior": {}, "rng": {}}}))
+    train(quick(random_model_dir, out, max_steps=4, resume=True))
+    err = capfd.readouterr().err
+    assert (f"warning: checkpoint {newest} does not fit this run: its prompt_selector state is not shuffled's "
+            f"(KeyError: 'epoch'; written with another prompt_selector?); trying the previous one") in err
+    assert "resumed from" in err and "step_0000002" in err and "Traceback" not in err
+    assert training_records(out) == training_records(full)
+
+    config = json.loads((out / "config.json").read_text())  # as if the run had been started with pass_rate
+    (out / "config.json").write_text(json.dumps({**config, "prompt_selector": "pass_rate"}))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(RunDirError, match=r"^resume: no usable checkpoint .* none loads into this model and config"):
+        train(quick(random_model_dir, out, max_steps=5, resume=True, prompt_selector="pass_rate"))
+    assert "its prompt_selector state is not pass_rate's (KeyError: 'posterior'" in capfd.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".podsrl.lock"} == {
+        p: data for p, data in before.items() if p.name != ".podsrl.lock"}
 
 
 def evaluations_that(monkeypatch, misbehave):

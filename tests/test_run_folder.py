@@ -83,7 +83,14 @@ def busy_folder(tmp_path):
     return target
 
 
-@pytest.mark.parametrize("make", [model_folder, adapter_folder, a_file, busy_folder])
+def folder_with_a_users_lock_file(tmp_path):
+    target = tmp_path / "work"
+    target.mkdir()
+    (target / LOCK_FILE).write_text("my notes\n")  # not a podsrl holder's line: a run would empty it
+    return target
+
+
+@pytest.mark.parametrize("make", [model_folder, adapter_folder, a_file, busy_folder, folder_with_a_users_lock_file])
 @pytest.mark.parametrize("resume", [False, True])
 def test_a_folder_that_is_not_a_new_run_is_refused_before_anything_loads_and_stays_untouched(
         random_model_dir, tmp_path, nothing_loads, make, resume):
@@ -93,6 +100,8 @@ def test_a_folder_that_is_not_a_new_run_is_refused_before_anything_loads_and_sta
         train(quick(random_model_dir, target, resume=resume))
     assert "\n" not in str(refused.value) and str(target) in str(refused.value)
     assert snapshot(tmp_path) == before
+    if make is folder_with_a_users_lock_file:
+        assert (target / LOCK_FILE).read_text() == "my notes\n"
 
 
 def test_the_empty_name_and_the_current_directorys_files_are_refused(random_model_dir, tmp_path, nothing_loads,
@@ -172,17 +181,25 @@ def empty_config(run):
     (run / "config.json").write_bytes(b"")
 
 
-def corrupt_metrics(run):
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    (run / "metrics.jsonl").write_text(lines[0] + "\n{not json\n" + "\n".join(lines[1:]) + "\n")
+def logs_cut_by_a_crash(run):
+    """The logs as a crash leaves them: a last line cut off mid-record, or NUL bytes in its place."""
+    metrics = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(metrics + metrics.splitlines()[-1][:20] + b"\0" * 300)
+    with (run / "rollouts.jsonl").open("ab") as fh:
+        fh.write(b"\0" * 4096)
 
 
 def partial_checkpoint(run):
-    (run / "checkpoints" / "step_0000001.tmp").mkdir(parents=True)
-    (run / "checkpoints" / "step_0000001.tmp" / "trainable.pt").write_bytes(b"cut off")
+    """A checkpoint cut off while being written: torch archives and trainer_state.json cut short."""
+    folder = run / "checkpoints" / "step_0000001.tmp"
+    folder.mkdir(parents=True)
+    torch.save({"weight": torch.ones(64)}, folder / "trainable.pt")
+    (folder / "trainable.pt").write_bytes((folder / "trainable.pt").read_bytes()[:100])
+    (folder / "optimizer.pt").write_bytes(b"\0" * 512)
+    (folder / "trainer_state.json").write_text('{\n  "step": 1,\n  "train_sec')
 
 
-@pytest.mark.parametrize("damage", [None, cut_config, empty_config, corrupt_metrics, partial_checkpoint])
+@pytest.mark.parametrize("damage", [None, cut_config, empty_config, logs_cut_by_a_crash, partial_checkpoint])
 def test_a_run_that_stopped_before_its_first_checkpoint_starts_afresh_with_the_same_command(
         random_model_dir, stopped_run, tmp_path, capfd, damage):
     run = copy_of(stopped_run, tmp_path)
@@ -195,10 +212,26 @@ def test_a_run_that_stopped_before_its_first_checkpoint_starts_afresh_with_the_s
     logged = [r["step"] for r in read_metrics(run / "rollouts.jsonl")]
     assert set(logged) == {1, 2, 3} and logged.count(1) == logged.count(3)  # step 1's once
     assert len(json.loads((run / "environment.json").read_text())) == 1  # this start only
-    events = [list((folder / "tracking").rglob("events.out.tfevents*")) for folder in (run, stopped_run)]
-    assert len(events[0]) == len(events[1]) and not set(events[0]) & {run / p.relative_to(stopped_run)
-                                                                      for p in events[1]}  # one start's
+    old_events = {run / p.relative_to(stopped_run) for p in (stopped_run / "tracking").rglob("events.out.tfevents*")}
+    new_events = set((run / "tracking").rglob("events.out.tfevents*")) - old_events
+    assert old_events <= set((run / "tracking").rglob("*")) and len(new_events) == len(old_events)  # kept, added
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000003"]  # no partial folder left
+
+
+def test_a_fresh_start_keeps_the_trackers_folder_with_a_users_files_and_says_so(random_model_dir, stopped_run,
+                                                                                  tmp_path, capfd):
+    """#50: a fresh start removed tracking/ whole, a user's notes and a W&B run folder in it."""
+    run = copy_of(stopped_run, tmp_path)
+    (run / "tracking" / "notes.txt").write_text("what I tried\n")
+    (run / "tracking" / "wandb" / "run-1").mkdir(parents=True)
+    (run / "tracking" / "wandb" / "run-1" / "config.yaml").write_text("lr: 1\n")
+    before = snapshot(run / "tracking")
+    train(same_command(random_model_dir, run))
+    assert (f"output_dir: {run} holds a run that stopped before its first checkpoint (nothing to resume); "
+            f"starting it afresh; its trackers' folder tracking/ stays as it is (the new run's trackers write "
+            f"beside it)") in capfd.readouterr().err
+    after = snapshot(run / "tracking")
+    assert {name: after[name] for name in before} == before  # every file kept as it was
 
 
 def user_file(run):
@@ -217,6 +250,44 @@ def linked_log(run):
     (run / "metrics.jsonl").symlink_to(run.parent / "elsewhere.jsonl")
     (run.parent / "elsewhere.jsonl").write_text('{"step": 0}\n')
     return "files podsrl did not write \\(metrics.jsonl\\)"
+
+
+def users_rollouts(run):
+    (run / "rollouts.jsonl").write_text("my notes, not a log\n")
+    return "files podsrl did not write \\(rollouts.jsonl\\)"
+
+
+def users_environment(run):
+    (run / "environment.json").write_text(json.dumps({"conda": "my-env"}))
+    return "files podsrl did not write \\(environment.json\\)"
+
+
+def users_data(run):
+    (run / "data.json").write_text(json.dumps([{"question": "1 + 1", "answer": 2}]))
+    return "files podsrl did not write \\(data.json\\)"
+
+
+def metrics_damaged_before_the_last_line(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(lines[0] + "\n{not json\n" + "\n".join(lines[1:]) + "\n")
+    return "files podsrl did not write \\(metrics.jsonl\\)"
+
+
+def users_lock_file(run):
+    (run / LOCK_FILE).write_text("my lock notes\n")
+    return f"files podsrl did not write \\({LOCK_FILE}\\)"
+
+
+def users_file_in_a_partial_checkpoint(run):
+    partial_checkpoint(run)
+    (run / "checkpoints" / "step_0000001.tmp" / "notes.txt").write_text("mine\n")
+    return "files podsrl did not write \\(checkpoints/step_0000001.tmp/notes.txt\\)"
+
+
+def users_file_named_like_a_checkpoints(run):
+    partial_checkpoint(run)
+    (run / "checkpoints" / "step_0000001.tmp" / "trainable.pt").write_bytes(b"my own weights")
+    return "files podsrl did not write \\(checkpoints/step_0000001.tmp/trainable.pt\\)"
 
 
 def a_checkpoint(run, finished_run):
@@ -239,16 +310,20 @@ def a_foreign_config(run):
     return "is not empty"
 
 
-@pytest.mark.parametrize("spoil", [user_file, user_file_in_checkpoints, linked_log, a_checkpoint, a_summary,
-                                   a_model_config, a_foreign_config])
+@pytest.mark.parametrize("spoil", [user_file, user_file_in_checkpoints, linked_log, users_rollouts,
+                                   users_environment, users_data, metrics_damaged_before_the_last_line,
+                                   users_lock_file, users_file_in_a_partial_checkpoint,
+                                   users_file_named_like_a_checkpoints, a_checkpoint, a_summary, a_model_config,
+                                   a_foreign_config])
 def test_a_stopped_run_beside_anything_podsrl_did_not_write_is_refused_and_untouched(
         random_model_dir, stopped_run, finished_run, tmp_path, nothing_loads, spoil):
     run = copy_of(stopped_run, tmp_path)
     expected = spoil(run, finished_run) if spoil is a_checkpoint else spoil(run)
-    before = snapshot(tmp_path)
+    before, lock = snapshot(tmp_path), (run / LOCK_FILE).read_bytes()
     with pytest.raises(RunDirError, match=f"^output_dir: {run} .*{expected}") as refused:
         train(same_command(random_model_dir, run))
     assert "\n" not in str(refused.value) and snapshot(tmp_path) == before
+    assert (run / LOCK_FILE).read_bytes() == lock
 
 
 def test_a_stopped_run_whose_folder_another_process_holds_is_refused_and_untouched(

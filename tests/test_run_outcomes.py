@@ -3,11 +3,14 @@ the final model save, and runs that trained nothing exiting non-zero."""
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
+from safetensors import SafetensorError
 
+from podsrl.contracts import error_line
 from podsrl.metrics import read_metrics
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
@@ -38,8 +41,14 @@ def test_the_logs_are_synced_before_each_checkpoint(random_model_dir, tmp_path, 
 
 
 # --- a full disk at the final model save ----------------------------------------------------------------
+FULL_DISK_ERRORS = [OSError(28, "No space left on device"),  # safetensors raises its own error (#50):
+                    SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                    '"No space left on device" })')]
+
+
+@pytest.mark.parametrize("error", FULL_DISK_ERRORS, ids=lambda error: type(error).__name__)
 def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_how_to_export(
-        random_model_dir, tmp_path, monkeypatch):
+        random_model_dir, tmp_path, monkeypatch, error):
     from transformers import PreTrainedModel
 
     from podsrl.trainer.export import export_run
@@ -51,11 +60,11 @@ def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_h
     def full_disk(self, folder, *args, **kwargs):
         Path(folder).mkdir(parents=True, exist_ok=True)
         (Path(folder) / "model.safetensors").write_bytes(b"partial")
-        raise OSError(28, "No space left on device")
+        raise error
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
-    with pytest.raises(OSError, match=r"^model: could not write .*model \(OSError: \[Errno 28\] No space left on "
-                                      r"device\); removed model.tmp, the previous model/ is as it was") as failed:
+    with pytest.raises(OSError, match=f"^model: could not write .*model \\({re.escape(error_line(error))}\\); "
+                                      f"removed model.tmp, the previous model/ is as it was") as failed:
         train(quick(random_model_dir, out, max_steps=3, resume=True))
     message = str(failed.value)
     assert "\n" not in message and f"podsrl export {out} OUTPUT_DIR --checkpoint step_0000003" in message
@@ -66,6 +75,50 @@ def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_h
     assert json.loads((exported / "podsrl_export.json").read_text())["step"] == 3
 
 
+# --- a full disk while a step's records are appended ------------------------------------------------------
+def test_a_full_disk_while_logging_a_step_keeps_the_logs_whole_and_says_how_to_resume(random_model_dir, tmp_path,
+                                                                                        monkeypatch):
+    """#50: a write that failed half-way left rollouts.jsonl cut mid-line, and the run ended on a bare
+    [Errno 28]. Now the log is cut back to its last complete record and the line says how to go on."""
+    out, real_open, appends = tmp_path / "run", Path.open, []
+
+    class HalfWritten:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            self.fh.write(data[:len(data) // 2])
+            self.fh.flush()
+            raise OSError(28, "No space left on device")
+
+    def full_disk_at_step_3(path, mode="r", *args, **kwargs):
+        fh = real_open(path, mode, *args, **kwargs)
+        if path.name == "rollouts.jsonl" and "a" in mode:
+            appends.append(path)
+            if len(appends) == 3:  # step 3's rows (step 0 has none)
+                return HalfWritten(fh)
+        return fh
+
+    monkeypatch.setattr(Path, "open", full_disk_at_step_3)
+    with pytest.raises(OSError, match=r"^rollouts: could not append to .*rollouts.jsonl \(OSError: \[Errno 28\] No "
+                                      r"space left on device\); cut back to its last complete record; free space, "
+                                      r"then go on: last checkpoint: .*step_0000002; continue with the same "
+                                      r"command plus --resume true$") as failed:
+        train(quick(random_model_dir, out, max_steps=4, save_steps=2))
+    assert "\n" not in str(failed.value)
+    logged = (out / "rollouts.jsonl").read_text()
+    assert logged.endswith("\n") and {json.loads(line)["step"] for line in logged.splitlines()} == {1, 2}
+    monkeypatch.undo()
+    train(quick(random_model_dir, out, max_steps=4, save_steps=2, resume=True))  # the advice works
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
 # --- a run that learned nothing is a failure, with its files kept ---------------------------------------
 REWARDS = """
 def nothing(prompts, completions, **kw):
@@ -73,6 +126,9 @@ def nothing(prompts, completions, **kw):
 
 def broken(prompts, completions, **kw):
     raise RuntimeError("the grading server is down")
+
+def constant(prompts, completions, **kw):
+    return [1.0] * len(completions)  # every group's rewards equal: every advantage is 0
 
 def huge(prompts, completions, **kw):
     return [1e38] * len(completions)  # finite, but the group's mean and variance overflow float32
@@ -109,6 +165,7 @@ def skip_every_step(monkeypatch):
     ("nothing", "no reward applied in the 2 steps run"),
     ("broken", "no reward applied in the 2 steps run"),
     ("huge", "no reward applied in the 2 steps run"),
+    ("constant", "every advantage was 0 in the 2 steps run"),
     ("skipped", "all 2 optimizer steps were skipped"),
     ("parity", ""),
 ])

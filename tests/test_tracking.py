@@ -173,7 +173,8 @@ def test_under_two_processes_only_the_main_process_logs(tmp_path):
 
 # --- W&B and trackio, in a subprocess (they hook the interpreter's output and exit) -----------
 def train_in_subprocess(model_dir, out, env, *args):
-    """``podsrl train`` on a tiny run; ``env`` entries set to None are removed."""
+    """``podsrl train`` on a tiny run; ``env`` entries set to None are removed. ``model_dir``: one that
+    earns rewards (the shipped tiny model), or the run learns nothing and exits 1."""
     command = [sys.executable, "-m", "podsrl.cli", "train", "--model", model_dir, "--max_steps", "2",
                "--prompts_per_step", "2", "--num_generations", "4", "--num_kept", "2", "--max_completion_length", "6",
                "--eval_prompts", "4", "--eval_samples", "1", "--save_steps", "0", "--progress", "false",
@@ -207,10 +208,10 @@ def wandb_records(path: Path) -> list:
 
 
 @skip_unless_installed("wandb")
-def test_wandb_logs_offline_without_an_api_key(random_model_dir, tmp_path):
+def test_wandb_logs_offline_without_an_api_key(tmp_path):
     env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": str(tmp_path / "no-netrc"), "WANDB_SILENT": "true"}
     out = tmp_path / "run"
-    done = train_in_subprocess(random_model_dir, out, env, "--report_to", "wandb", "--eval_steps", "1")
+    done = train_in_subprocess("tiny", out, env, "--report_to", "wandb", "--eval_steps", "1")
     assert "logging offline" in done.stderr
     [run_file] = (out / "tracking" / "wandb").glob("offline-run-*/run-*.wandb")
     history: dict[tuple[str, int], float] = {}
@@ -230,10 +231,10 @@ def test_wandb_logs_offline_without_an_api_key(random_model_dir, tmp_path):
 
 
 @skip_unless_installed("trackio")
-def test_trackio_logs_the_metrics_and_the_rollout_table(random_model_dir, tmp_path):
+def test_trackio_logs_the_metrics_and_the_rollout_table(tmp_path):
     store = tmp_path / "trackio"
     out = tmp_path / "run"
-    train_in_subprocess(random_model_dir, out, {"TRACKIO_DIR": str(store), "TRACKIO_PROJECT": "test"},
+    train_in_subprocess("tiny", out, {"TRACKIO_DIR": str(store), "TRACKIO_PROJECT": "test"},
                         "--report_to", "trackio", "--eval_steps", "1")
     with sqlite3.connect(store / "test.db") as db:
         logged = [(step, json.loads(values)) for step, values in db.execute("select step, metrics from metrics")]

@@ -410,3 +410,23 @@ def test_the_callers_generation_batch_is_left_whole(tmp_path):
     out = pods._generate_and_score_completions(batch)
     assert batch == before
     assert out["completion_ids"].shape[0] == 8  # 4 prompts x m = 2 kept rows went on
+
+
+@pytest.mark.parametrize("value, weights, refused", [
+    (float("inf"), [1.0, 1.0], r"reward function huge returned inf for completion 0 of 16 \(beyond \+/-1e\+15"),
+    (1e38, [1.0, 1.0], r"reward function huge returned 1e\+38 for completion 0 of 16 \(beyond \+/-1e\+15"),
+    (-1e38, [1.0, 1.0], r"reward function huge returned -1e\+38 for completion 0 of 16"),
+    (1e10, [1e10, 1.0], r"reward functions huge, arithmetic_format: the weighted sum is 1e\+20 for completion 0"),
+])
+def test_rewards_too_large_for_float32_are_refused_naming_the_function(tmp_path, value, weights, refused):
+    """An inf, or a finite reward whose group mean and variance overflow float32 (1e38), would
+    give inf / NaN advantages and a run that ends as a success: refused before selection, in
+    one line naming the reward function, as podsrl's own trainer refuses it; None (NaN) passes."""
+    def huge(completions, **kwargs):
+        return [value] + [None] * (len(completions) - 1)
+
+    pods = trainer(PODSTrainer, PODSConfig(**options(tmp_path, max_steps=1, reward_weights=weights), num_kept=2),
+                   reward_funcs=[huge, arithmetic_format])
+    with pytest.raises(ValueError, match=f"^PODSTrainer: {refused}") as failed:
+        pods.train()
+    assert "\n" not in str(failed.value)

@@ -8,16 +8,18 @@ lists them with their defaults and documentation).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
 
-from podsrl.config import Config, make_config, parse_value, split_list
-from podsrl.experiments.compare import analyze, arm_configs, run_comparison, write_report
+from podsrl.config import Config, load_yaml, make_config, parse_value, split_list
+from podsrl.experiments.compare import analyze, arm_configs, arm_specs, run_comparison, write_report
 from podsrl.experiments.plots import plot_accuracy
 from podsrl.provenance import environment_report
-from podsrl.trainer import TrainingStopped, train
-from podsrl.trainer.evaluate import run_eval
+from podsrl.trainer import RunResult, TrainingStopped, train
+from podsrl.trainer.evaluate import default_eval_dir, run_eval
 from podsrl.trainer.export import export_run
 from podsrl.trainer.setup import eval_options, task_options
 
@@ -65,6 +67,17 @@ def cmd_train(argv: list[str]) -> int:
         return 2
     if not result.is_main:
         return 1 if result.failure else 0
+    try:
+        return _report_run(cfg, result)
+    except KeyboardInterrupt:  # the run has finished and its files are written: only this report is cut short
+        failure = f"; it learned nothing: {result.failure}" if result.failure else ""
+        print(f"podsrl train: stopped by SIGINT after the run finished; its files are in {result.run_dir} "
+              f"(accuracy.png may be missing){failure}", file=sys.stderr)
+        return 130
+
+
+def _report_run(cfg: Config, result: RunResult) -> int:
+    """The finished run's accuracies, files and plot; its exit code (1: it learned nothing)."""
     init, final = result.initial, result.final
     print(f"held-out accuracy (sampled, T={cfg.eval_temperature}, {cfg.eval_samples} samples x "
           f"{result.eval_prompts} prompts): {100 * init['eval_accuracy']:.1f}% at step 0 -> "
@@ -84,11 +97,21 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
+def _output_dir_given(argv: list[str]) -> bool:
+    """Whether ``--output_dir`` or the ``--config`` file (already read without error) sets it."""
+    args, _ = _config_parser("", "").parse_known_args(argv)
+    return args.output_dir is not None or bool(args.config and "output_dir" in load_yaml(args.config))
+
+
 def cmd_eval(argv: list[str]) -> int:
     cfg = _parse_config(argv, "podsrl eval", "Accuracy of a model or a run's model/ folder on a task's held-out "
-                        "split; uses the eval_* fields (eval_temperature 0 = greedy).")
+                        "split; uses the eval_* fields (eval_temperature 0 = greedy). Writes OUTPUT_DIR/eval/"
+                        "TASK-samples.jsonl and TASK-summary.json (TASK-2-... beside an earlier eval's); "
+                        "--output_dir default: runs/eval/MODEL-TASK.")
     if cfg is None:
         return 2
+    if not _output_dir_given(argv):  # not the main job's runs/podsrl, which a later podsrl train would find taken
+        cfg = dataclasses.replace(cfg, output_dir=str(default_eval_dir(cfg.model, cfg.task)))
     try:
         summary = run_eval(cfg, task_options(cfg), eval_options(cfg, greedy=False))
     except (ValueError, OSError) as err:
@@ -119,13 +142,16 @@ def cmd_compare(argv: list[str]) -> int:
                     "and a speedup table. Any `podsrl train` option (--config, --FIELD VALUE) sets the shared "
                     "config; --output_dir is the comparison folder. Re-running reuses finished runs.")
     parser.add_argument("--methods", default="grpo,grpo-ga,pods")
-    parser.add_argument("--rules", default="max_variance", help="downsampling rules of pods, comma-separated")
+    parser.add_argument("--rules", default="", help="downsampling rules of pods, comma-separated: names, or JSON "
+                                                    "mappings {\"name\": ..., ARGUMENT: VALUE} (default: the config's "
+                                                    "downsampling_rule)")
     parser.add_argument("--n_values", default="", help="num_generations (n) values, comma-separated; 'auto' = "
                                                         "adaptive_n starting at the config's n (default: the "
                                                         "config's)")
     parser.add_argument("--m_values", default="", help="num_kept (m) values, comma-separated (default: the config's)")
-    parser.add_argument("--prompt_selectors", default="", help="prompt selectors, comma-separated: each arm runs "
-                                                                "once per selector (default: the config's)")
+    parser.add_argument("--prompt_selectors", default="", help="prompt selectors, comma-separated (names or JSON "
+                                                                "mappings): each arm runs once per selector "
+                                                                "(default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, required=True, help="training time per run")
     parser.add_argument("--baseline", default="", help="arm name or method of the speedup baseline")
@@ -140,8 +166,9 @@ def cmd_compare(argv: list[str]) -> int:
             raise ValueError("seeds and budget_minutes: must be positive")
         n_values = _ints("n_values", args.n_values, ("auto",)) or [cfg.num_generations]
         m_values = _ints("m_values", args.m_values) or [cfg.num_kept]
-        arms = arm_configs(cfg, split_list(args.methods), split_list(args.rules), n_values, m_values,
-                           split_list(args.prompt_selectors))
+        rules = arm_specs("downsampling_rule", args.rules) or [cfg.downsampling_rule]  # the config's, not a default
+        arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
+                           arm_specs("prompt_selector", args.prompt_selectors))
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))
         result = analyze(run_dirs, baseline=args.baseline or None)
     except TrainingStopped as stopped:  # a signal or a failed reward: the run checkpointed; re-running resumes it
@@ -234,7 +261,23 @@ def main(argv: list[str] | None = None) -> int:
               "  env     versions and machine, for bug reports\n\n"
               "`podsrl COMMAND --help` for the options of a command.", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except KeyboardInterrupt as interrupted:  # a Ctrl-C that no command handles (a run handles its own): one line
+        signum = getattr(interrupted, "signum", signal.SIGINT)
+        print(f"podsrl {argv[0]}: stopped by {signal.Signals(signum).name}; {INTERRUPTED[argv[0]]}", file=sys.stderr)
+        return 128 + signum
+
+
+# what a command interrupted outside a training run leaves, and what to do
+INTERRUPTED = {
+    "train": "the run had not begun, nothing was written: run the same command again",
+    "eval": "its results are written only at its end: run the same command again",
+    "compare": "finished runs are kept and a stopped one checkpointed: re-run the same command, which reuses them",
+    "plot": "figures are written only at its end: run the same command again",
+    "export": "nothing was exported (an export is written beside its folder and renamed into place at the end)",
+    "env": "nothing was written",
+}
 
 
 if __name__ == "__main__":

@@ -21,17 +21,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     the last value, so ``learning_rate`` set twice would train with whichever came later."""
 
     def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
+        seen: dict[Any, tuple[int, int]] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` merges, it is no key
                 continue
             key = self.construct_object(key_node, deep=deep)
+            # by line and column: a flow mapping ({a: 1, a: 2}) names both on one line
+            where = (key_node.start_mark.line + 1, key_node.start_mark.column)
             try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
+                first = seen.setdefault(key, where)
             except TypeError:  # an unhashable key: the base loader reports it
                 continue
-            if first != key_node.start_mark.line + 1:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
+            if first != where:
+                raise _DuplicateKey(key, where[0], first[0])
         return super().construct_mapping(node, deep=deep)
 
 

@@ -7,7 +7,9 @@ which checks the object's signature once, at start-up (``Registry.resolve``), an
 exits, hangs or returns the wrong thing is reported as that function failing, in one line
 naming the config field, the function and what was wrong, never as a traceback deep in the
 update or as a run that trains on garbage. The checks are a few comparisons on tensors of
-[P, m] or smaller per call (``benchmarks/contract_cost.py`` measures them).
+[P, m] or smaller per call (``benchmarks/contract_cost.py`` measures them). A component may
+declare the ranges of its keyword arguments (:func:`argument_ranges`), checked at start-up
+when a spec binds them (``eps`` -1 would run, flipping every advantage's sign).
 
 The trainer stops on a :class:`UserCodeError` as it does on a failed reward: the unfinished
 step is undone and the last finished step checkpointed.
@@ -16,9 +18,11 @@ step is undone and the last finished step checkpointed.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -73,6 +77,42 @@ def check_signature(obj: Any, field: str, spec: str, takes: str, arity: int) -> 
         signature.bind(*([None] * arity))
     except TypeError:
         raise ValueError(f"{field}: {spec} must accept {takes}; it takes {signature}") from None
+
+
+# --- the ranges of components' keyword arguments, checked when a spec binds them at set-up
+# (podsrl.registry.bind_kwargs; re-exported there)
+@dataclass(frozen=True)
+class Range:
+    """What a component's keyword argument must be, checked when a spec binds it (at set-up):
+    ``must`` in words ('> 0'), the ``test`` of a value, and ``why``, said after it."""
+
+    must: str
+    test: Callable[[Any], bool]
+    why: str = ""
+
+    def check(self, value: Any, where: str) -> None:
+        try:
+            ok = bool(self.test(value))
+        except TypeError:  # a value of another kind (an argument whose default is None is not type-checked)
+            ok = False
+        if not ok:
+            why = f" ({self.why})" if self.why else ""
+            raise ValueError(f"{where} = {json.dumps(value)}: must be {self.must}{why}")
+
+
+positive = Range("> 0", lambda value: value > 0)
+non_negative = Range(">= 0", lambda value: value >= 0)
+probability = Range("in [0, 1]", lambda value: 0 <= value <= 1)
+
+
+def argument_ranges(**ranges: Range) -> Callable[[Any], Any]:
+    """Decorator: the :class:`Range` of some of a component's keyword arguments, e.g.
+    ``@argument_ranges(eps=positive)``; a spec binding one out of range is refused at set-up in one
+    line naming the field and the argument (``eps`` -1 would flip every advantage's sign)."""
+    def mark(obj):
+        obj.argument_ranges = {**getattr(obj, "argument_ranges", {}), **ranges}
+        return obj
+    return mark
 
 
 def check_reward_signature(fn: Any, field: str, spec: str) -> None:

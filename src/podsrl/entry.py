@@ -20,4 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"podsrl: the command line needs podsrl's trainer dependencies, and {err.name} is not installed: "
               f"pip install '.[train]' in a podsrl clone", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a Ctrl-C in the seconds torch and transformers take to import
+        args = sys.argv[1:] if argv is None else argv
+        command = f"podsrl {args[0]}" if args and args[0].isidentifier() else "podsrl"
+        print(f"{command}: stopped by SIGINT while starting; nothing was written", file=sys.stderr)
+        return 130
     return run_command(argv)

@@ -6,6 +6,7 @@ of log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -52,8 +53,17 @@ class MetricsLog:
         self.write_many([record])
 
     def write_many(self, records: list[dict]) -> None:
-        with self.path.open("a") as fh:
-            fh.write("".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records))
+        """Append ``records``; a write that fails (a full disk) is cut back off, so the log
+        still ends at its last complete record, and raised as one line naming the file."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        try:
+            with self.path.open("a") as fh:
+                fh.write("".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records))
+        except OSError as err:
+            with contextlib.suppress(OSError):  # truncating frees space: it works on a full disk
+                os.truncate(self.path, size)
+            raise OSError(f"{self.path.stem}: could not append to {self.path} ({type(err).__name__}: {err}); cut "
+                          f"back to its last complete record") from None
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -31,10 +31,20 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Union
 
-from podsrl.contracts import calling, check_signature, error_line, spec_name
+from podsrl.contracts import (
+    Range,
+    argument_ranges,
+    calling,
+    check_signature,
+    error_line,
+    non_negative,
+    positive,
+    probability,
+    spec_name,
+)
 
-__all__ = ["NAME_KEY", "Bound", "Checked", "Registry", "Spec", "bind_kwargs", "component_label", "error_line",
-           "load_object", "spec_parts"]
+__all__ = ["NAME_KEY", "Bound", "Checked", "Range", "Registry", "Spec", "argument_ranges", "bind_kwargs",
+           "component_label", "error_line", "load_object", "non_negative", "positive", "probability", "spec_parts"]
 
 NAME_KEY = "name"  # the component's key in a mapping spec: {name: my.py:rule, temperature: 0.5}
 Spec = Union[str, Mapping[str, Any]]  # a name / module:function, or a mapping of one and keyword arguments
@@ -103,7 +113,10 @@ class Registry(dict):
         or a list of names, is text as before."""
         if isinstance(raw, str) and raw.strip()[:1] in (("{", "[") if self.many else ("{",)):
             try:
-                raw = json.loads(raw)
+                raw = json.loads(raw, object_pairs_hook=_unique_keys)
+            except _KeyTwice as err:  # json keeps the last silently: which one was meant is unknown
+                raise ValueError(f"{source}{self.field}: key {err.key!r} given twice in {raw!r}; JSON keeps only "
+                                 f"the last: remove one") from None
             except json.JSONDecodeError as err:
                 raise ValueError(f"{source}{self.field}: not valid JSON ({err}): {raw!r}") from None
             if self.many and isinstance(raw, list):
@@ -193,6 +206,22 @@ class Bound(functools.partial):
         return f"Bound({component_label({NAME_KEY: spec_name(self.func), **self.keywords})})"
 
 
+class _KeyTwice(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict (``json.loads``'s ``object_pairs_hook``), refusing a key given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _KeyTwice(key)
+        out[key] = value
+    return out
+
+
 def spec_parts(spec: Spec, field: str = "component") -> tuple[str, dict[str, Any]]:
     """(name, keyword arguments) of a spec: a string, or a mapping ``{name: ..., argument:
     value, ...}`` whose arguments are identifiers with JSON values (the run's config.json
@@ -251,9 +280,9 @@ def bind_kwargs(obj, kwargs: dict[str, Any], field: str, name: str, takes: str =
                 passes: tuple[str, ...] = ()) -> Bound:
     """``obj`` (named ``name``) with ``kwargs`` bound, checked at start-up: each must name a
     parameter of ``obj`` taken by keyword that podsrl does not pass itself (the first
-    ``arity`` positional ones, ``passes``), with a value of its default's type; bound, ``obj``
-    must still accept ``arity`` positional arguments (``takes``). One-line ValueErrors naming
-    ``field``."""
+    ``arity`` positional ones, ``passes``), with a value of its default's type, in its range if
+    ``obj`` declares one (:func:`argument_ranges`); bound, ``obj`` must still accept ``arity``
+    positional arguments (``takes``). One-line ValueErrors naming ``field``."""
     try:
         parameters = inspect.signature(obj).parameters
     except (TypeError, ValueError):
@@ -269,6 +298,8 @@ def bind_kwargs(obj, kwargs: dict[str, Any], field: str, name: str, takes: str =
         if key not in settable:
             raise ValueError(f"{field}: {name} takes no argument {key!r} (it takes: {', '.join(settable) or 'none'})")
         _check_type(parameters[key].default, value, f"{field}: {name}: argument {key}")
+        if key in getattr(obj, "argument_ranges", {}):
+            obj.argument_ranges[key].check(value, f"{field}: {name}: argument {key}")
     bound = Bound(obj, **kwargs)
     if arity is not None:
         check_signature(bound, field, component_label({NAME_KEY: name, **kwargs}), takes, arity)

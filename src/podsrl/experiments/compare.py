@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podsrl.config import validate
+from podsrl.config import parse_value, validate
 from podsrl.experiments.plots import save_accuracy_figure
 from podsrl.experiments.runs import FinishedRun, arm_variants, largest_logged, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
@@ -272,6 +272,32 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def split_specs(text: str) -> list[str]:
+    """Comma-separated component specs, stripped, empty ones dropped: split only at commas outside
+    brackets, braces and double-quoted strings, so a JSON mapping with arguments is one item."""
+    items, depth, start, quoted, escaped = [], 0, 0, False, False
+    for i, char in enumerate(text):
+        if quoted:
+            escaped, quoted = (False, quoted) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def arm_specs(field: str, text: str) -> list:
+    """``--rules`` / ``--prompt_selectors``: names or JSON mappings ``{"name": ..., argument: value}``,
+    each parsed as the config ``field`` parses its value (a mapping stays a mapping)."""
+    return [parse_value(field, item) for item in split_specs(text)]
+
+
 def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int],
                 selectors: list[str] = ()) -> list[dict]:
     """Config overrides of every arm: a method that generates m sweeps m; one that trains on
@@ -324,22 +350,34 @@ def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:
 def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, output_dir: Path,
                    log=print) -> list[Path]:
     """Train every arm x seed on this machine with the same training-time budget, in the
-    interleaved order of :func:`run_plan`. Finished runs are reused and interrupted ones
-    resumed from their checkpoint (one stopped before its first checkpoint is started afresh
-    in its folder), so a long comparison can be restarted."""
+    interleaved order of :func:`run_plan`. Every run's config is validated before the first
+    runs (an arm that cannot run fails the comparison at once, naming the arm). Finished runs
+    are reused and interrupted ones resumed from their checkpoint (one stopped before its first
+    checkpoint is started afresh in its folder), so a long comparison can be restarted."""
     run_dirs = []
     plan = run_plan(arms, [base.seed + k for k in range(seeds)])
-    for i, (arm, seed) in enumerate(plan, start=1):
-        run_dir = output_dir / arm_dir_name(arm) / f"seed{seed}"
+    configs = [_run_config(base, arm, seed, budget_minutes, output_dir / arm_dir_name(arm) / f"seed{seed}")
+               for arm, seed in plan]
+    for (arm, _), cfg in zip(plan, configs):
+        try:
+            validate(cfg)
+        except (ValueError, FileNotFoundError) as err:
+            raise type(err)(f"arm {arm_dir_name(arm)}: {err}") from None
+    for i, cfg in enumerate(configs, start=1):
+        run_dir = Path(cfg.output_dir)
         run_dirs.append(run_dir)
         if (run_dir / "summary.json").exists():
             log(f"[{i}/{len(plan)}] {run_dir}: done earlier, reused")
             continue
-        cfg = dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=10**9,
-                                  output_dir=str(run_dir), progress=False,
-                                  resume=bool(list_checkpoints(run_dir / "checkpoints")))
-        validate(cfg)
         result = train(cfg)
         log(f"[{i}/{len(plan)}] {run_dir}: {result.steps} steps, accuracy "
             f"{100 * result.initial['eval_accuracy']:.1f}% -> {100 * result.final['eval_accuracy']:.1f}%")
     return run_dirs
+
+
+def _run_config(base, arm: dict, seed: int, budget_minutes: float, run_dir: Path):
+    """The config of one run of a comparison: the arm's overrides of the shared ``base``, its
+    seed and budget; it resumes where it has a checkpoint."""
+    return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=10**9,
+                               output_dir=str(run_dir), progress=False,
+                               resume=bool(list_checkpoints(run_dir / "checkpoints")))

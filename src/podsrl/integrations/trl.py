@@ -61,6 +61,7 @@ except ImportError as err:  # an optional dependency
 
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, Groups, select
+from podsrl.rewards.stack import REWARD_LIMIT
 from podsrl.rollout.vllm import load_weights_into
 
 # GRPOTrainer's per-row state of the generation batch: each rollout's environment instance,
@@ -143,6 +144,31 @@ def keep_rows(values: list | None, local_rows: list[int], rows: int, name) -> li
         raise ValueError(f"PODSTrainer: {name} has {len(values)} entries for {rows} generated rows; cannot tell "
                          "which entries belong to the kept rows")
     return [values[i] for i in local_rows]
+
+
+def check_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor, names: list[str]) -> None:
+    """Refuse rewards [R_all, F] whose advantages would be meaningless, as podsrl's own trainer
+    does: inf, or beyond +/-:data:`~podsrl.rewards.stack.REWARD_LIMIT` (1e38 is a finite float32,
+    but a group's mean and variance overflow), per function or in TRL's weighted sum. NaN is
+    TRL's "no reward" (the function returned None) and passes. The rewards are gathered, so
+    every process raises together (none is left waiting in a collective)."""
+    for column, values in enumerate(rewards_per_func.unbind(1)):
+        too_large = (values.abs() > REWARD_LIMIT).nonzero()  # NaN compares False
+        if len(too_large):
+            row = int(too_large[0])
+            name = names[column] if column < len(names) else f"number {column + 1}"
+            raise ValueError(f"PODSTrainer: reward function {name} returned {values[row].item():.3g} for completion "
+                             f"{row} of {len(values)} (beyond +/-{REWARD_LIMIT:g}: too large for float32 rewards and "
+                             f"their group statistics, so the advantages would be inf / NaN); return finite rewards "
+                             f"of ordinary size")
+    total = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # [R_all], as TRL sums them
+    too_large = (total.abs() > REWARD_LIMIT).nonzero()
+    if len(too_large):
+        row = int(too_large[0])
+        raise ValueError(f"PODSTrainer: reward functions {', '.join(names)}: the weighted sum is "
+                         f"{total[row].item():.3g} for completion {row} of {len(total)} (beyond +/-{REWARD_LIMIT:g}: "
+                         f"too large for float32 rewards and their group statistics); scale the rewards or "
+                         f"reward_weights down")
 
 
 def dataset_images(inputs: list[dict]) -> list | None:
@@ -264,6 +290,7 @@ class PODSTrainer(GRPOTrainer):
         # the dataset row plus the rollout function's per-row fields, and every row's environment
         scored = rows_with_extra_fields(self._pods_inputs, extra_fields)
         rewards_per_func = super()._calculate_rewards(scored, prompts, completions, completion_ids)
+        check_rewards(rewards_per_func, self.reward_weights.to(rewards_per_func.device), self.reward_func_names)
         rows = len(prompts)
         local_rows, kept_global_rows = self._select(rewards_per_func, rows)
         if images is None:  # TRL then falls back to the dataset's images: narrow those

@@ -25,12 +25,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from podsrl.registry import error_line
 
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "trainable.pt"
 OPTIMIZER_FILE = "optimizer.pt"
+# what writing weights raises on a full disk: OSError, torch.save's RuntimeError, safetensors' own error
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -157,11 +160,22 @@ def _check_rest(path: Path, rest: dict, scheduler, generators: dict, trainer_sta
         raise ValueError(f"checkpoint {path}: scheduler state is for another number of parameter groups")
 
 
+class StateDoesNotFit(ValueError):
+    """A checkpoint's trainer-state entry ``part`` that this run's object refuses (another
+    prompt selector's state, say): the checkpoint does not fit this run, as another model's does not."""
+
+    def __init__(self, path: Path, part: str, err: BaseException) -> None:
+        self.part, self.reason = part, error_line(err)
+        super().__init__(f"checkpoint {path}: its {part} state does not fit this run ({self.reason})")
+
+
 def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict[str, torch.Generator],
-                    engine=None, rank: int = 0) -> dict:
+                    engine=None, rank: int = 0, states: dict | None = None) -> dict:
     """Restore everything in place; returns the trainer state (step, data position, time)
     with ``engine_restored``: whether the checkpoint held ``engine``'s state for ``rank``
-    (not when it was written by fewer processes).
+    (not when it was written by fewer processes). ``states``: objects with ``state_dict`` /
+    ``load_state_dict`` restored from the trainer state's entry of the same key (the prompt
+    selector's), part of the all-or-nothing; one that refuses its entry raises :class:`StateDoesNotFit`.
 
     All-or-nothing: every part is read and checked before anything is changed, and if
     applying fails anyway, the model, optimizer, scheduler, RNG streams and engine are put
@@ -180,10 +194,17 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict
     if engine_state is not None:
         engine.check_state(engine_state)
 
+    states = {key: obj for key, obj in (states or {}).items() if key in trainer_state}
     before = {"weights": trainable_state(model), "optimizer": copy.deepcopy(optimizer.state_dict()),
               "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
-              "engine": engine.state_dict() if engine is not None else None}
+              "engine": engine.state_dict() if engine is not None else None,
+              "states": {key: obj.state_dict() for key, obj in states.items()}}
     try:
+        for key, obj in states.items():  # first: the likeliest to refuse (written by another selector)
+            try:
+                obj.load_state_dict(trainer_state[key])
+            except Exception as err:
+                raise StateDoesNotFit(path, key, err) from err
         copy_weights(model, weights)
         optimizer.load_state_dict(rest["optimizer"])
         scheduler.load_state_dict(rest["scheduler"])
@@ -197,5 +218,7 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict
         restore_rng(before["rng"], generators)
         if engine is not None:
             engine.load_state_dict(before["engine"])
+        for key, obj in states.items():
+            obj.load_state_dict(before["states"][key])
         raise
     return {**trainer_state, "engine_restored": engine_state is not None}

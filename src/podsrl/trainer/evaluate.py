@@ -5,6 +5,7 @@ per-sample records.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -19,6 +20,7 @@ import torch
 from podsrl.distributed import Processes
 from podsrl.models import ModelBundle, load_model
 from podsrl.models.loading import BUILTIN_PATH_TAILS
+from podsrl.registry import component_label
 from podsrl.rewards.scorer import reward_inputs
 from podsrl.rollout import generate
 from podsrl.tasks import PreparedSplit, Task, TaskOptions, build_task, prepare_split
@@ -168,11 +170,34 @@ def _same_model(a: str, b: str) -> bool:
     return bool(short) and tuple(long[-len(short):]) == tuple(short)
 
 
+def default_eval_dir(model: str, task) -> Path:
+    """``podsrl eval``'s folder when none is given: ``runs/eval/MODEL-TASK``, not the main job's
+    ``runs/podsrl`` (a later ``podsrl train`` would find that folder taken)."""
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}-{component_label(task)}").strip("_.")
+    return Path("runs") / "eval" / (label or "model")
+
+
+def _new_eval_files(out_dir: Path, stem: str):
+    """(samples path, its file opened for writing, summary path): ``STEM-samples.jsonl``, else
+    ``STEM-2-samples.jsonl``, ... the first whose files do not exist, created exclusively, so an
+    earlier eval's files (or a concurrent one's) are never overwritten."""
+    for number in itertools.count(1):
+        name = stem if number == 1 else f"{stem}-{number}"
+        samples, summary = out_dir / f"{name}-samples.jsonl", out_dir / f"{name}-summary.json"
+        if summary.exists():
+            continue
+        try:
+            return samples, samples.open("x", encoding="utf-8"), summary
+        except FileExistsError:
+            continue
+
+
 def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     """``podsrl eval``: accuracy of ``cfg.model`` on the task's held-out split.
 
     Writes one JSONL record per sample (prompt, completion, extracted answer, gold,
-    correct) and a summary to ``{output_dir}/eval/``; returns the summary.
+    correct) and a summary to ``{output_dir}/eval/``, beside an earlier eval's files (a new
+    number, never over them); returns the summary.
     """
     check_eval_model(cfg.model)  # before the data and model load: a wrong folder should cost no time
     task = build_task(task_options, with_train=False)
@@ -191,8 +216,8 @@ def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
     out_dir = Path(cfg.output_dir) / "eval"
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)
-    samples_path = out_dir / f"{stem}-samples.jsonl"
-    with samples_path.open("w", encoding="utf-8") as fh:
+    samples_path, samples_file, summary_path = _new_eval_files(out_dir, stem)
+    with samples_file as fh:
         for record in evaluation.records:
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
     records = evaluation.records
@@ -202,5 +227,5 @@ def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
                "temperature": options.temperature, "max_completion_length": options.max_new_tokens,
                "answered": sum(r["extracted"] is not None for r in records) / max(1, len(records)),
                "seconds": round(seconds, 2), "samples_file": str(samples_path)}
-    (out_dir / f"{stem}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary

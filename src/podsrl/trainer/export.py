@@ -4,28 +4,47 @@ Face model folder: weights that load with plain ``AutoModelForCausalLM.from_pret
 chat template, and a model card (README.md).
 
 The folder is written next to its destination under a temporary name and renamed into
-place at the end, so a failed export leaves no half-written folder behind. It carries
-EXPORT_MARKER, and ``--overwrite`` replaces only a folder that does: podsrl deletes no
-folder it did not write (a run, a user's model or project folder).
+place at the end, so a failed export (a full disk) leaves no half-written folder behind. It
+carries EXPORT_MARKER with the sha256 digest of every file it wrote, and ``--overwrite``
+replaces only a folder that does, and of it only the files whose content still has their
+digest: whatever else is there (a user's results, an edited file) is kept, moved into the new
+export, and listed (:mod:`podsrl.trainer.ownership`). podsrl deletes nothing it did not write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 
 from podsrl.config import split_list
 from podsrl.models import ModelBundle, load_model
-from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, check_weights, copy_weights, fsync, list_checkpoints
+from podsrl.registry import error_line
+from podsrl.trainer.checkpoints import (
+    STATE_FILE,
+    WEIGHTS_FILE,
+    WRITE_ERRORS,
+    check_weights,
+    copy_weights,
+    fsync,
+    list_checkpoints,
+)
+from podsrl.trainer.logging import say
 from podsrl.trainer.model_card import model_card
-from podsrl.trainer.run_dir import is_model_folder, is_run_folder
+from podsrl.trainer.ownership import digests, unproven_exported
+from podsrl.trainer.run_dir import MODEL_FILES, is_model_folder, is_run_folder
 from podsrl.trainer.run_info import RunInfo, Source, read_run_info
 
-EXPORT_MARKER = "podsrl_export.json"  # what was exported, from where; --overwrite requires it
+EXPORT_MARKER = "podsrl_export.json"  # what was exported, from where, each file's digest; --overwrite requires it
+# names every export writes, whatever the model: a file podsrl cannot prove is its own under one
+# of these (or a name the earlier export recorded) refuses an overwrite before the model loads
+EXPORT_NAMES = frozenset({EXPORT_MARKER, "README.md", "config.json", "generation_config.json", "tokenizer_config.json",
+                          "special_tokens_map.json", "chat_template.jinja", *MODEL_FILES})
 
 
 def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None = None,
@@ -45,7 +64,8 @@ def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None
         model.save_pretrained(folder)
         bundle.tokenizer.save_pretrained(folder)  # with its chat template
         (folder / "README.md").write_text(card)
-        marker = {"run_dir": str(info.run_dir.resolve()), "source": source.label, "step": source.step}
+        marker = {"run_dir": str(info.run_dir.resolve()), "source": source.label, "step": source.step,
+                  "files": digests(folder)}  # what a later --overwrite may remove: these files, as they are now
         (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
     _write_atomically(output, write)
@@ -95,6 +115,35 @@ def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) ->
                                   f"replaces only folders it exported: choose a new or empty folder")
         if not overwrite:
             raise FileExistsError(f"{output}: holds an earlier podsrl export; pass --overwrite to replace it")
+        _refuse_kept_files_in_the_way(output, _kept(output), EXPORT_NAMES | set(_recorded(output)))
+
+
+def _recorded(output: Path) -> dict[str, str]:
+    """The digests an earlier export's marker records, by file name; none from a marker without
+    them (hand-made, or an older podsrl's): such a marker proves nothing."""
+    try:
+        files = json.loads((output / EXPORT_MARKER).read_text()).get("files")
+    except (ValueError, OSError, AttributeError):
+        return {}
+    valid = isinstance(files, dict) and all(isinstance(v, str) for v in files.values())
+    return files if valid else {}
+
+
+def _kept(output: Path) -> list[str]:
+    """What --overwrite keeps of an earlier export in ``output``: all but its provable files."""
+    return unproven_exported(output, _recorded(output), EXPORT_MARKER)
+
+
+def _refuse_kept_files_in_the_way(output: Path, kept: list[str], names: set[str] | frozenset[str]) -> None:
+    """A file --overwrite would keep whose name the new export writes too (a user-edited
+    README.md, a marker without digests) cannot be both kept and replaced: refuse, naming it."""
+    in_the_way = [name for name in kept if name in names]
+    if in_the_way:
+        why = (f" ({EXPORT_MARKER} records no digests: hand-made or an older podsrl's, it proves nothing)"
+               if EXPORT_MARKER in in_the_way else "")
+        raise FileExistsError(f"{output}: holds files podsrl cannot prove it exported whose names the new export "
+                              f"writes ({', '.join(in_the_way)}){why}; --overwrite keeps what is not podsrl's: move "
+                              f"them out of {output}, or choose another folder")
 
 
 # --- loading and merging ---------------------------------------------------------------------
@@ -134,29 +183,54 @@ def _merged(model: torch.nn.Module) -> torch.nn.Module:
 
 # --- writing ---------------------------------------------------------------------------------
 def _write_atomically(output: Path, write) -> None:
-    """``write(folder)`` into a temporary sibling of ``output``, then rename it into place
-    (replacing ``output`` if it exists). On any failure the temporary folder is removed
-    and ``output`` is left as it was."""
+    """``write(folder)`` into a temporary sibling of ``output``, then rename it into place. An
+    earlier export there is replaced: its provable files are removed, the rest is kept (moved
+    into the new folder, listed). On any failure the temporary folder is removed and ``output``
+    is left as it was; a write error (a full disk) is one line saying so."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.parent / f".{output.name}.export-{os.getpid()}.tmp"
-    old = output.parent / f".{output.name}.export-{os.getpid()}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.export-", suffix=".tmp", dir=output.parent))  # a new name
+    old = tmp.with_suffix(".old")
     try:
-        write(tmp)
-        for path in tmp.iterdir():  # on disk before the rename makes the folder visible as complete
-            fsync(path)
-        if output.exists():
-            os.replace(output, old)
         try:
-            os.replace(tmp, output)
-        except OSError:
-            if old.exists():
-                os.replace(old, output)
-            raise
+            write(tmp)
+            for path in tmp.iterdir():  # on disk before the rename makes the folder visible as complete
+                fsync(path)
+        except WRITE_ERRORS as err:
+            left = "is as it was" if output.exists() else "was not created"
+            raise OSError(f"{output}: could not write the export ({error_line(err)}); removed the staging folder "
+                          f"{tmp.name}, {output} {left}; free space, then run the same command again") from None
+        kept = _kept(output) if output.exists() else []
+        # checked before the model loaded too; the names this export wrote are known only now
+        _refuse_kept_files_in_the_way(output, kept, {p.name for p in tmp.iterdir()})
+        _swap_in(tmp, output, old, kept)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    with contextlib.suppress(OSError):  # what is left of the earlier export: its own files, proven above
+        for path in old.iterdir() if old.exists() else ():
+            path.unlink()
+        old.rmdir()
     fsync(output.parent)
+    if kept:
+        shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
+        entries = "entry" if len(kept) == 1 else "entries"
+        say(f"{output}: kept {len(kept)} {entries} podsrl did not export ({shown}), moved into the new export")
 
+
+def _swap_in(tmp: Path, output: Path, old: Path, kept: list[str]) -> None:
+    """Rename ``output`` (if any) to ``old``, move ``kept`` from it into ``tmp``, rename ``tmp``
+    to ``output``; on a failure every rename is undone (renames within one folder: no copies)."""
+    moved: list[str] = []
+    if output.exists():
+        os.replace(output, old)
+    try:
+        for name in kept:
+            os.replace(old / name, tmp / name)
+            moved.append(name)
+        os.replace(tmp, output)
+    except BaseException:
+        for name in moved:
+            os.replace(tmp / name, old / name)
+        if old.exists():
+            os.replace(old, output)
+        raise

@@ -31,22 +31,27 @@ def training_step(stages: StepStages, step: int, timer: StageTimer) -> StepOutco
         keep = stages.select(Groups(rewards, rollouts.generated, rollouts.completion_mask.sum(-1)))  # [P, m]
         kept, kept_rewards = rollouts.kept(keep), rewards.gather(1, keep)  # [P, m, Lc], [P, m]
     with timer("advantages"):
-        batch = flatten_for_update(kept, stages.advantages(kept_rewards))  # [B = P*m, ...]
+        advantages = stages.advantages(kept_rewards)  # [P, m]
+        batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
     if stages.logprobs:
         with timer("logprobs"):  # on the kept rollouts only
             stages.logprobs(batch)
     with timer("update"):
         update = stages.update(batch)
-    return StepOutcome(groups.split.examples, rollouts, groups.scores, keep, kept, kept_rewards, update, groups.record)
+    return StepOutcome(groups.split.examples, rollouts, groups.scores, keep, kept, kept_rewards, advantages, update,
+                       groups.record)
 
 
 def run_steps(run: Run, stop: StopSignals) -> RunResult:
     """From the start (or the checkpoint) to the last step: each step's pipeline, then its
     record (hooks included), evaluation when due, its log line, and a checkpoint or stop when due."""
     state, cadence = run.state, run.cadence
+    stop_before_steps(run, stop, "during set-up")  # a Ctrl-C while the model and data loaded: no evaluation
     initial, latest_eval = run.resume_or_start()
     stop_before_steps(run, stop)
-    first_step, consecutive_skips, trained = state.step, 0, 0  # trained: steps whose update was not skipped
+    stop.setting_up = False
+    first_step, consecutive_skips = state.step, 0
+    trained, informative = 0, 0  # steps whose update was not skipped; steps with a non-zero advantage here
     cadence.last_checkpoint_time = time.time()
     with run.progress_bar() as progress:
         while cadence.more_steps(state):
@@ -61,8 +66,9 @@ def run_steps(run: Run, stop: StopSignals) -> RunResult:
                                  refresh=False)
             consecutive_skips = consecutive_skips + 1 if outcome.update.skipped_step else 0
             trained += not outcome.update.skipped_step
+            informative += bool(outcome.advantages.any())
             checkpoint_or_stop(run, stop, consecutive_skips)
-    return run.finish(initial, latest_eval, first_step, trained)
+    return run.finish(initial, latest_eval, first_step, trained, informative)
 
 
 def step_or_stop(run: Run) -> tuple[StepOutcome, StageTimer]:
@@ -75,24 +81,25 @@ def step_or_stop(run: Run) -> tuple[StepOutcome, StageTimer]:
         with run.autocast():
             outcome = training_step(run.stages, run.state.step, timer)
     except RewardError as err:
-        raise run.abandon_step(before, err, "fix the reward function, then continue with --resume true") from None
+        raise run.abandon_step(before, err, "fix the reward function") from None
     except UserCodeError as err:
-        raise run.abandon_step(before, err, "fix it, then continue with --resume true",
+        raise run.abandon_step(before, err, "fix it",
                                update_began="update" in timer.seconds) from None
     except StopNow as stop:
-        raise run.abandon_step(before, stop, "continue with the same command plus --resume true",
+        raise run.abandon_step(before, stop, "",
                                update_began="update" in timer.seconds) from None
     run.state.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
     return outcome, timer
 
 
-def stop_before_steps(run: Run, stop: StopSignals) -> None:
-    """A stop asked for while the run was set up or evaluated its start: no step is begun
+def stop_before_steps(run: Run, stop: StopSignals, where: str = "") -> None:
+    """A stop asked for while the run was set up (``where``: its files are then as a stopped
+    run leaves them, a resumed run's as they were) or evaluated its start: no step is begun
     (every process agrees: a signal may reach one only)."""
     signum = int(run.procs.max([float(stop.signum or 0)])[0])
     if signum:
-        raise TrainingStopped(f"stopped by {signal.Signals(signum).name} before step {run.state.step + 1}; "
-                              f"{run.stopped_here()}", signum=signum)
+        raise TrainingStopped(f"stopped by {signal.Signals(signum).name} {where or f'before step {run.state.step + 1}'}"
+                              f"; {run.stopped_here()}", signum=signum)
 
 
 def evaluate_or_stop(run: Run, stop: StopSignals, record: dict, outcome: StepOutcome) -> dict[str, float]:

@@ -17,9 +17,9 @@ from podsrl.interrupts import StopNow, interruptible
 from podsrl.models.precision import autocast
 from podsrl.prompt_selection import add_selector_record
 from podsrl.provenance import record_environment
-from podsrl.registry import error_line
+from podsrl.registry import component_label, error_line
 from podsrl.rewards import RewardError
-from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
+from podsrl.trainer.checkpoints import WRITE_ERRORS, StateDoesNotFit, list_checkpoints, load_checkpoint, save_checkpoint
 from podsrl.trainer.components import Cadence, Components, RunState
 from podsrl.trainer.evaluate import evaluate
 from podsrl.trainer.logging import logged_evals, progress_bar, rollout_rows, say, step_record
@@ -199,30 +199,36 @@ class Run:
         """A step's metrics record (metrics.jsonl, and its numbers to the trackers) and a
         sample of its rollouts (rollouts.jsonl, and a table); the other processes hold no logs."""
         components = self.components
-        if components.metrics:
-            components.metrics.write(record)
-        if components.rollout_log and rollouts:
-            components.rollout_log.write_many(rollouts)
+        try:
+            if components.metrics:
+                components.metrics.write(record)
+            if components.rollout_log and rollouts:
+                components.rollout_log.write_many(rollouts)
+        except OSError as err:  # a full disk: each log still ends at a whole record; say what is kept and what to do
+            raise OSError(f"{err}; free space, then go on: {self.stopped_here()}") from None
         components.trackers.log_metrics(record)
         components.trackers.log_table("rollouts", list(rollouts), record["step"])
 
     def _restore(self) -> Path | None:
-        """Load the newest readable checkpoint into the bare policy; a corrupt one is skipped
-        with a warning (loading is all-or-nothing, so a failed attempt changes nothing)."""
+        """Load the newest readable checkpoint that fits into the bare policy; a corrupt one, or
+        one whose prompt selector state is another selector's, is skipped with a warning (loading
+        is all-or-nothing, so a failed attempt changes nothing)."""
         components, state = self.components, self.state
+        parts = {"sampler": state.prompt_selector, GROUP_SIZE_STATE: self.stages.group_size}
         for candidate in reversed(list_checkpoints(components.checkpoints)):
             try:
                 saved = load_checkpoint(candidate, model=components.policy, optimizer=components.optimizer,
                                         scheduler=components.scheduler, generators=state.generators,
-                                        engine=components.engine, rank=components.procs.rank)
+                                        engine=components.engine, rank=components.procs.rank, states=parts)
+            except StateDoesNotFit as misfit:
+                say(f"warning: checkpoint {candidate} does not fit this run: {self._misfit(misfit)}; trying the "
+                    f"previous one")
+                continue
             except Exception as err:  # truncated file, bad pickle, wrong shapes ...
                 say(f"warning: checkpoint {candidate} is unreadable ({type(err).__name__}: {err}); "
                     f"trying the previous one")
                 continue
             state.step, state.train_seconds = saved["step"], saved["train_seconds"]
-            state.prompt_selector.load_state_dict(saved["sampler"])
-            if GROUP_SIZE_STATE in saved:
-                self.stages.group_size.load_state_dict(saved[GROUP_SIZE_STATE])
             self.held_back = saved.get(HELD_BACK_STATE)
             if not saved["engine_restored"] and components.engine.state_dict():
                 say(f"resume: {candidate} holds no generation-engine state for process {components.procs.rank} "
@@ -231,6 +237,14 @@ class Run:
             return candidate
         return None
 
+    def _misfit(self, misfit: StateDoesNotFit) -> str:
+        """Which part of a checkpoint does not fit this run, and the likely cause."""
+        if misfit.part == "sampler":
+            selector = component_label(self.components.cfg.prompt_selector)
+            return (f"its prompt_selector state is not {selector}'s ({misfit.reason}; written with another "
+                    f"prompt_selector?)")
+        return f"its adaptive_n state does not fit ({misfit.reason}; written with another adaptive_n?)"
+
     def snapshot_before_step(self) -> dict:
         """What a step changes before its update (prompt position, the engine's and the
         group-size policy's learned state), taken at its start: an abandoned step puts it back."""
@@ -238,29 +252,35 @@ class Run:
         return {"sampler": self.state.prompt_selector.state_dict(), "engine": self.components.engine.state_dict(),
                 "group_size": self.stages.group_size.state_dict()}
 
-    def abandon_step(self, before: dict, reason: BaseException, advice: str,
+    def abandon_step(self, before: dict, reason: BaseException, fix: str = "",
                      update_began: bool = False) -> TrainingStopped:
         """Undo the unfinished step (a reward function failed under the 'raise' policy, a user
         component failed, or a stop could not wait), checkpoint the last finished step exactly
-        as an uninterrupted run had it, and return the one-line stop to raise. Not where the
-        step's update had begun (the weights may have moved), nor where only this process
-        failed in a multi-process run (a checkpoint needs every process): the last checkpoint
-        on disk is then left as it was."""
+        as an uninterrupted run had it, and return the one-line stop to raise, advising ``fix``
+        first. Not where the step's update had begun (the weights may have moved), nor where
+        only this process failed in a multi-process run (a checkpoint needs every process): the
+        last checkpoint on disk is then left as it was, and with none there is nothing to resume."""
         components, state = self.components, self.state
         state.step -= 1
         signum = getattr(reason, "signum", None)
         agreed = isinstance(reason, RewardError) or components.procs.world_size == 1
         how = f"by {reason}" if isinstance(reason, StopNow) else f"{reason}"
+        first = f"{fix}, then " if fix else ""
+        resume = f"{first}continue with the same command plus --resume true"
         if update_began or not agreed:
+            last = self.last_checkpoint()
+            if last == "none":  # --resume would be refused: there is nothing to resume
+                return TrainingStopped(f"stopped in step {state.step + 1}: {how}; no checkpoint yet: {first}run the "
+                                       f"same command again to start afresh (podsrl reuses the folder)", signum=signum)
             return TrainingStopped(f"stopped in step {state.step + 1}: {how}; last checkpoint, left as it was: "
-                                   f"{self.last_checkpoint()}; {advice}", signum=signum)
+                                   f"{last}; {resume}", signum=signum)
         state.prompt_selector.load_state_dict(before["sampler"])
         components.engine.load_state_dict(before["engine"])
         self.stages.group_size.load_state_dict(before["group_size"])
         if not (components.checkpoints / f"step_{state.step:07d}").is_dir():
             self.checkpoint()
         return TrainingStopped(f"stopped in step {state.step + 1}: {how}; checkpoint of step {state.step} in "
-                               f"{components.checkpoints}: {advice}", signum=signum)
+                               f"{components.checkpoints}: {resume}", signum=signum)
 
     def checkpoint(self, held_back: dict | None = None) -> None:
         """Write a checkpoint of the current step (every process must call this); ``held_back``:
@@ -284,13 +304,13 @@ class Run:
         self.cadence.last_checkpoint_time = time.time()
 
     def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int,
-               trained: int) -> RunResult:
+               trained: int, informative: int) -> RunResult:
         """The last checkpoint, the final model (whole weights or the LoRA adapter) and
         summary.json; the accuracy plot is the caller's (``podsrl train`` draws it). A resumed
         run that had no step left to do (``first_step`` is the step it started at) leaves its
         finished files as they are. ``trained``: the steps since ``first_step`` whose update was
-        not skipped; a run that learned nothing still writes its files, and says why in
-        ``RunResult.failure`` and summary.json."""
+        not skipped; ``informative``: those with a non-zero advantage on this process. A run that
+        learned nothing still writes its files, and says why in ``RunResult.failure`` and summary.json."""
         components, state = self.components, self.state
         procs = components.procs
         result = RunResult(run_dir=components.run_dir, initial=initial, final=final, steps=state.step,
@@ -301,7 +321,7 @@ class Run:
                 say(f"{components.run_dir} finished earlier at step {state.step}; nothing to do (raise max_steps or "
                     f"max_minutes to train further)")
             return result
-        result.failure = self._learned_nothing(state.step - first_step, trained)
+        result.failure = self._learned_nothing(state.step - first_step, trained, informative)
         if not (components.checkpoints / f"step_{state.step:07d}").is_dir():
             self.checkpoint()
         # every process takes part; only a sharded run needs the gathered weights
@@ -314,19 +334,25 @@ class Run:
         procs.barrier()
         return result
 
-    def _learned_nothing(self, steps: int, trained: int) -> str:
+    def _learned_nothing(self, steps: int, trained: int, informative: int) -> str:
         """Why the ``steps`` steps this process ran taught the model nothing, or "" when they
         did: no reward ever applied (all None / NaN, or failed under the 'zero' policy: every
-        advantage is 0), or every optimizer step was skipped (non-finite). Such a run is a
-        failure, not a success (every process gets the same answer: the count is summed)."""
+        advantage is 0), every advantage of every step was 0 (no group's kept rewards differed:
+        a constant reward), or every optimizer step was skipped (non-finite). Such a run is a
+        failure, not a success (every process gets the same answer: the counts are summed over
+        the processes)."""
         components = self.components
-        applied = components.procs.sum([float(components.scorer.applied)])[0]
+        applied, informative = components.procs.sum([float(components.scorer.applied), float(informative)])
         if not steps:
             return ""
         if not applied:
             return (f"no reward applied in the {steps} steps run: every reward was None / NaN or its function failed "
                     f"(reward_error_policy {components.cfg.reward_error_policy}; see reward_failures and unverifiable "
                     f"in metrics.jsonl), so nothing was learned")
+        if not informative:
+            return (f"every advantage was 0 in the {steps} steps run: no prompt group's kept rollouts differed in "
+                    f"reward (kept_reward_zero_var_frac 1 in metrics.jsonl; e.g. a reward that scores every "
+                    f"completion the same), so there was nothing to learn from")
         if not trained:
             return (f"all {steps} optimizer steps were skipped (a non-finite loss or gradient: skipped_step 1 in "
                     f"metrics.jsonl), so the weights never changed")
@@ -349,11 +375,13 @@ class Run:
             if final.exists():
                 os.replace(final, previous)
             os.replace(staging, final)
-        except (OSError, RuntimeError) as err:  # a full disk: safetensors may raise either
+        except BaseException as err:  # whatever stopped it, no staging folder is left to fill the disk
             if previous.exists() and not final.exists():
                 os.replace(previous, final)  # the swap failed half-way: the previous model/ comes back
             shutil.rmtree(staging, ignore_errors=True)
-            raise OSError(self._save_failed(final, err)) from None
+            if isinstance(err, WRITE_ERRORS):  # a full disk
+                raise OSError(self._save_failed(final, err)) from None
+            raise
         shutil.rmtree(previous, ignore_errors=True)
 
     def _save_failed(self, final: Path, err: BaseException) -> str:

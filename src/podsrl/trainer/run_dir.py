@@ -5,8 +5,9 @@ checkpoint.
 podsrl never writes into a folder it did not make for a run: a model folder, a file, the
 current directory's files or another run are refused before anything loads
 (docs/reliability.md, "Output folders"). The one exception is podsrl's own: a run that
-stopped before its first checkpoint left only files podsrl writes at a run's start, with
-nothing to resume, so the same command starts it afresh there, replacing just those files.
+stopped before its first checkpoint has nothing to resume, so the same command starts it
+afresh there, removing only the files podsrl can prove by their content it wrote
+(:mod:`podsrl.trainer.ownership`) and keeping the trackers' folder.
 """
 
 from __future__ import annotations
@@ -17,27 +18,15 @@ import datetime
 import fcntl
 import json
 import os
-import re
-import shutil
 import socket
 from pathlib import Path
 
 from podsrl.config import BOOKKEEPING_FIELDS, Config
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.ownership import LOCK_FILE, TRACKING, is_podsrls, stopped_run_files
 
-LOCK_FILE = ".podsrl.lock"
-RUN_MARKERS = ("metrics.jsonl", "config.json")  # what a podsrl run folder holds from its first start
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_config.json",
                "adapter_model.safetensors", "tokenizer.json")
-# What a run writes before its first checkpoint, and nothing else: the lock (RunLock),
-# config.json, environment.json and data.json (setup._write_run_files), the step-0 evaluation
-# and the steps' logs (metrics.jsonl, rollouts.jsonl), the trackers' folder (tracking/), and
-# checkpoints/ holding at most a checkpoint cut off while being written (step_N.tmp).
-# config.json last: clear_stopped_run removes them in this order.
-START_FILES = (LOCK_FILE, "environment.json", "data.json", "metrics.jsonl", "rollouts.jsonl", "config.json")
-START_FOLDERS = ("checkpoints", "tracking")
-PARTIAL_CHECKPOINT = re.compile(r"step_\d{7,}\.tmp")
-CONFIG_HEAD = f'{{\n  "{dataclasses.fields(Config)[0].name}": '  # how every config.json podsrl writes begins
 
 # Fields a resume may change: when and how the run is logged, checkpointed and stopped, not
 # what it trains (docs/reliability.md lists them). Changing any other field would make the
@@ -76,62 +65,40 @@ def is_model_folder(path: Path) -> bool:
         return False
 
 
-def _podsrl_config(config: Path) -> bool:
-    """config.json as podsrl writes it (a JSON object with a method and no model_type), or one
-    cut off while podsrl wrote it (a crash, a full disk): empty, zeroed, or podsrl's first line."""
-    try:
-        text = config.read_text()
-    except (OSError, UnicodeDecodeError):
-        return False
-    try:
-        saved = json.loads(text)
-    except ValueError:
-        return not text.strip("\0") or text[:len(CONFIG_HEAD)] == CONFIG_HEAD[:len(text)]
-    return isinstance(saved, dict) and "method" in saved and "model_type" not in saved
-
-
-def _real(path: Path, folder: bool) -> bool:
-    """A plain file (or folder), not a link: clearing a link could reach what it points to."""
-    return not path.is_symlink() and (path.is_dir() if folder else path.is_file())
-
-
-def _not_written_at_start(path: Path) -> list[str]:
-    """What in a run folder podsrl does not write before a run's first checkpoint (a user's
-    file, a link, a checkpoint, model/, summary.json ...), by name."""
-    found = [entry.name for entry in path.iterdir()
-             if not (entry.name in START_FILES and _real(entry, folder=False)
-                     or entry.name in START_FOLDERS and _real(entry, folder=True))]
-    checkpoints = path / "checkpoints"
-    if _real(checkpoints, folder=True):
-        found += [f"checkpoints/{p.name}" for p in checkpoints.iterdir()
-                  if not (PARTIAL_CHECKPOINT.fullmatch(p.name) and _real(p, folder=True))]
-    return sorted(found)
-
-
 def stopped_before_first_checkpoint(path: Path) -> bool:
-    """A run folder holding only what podsrl writes before a run's first checkpoint (its
-    config.json among them), so no checkpoint, no model/ and no summary.json: the run has
-    nothing to resume, and nothing in the folder is anyone else's, so the same command may
-    start it afresh there (:func:`clear_stopped_run`)."""
-    config = path / "config.json"
-    return (path.is_dir() and _real(config, folder=False) and _podsrl_config(config)
-            and not _not_written_at_start(path))
+    """A run folder holding only files podsrl wrote before a run's first checkpoint, proven by
+    their content (its config.json among them), besides the trackers' folder: so no checkpoint,
+    no model/, no summary.json and nothing of anyone else's. The run has nothing to resume, so
+    the same command may start it afresh there (:func:`clear_stopped_run`)."""
+    return (path.is_dir() and is_podsrls(path / "config.json")
+            and not stopped_run_files(path)[1])
 
 
 def clear_stopped_run(path: Path) -> None:
-    """Remove what a run that stopped before its first checkpoint wrote (the caller holds the
-    lock, so no live run is writing there). config.json goes last: a clearing cut short still
-    leaves a folder that :func:`stopped_before_first_checkpoint` recognises."""
+    """Remove what a run that stopped before its first checkpoint wrote, each file proven
+    podsrl's by its content (the caller holds the lock, so no live run is writing there).
+    config.json goes last: a clearing cut short still leaves a folder that
+    :func:`stopped_before_first_checkpoint` recognises. tracking/ stays as it is."""
+    files, others = stopped_run_files(path)
+    if others:  # checked before the lock; proven again right before anything is removed
+        raise _stopped_run_refusal(path, others)
     try:
-        for name in START_FOLDERS:
-            if (path / name).exists():
-                shutil.rmtree(path / name)
-        for name in START_FILES:
-            if name != LOCK_FILE:
-                (path / name).unlink(missing_ok=True)
+        for file in files:
+            if file.is_dir():
+                file.rmdir()  # only once emptied of podsrl's files
+            else:
+                file.unlink()
     except OSError as err:
         raise RunDirError(f"output_dir: could not clear the stopped run in {path} ({err}); remove its files by hand "
                           f"or choose another --output_dir") from None
+
+
+def fresh_start_line(path: Path) -> str:
+    """What the user is told when a stopped run starts afresh in ``path``."""
+    kept = (f"; its trackers' folder {TRACKING}/ stays as it is (the new run's trackers write beside it)"
+            if (path / TRACKING).is_dir() else "")
+    return (f"output_dir: {path} holds a run that stopped before its first checkpoint (nothing to resume); "
+            f"starting it afresh{kept}")
 
 
 def _check_config_readable(path: Path, field: str) -> None:
@@ -149,17 +116,22 @@ def _check_config_readable(path: Path, field: str) -> None:
                           f"--output_dir") from None
 
 
+def _stopped_run_refusal(path: Path, others: list[str]) -> RunExistsError:
+    shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+    return RunExistsError(f"output_dir: {path} holds a run that stopped before its first checkpoint and files "
+                          f"podsrl did not write ({shown}); podsrl removes only its own files: move those out "
+                          f"to start the run afresh there, or choose another --output_dir")
+
+
 def _refuse_a_stopped_run_with_other_files(path: Path) -> None:
-    """A run that stopped before its first checkpoint beside files podsrl did not write: podsrl
-    deletes only its own files, so it cannot start afresh there; say which files are in the way."""
+    """A run that stopped before its first checkpoint beside files podsrl cannot prove by their
+    content it wrote: podsrl deletes only its own files, so it cannot start afresh there; say
+    which files are in the way."""
     if not (is_run_folder(path) and not list_checkpoints(path / "checkpoints")):
         return
-    others = _not_written_at_start(path)
+    others = stopped_run_files(path)[1]
     if others and not {"model", "summary.json"} & set(others):  # a finished run is a run, as ever
-        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
-        raise RunExistsError(f"output_dir: {path} holds a run that stopped before its first checkpoint and files "
-                             f"podsrl did not write ({shown}); podsrl removes only its own files: move those out "
-                             f"to start the run afresh there, or choose another --output_dir")
+        raise _stopped_run_refusal(path, others)
 
 
 def check_output_dir(output_dir: str, resume: bool) -> Path:
@@ -191,7 +163,8 @@ def check_output_dir(output_dir: str, resume: bool) -> Path:
     if path.is_dir() and is_model_folder(path):
         raise RunDirError(f"output_dir: {path} holds a model (config.json / weights / tokenizer), not a run; "
                           f"podsrl never writes into a model folder: choose another --output_dir")
-    others = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
+    others = sorted(p.name for p in path.iterdir() if not (p.name == LOCK_FILE and is_podsrls(p))) \
+        if path.is_dir() else []
     if others:
         shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         raise RunDirError(f"output_dir: {path} is not empty (holds {shown}); a run starts in a new or empty "

@@ -46,6 +46,7 @@ from podsrl.trainer.run_dir import (
     check_output_dir,
     check_resume_config,
     clear_stopped_run,
+    fresh_start_line,
     stopped_before_first_checkpoint,
 )
 from podsrl.trainer.stages import (
@@ -194,9 +195,8 @@ def _lock_and_recheck(cfg: Config, run_dir: Path) -> RunLock:
                 f"(killed?); that process is gone, so this run takes the folder over")
         check_output_dir(cfg.output_dir, cfg.resume)
         if not cfg.resume and stopped_before_first_checkpoint(run_dir):
-            say(f"output_dir: {run_dir} holds a run that stopped before its first checkpoint (nothing to resume); "
-                f"starting it afresh")
             clear_stopped_run(run_dir)
+            say(fresh_start_line(run_dir))
     except BaseException:
         lock.release()
         raise
@@ -265,7 +265,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         longest = max(len(ids) for split in splits for ids in
                       bundle.tokenizer(split.prompts, add_special_tokens=False)["input_ids"])
         check_fits(vllm_options(cfg), bundle.model.config, longest, cfg.max_completion_length)
-    for warning in data_warnings(cfg, train, len(splits[1].examples)) if procs.is_main else ():
+    for warning in data_warnings(cfg, train, splits[1].examples) if procs.is_main else ():
         say(f"warning: {warning}")  # once, at set-up; the run goes on
     # the same on every process; built before the run's files are written: a selector that
     # refuses the train split (pass_rate, fewer prompts than prompts_per_step) leaves no files
@@ -323,31 +323,43 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
         update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations))
 
 
-def data_warnings(cfg: Config, train: list, held_out: int) -> list[str]:
+def data_warnings(cfg: Config, train: list, test: list) -> list[str]:
     """Data that trains and evaluates, but not as the user likely meant (one line each): the
-    held-out file is the train file, the train data repeats prompts (they are drawn more
-    often), or the held-out split is smaller than ``eval_prompts``."""
+    held-out file is the train file, held-out prompts are train prompts too (a subset or a
+    reordering of the train file), the train data repeats prompts (they are drawn more often),
+    or the held-out split is smaller than ``eval_prompts``."""
     warnings = []
     same = _same_file(cfg.train_data, cfg.test_data)
     if same:
         warnings.append(f"train_data, test_data: {cfg.train_data} and {cfg.test_data} are {same}: held-out "
                         f"accuracy is measured on the prompts trained on")
+    trained = {_prompt_key(example) for example in train}
+    shared = [key for key in map(_prompt_key, test) if key in trained]
+    if shared and not same:
+        where = f"test_data {cfg.test_data}" if cfg.test_data else f"task {cfg.task!r}"
+        warnings.append(f"{where}: {len(shared)} of {len(test)} held-out prompts are also train prompts (e.g. "
+                        f"{shared[0][:60]!r}): held-out accuracy is partly measured on prompts trained on")
     repeated, first = _repeated_prompts(train)
     if repeated:
         where = f"train_data {cfg.train_data}" if cfg.train_data else f"task {cfg.task!r}"
         warnings.append(f"{where}: {repeated} of {len(train)} train prompts repeat an earlier one (same prompt text, "
                         f"e.g. {first[:60]!r}); they are trained on more often")
-    shortfall = eval_shortfall(held_out, cfg.eval_prompts)
+    shortfall = eval_shortfall(len(test), cfg.eval_prompts)
     if shortfall:
         warnings.append(shortfall)
     return warnings
+
+
+def _prompt_key(example) -> str:
+    """An example's prompt as comparable text: the text, or the conversation as JSON."""
+    return example.prompt if isinstance(example.prompt, str) else json.dumps(example.prompt, sort_keys=True)
 
 
 def _repeated_prompts(train: list) -> tuple[int, str]:
     """How many train examples repeat an earlier prompt (text, or conversation), and the first."""
     seen, repeated, first = set(), 0, ""
     for example in train:
-        key = example.prompt if isinstance(example.prompt, str) else json.dumps(example.prompt, sort_keys=True)
+        key = _prompt_key(example)
         if key in seen:
             repeated, first = repeated + 1, first or key
         seen.add(key)

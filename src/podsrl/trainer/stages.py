@@ -224,6 +224,7 @@ class StepOutcome:
     keep: torch.Tensor  # [P, m] indices of the kept rollouts into the group axis
     kept: Rollouts  # [P, m, Lc]
     kept_rewards: torch.Tensor  # [P, m]
+    advantages: torch.Tensor  # [P, m] the kept rollouts' (all 0: the step had nothing to learn from)
     update: UpdateResult
     prompt_record: dict = field(default_factory=dict)  # the prompt source's numbers (none for the default)
 

@@ -36,6 +36,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.setting_up = True  # until the first step: a stop then comes before it, with no checkpoint to write
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
@@ -51,8 +52,10 @@ class StopSignals:
         if self.signum is not None:
             interrupts.stop_now(signum)  # the second: no more waiting
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name}: stopping after this step and writing a checkpoint ... "
-              f"(again: stop at once)", file=sys.stderr, flush=True)
+        when = "once the run is set up, before its first step" if self.setting_up else \
+            "after this step and writing a checkpoint"
+        print(f"\n{signal.Signals(signum).name}: stopping {when} ... (again: stop at once)", file=sys.stderr,
+              flush=True)
         interrupts.stop_requested(signum)
 
     def __exit__(self, *exc) -> None:

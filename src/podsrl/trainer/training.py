@@ -26,8 +26,8 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
         try:
             run = set_up(cfg, reward_funcs)
         except StopNow as interrupted:
-            raise TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained",
-                                  signum=interrupted.signum) from None
+            raise TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained: run the "
+                                  f"same command again", signum=interrupted.signum) from None
         try:
             return run_steps(run, stop)
         except StopNow as interrupted:  # outside a step: evaluating, logging, writing a checkpoint
