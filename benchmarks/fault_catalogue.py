@@ -1,5 +1,5 @@
-"""Fault injection: run `podsrl train` through a catalogue of bad inputs and faults, each in a
-fresh process with a deadline, and judge how each ended.
+"""Fault injection: run `podsrl train` (or `podsrl export`, where a case says so) through a
+catalogue of bad inputs and faults, each in a fresh process with a deadline, and judge how each ended.
 
 Verdicts: `clean error` (non-zero exit, a one-line `podsrl train: ...` message, no traceback),
 `handled` (the run went on or finished as documented), `traceback`, `hang` (killed at the
@@ -17,7 +17,9 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,11 +33,13 @@ from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
 from podsrl.models.loading import TINY_DIR  # noqa: E402
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "data"
 JSONL = ["--task", "jsonl", "--prompt_column", "question", "--answer_column", "answer"]
 QUICK = ["--max_steps", "2", "--prompts_per_step", "4", "--num_generations", "4", "--num_kept", "2",
          "--max_completion_length", "6", "--eval_prompts", "8", "--eval_samples", "1", "--eval_steps", "0",
          "--save_steps", "1", "--progress", "false"]
+EVAL = ["--eval_prompts", "8", "--eval_samples", "1", "--max_completion_length", "6"]  # podsrl eval's, quick
 
 
 @dataclass
@@ -47,14 +51,18 @@ class Case:
     prepare: Callable[[Path], None] = lambda work: None
     protected: Callable[[Path], list[Path]] = lambda work: []  # files that must survive unchanged
     background: list[str] = field(default_factory=list)  # a process started first (a lock holder)
+    command: str = "train"  # the podsrl subcommand run: train (after QUICK's options), export, eval, compare
+    file_size_limit: int = 0  # bytes any file may grow to (RLIMIT_FSIZE): a full disk as writes see it; 0 = none
+    venv: str = ""  # the environment whose podsrl runs the case, in the repository ('' = this one's)
 
 
-def podsrl_command() -> list[str]:
+def podsrl_command(venv: str = "") -> list[str]:
     """The installed `podsrl` command, as users run it (`python -m` would put the case's
     folder first on sys.path, so a reward file named json.py there would shadow json for
-    Python itself, podsrl or not)."""
-    script = Path(sys.executable).parent / "podsrl"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "podsrl.cli"]
+    Python itself, podsrl or not); ``venv``: that environment's (vLLM's lives in .venv-vllm)."""
+    python = REPO / venv / "bin" / "python" if venv else Path(sys.executable)
+    script = python.parent / "podsrl"
+    return [str(script)] if script.exists() else [str(python), "-m", "podsrl.cli"]
 
 
 def finished_run(work: Path) -> None:
@@ -69,6 +77,22 @@ def stopped_run(work: Path) -> None:
     shutil.rmtree(work / "run" / "model")
     for name in ("summary.json", "accuracy.png"):
         (work / "run" / name).unlink()
+
+
+def exported_run(work: Path) -> None:
+    """A finished run and its export in work/hf."""
+    finished_run(work)
+    subprocess.run([*podsrl_command(), "export", str(work / "run"), str(work / "hf")], check=True,
+                   capture_output=True, text=True, timeout=600)
+
+
+def file_size_limit(limit: int):
+    """For subprocess's preexec_fn: files stop growing at ``limit`` bytes (writes fail with
+    EFBIG, as with ENOSPC on a full disk; SIGXFSZ ignored, so it is an error, not a kill)."""
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply if limit else None
 
 
 def _train(options: list[str]) -> None:
@@ -107,6 +131,18 @@ def reward_case(name: str, body: str, policy: str = "raise", file: str = "my_rew
     return Case(name, "reward", expect, lambda w: out(w, "--reward_funcs", f"{w / file}:reward", "--reward_timeout",
                                                       "3", "--reward_error_policy", policy),
                 reward_file(source, file))
+
+
+def ctrl_c_after(seconds: float) -> list[str]:
+    """A background process that sends the case's podsrl process (found by its working folder)
+    a SIGINT, as a Ctrl-C does, ``seconds`` after it started."""
+    watcher = ("import os, signal, sys, time\nwork = os.path.realpath(sys.argv[1])\nprint('watching', flush=True)\n"
+               "while True:\n    for pid in filter(str.isdigit, os.listdir('/proc')):\n        try:\n"
+               "            found = os.readlink(f'/proc/{pid}/cwd') == work\n        except OSError:\n"
+               "            continue\n        if found:\n"
+               f"            time.sleep({seconds})\n            os.kill(int(pid), signal.SIGINT)\n"
+               "            time.sleep(600)\n    time.sleep(0.01)\n")
+    return ["-c", watcher]
 
 
 def extension_case(name: str, field: str, source: str, attr: str = "component", expect: str = "refuse"):
@@ -229,7 +265,8 @@ CASES = [
     reward_case("reward overflows", "return [1e308] * len(completions)"),
     Case("reward file named json.py", "reward", "succeed",
          lambda w: out(w, "--reward_funcs", f"{w / 'json.py'}:reward"),
-         reward_file("def reward(prompts, completions, **kw):\n    return [0.5] * len(completions)\n", "json.py")),
+         reward_file("def reward(prompts, completions, **kw):\n    return [len(c) / 10 for c in completions]\n",
+                     "json.py")),
     Case("reward file with a syntax error", "reward", "refuse", lambda w: out(w, "--reward_funcs",
                                                                             f"{w / 'bad.py'}:reward"),
          reward_file("def reward(:\n", "bad.py")),
@@ -269,6 +306,81 @@ CASES = [
                        str(EXAMPLES / "sums_test.jsonl"), "--eval_prompts", "100000")),
     Case("a key twice in a YAML config", "warning", "refuse", lambda w: out(w, "--config", str(w / "twice.yaml")),
          lambda w: (w / "twice.yaml").write_text("learning_rate: 1e-3\nlearning_rate: 2e-3\n")),
+    # #50: config, components, held-out data and resume
+    Case("a key twice in a YAML flow mapping", "config", "refuse", lambda w: out(w, "--config", str(w / "flow.yaml")),
+         lambda w: (w / "flow.yaml").write_text("downsampling_rule: {name: random, name: max_variance}\n")),
+    Case("a key twice in a component's JSON", "config", "refuse",
+         lambda w: out(w, "--downsampling_rule", '{"name": "random", "name": "max_variance"}')),
+    Case("advantage estimator eps -1", "components", "refuse",
+         lambda w: out(w, "--advantage_estimator", '{"name": "group", "eps": -1}')),
+    Case("a keyword-only argument of a user rule", "components", "succeed",
+         lambda w: out(w, "--downsampling_rule", json.dumps({"name": f"{w / 'kw.py'}:rule", "alpha": 2})),
+         reward_file("from podsrl.algorithms.select import max_variance\n"
+                     "def rule(rewards, m, generator=None, *, alpha=1.0):\n    return max_variance(rewards, m)\n",
+                     "kw.py")),
+    Case("test prompts a reordered subset of the train prompts", "warning", "succeed",
+         lambda w: out(w, *JSONL, "--train_data", str(EXAMPLES / "sums_train.jsonl"), "--test_data",
+                       str(w / "subset.jsonl")),
+         lambda w: (w / "subset.jsonl").write_text(
+             "".join((EXAMPLES / "sums_train.jsonl").read_text().splitlines(keepends=True)[7::-1]))),
+    Case("resume from another prompt selector's checkpoints", "resume", "refuse",
+         lambda w: out(w, "--resume", "true", "--prompt_selector", "pass_rate"),
+         lambda w: (finished_run(w), (w / "run" / "config.json").write_text(json.dumps(
+             {**json.loads((w / "run" / "config.json").read_text()), "prompt_selector": "pass_rate"}))), run_files),
+    Case("a second eval in the default folder", "eval", "succeed", lambda w: [*EVAL, "--eval_temperature", "0"],
+         lambda w: subprocess.run([*podsrl_command(), "eval", *EVAL], cwd=w, check=True, capture_output=True,
+                                  timeout=600),
+         lambda w: [p for p in (w / "runs").rglob("*") if p.is_file()], command="eval"),
+    Case("compare with a JSON rule with arguments beside a name", "compare", "succeed",
+         lambda w: ["--methods", "pods", "--seeds", "1", "--budget_minutes", "0.02", "--output_dir", str(w / "cmp"),
+                    "--rules", f'max_variance,{{"name": "{w / "kw.py"}:rule", "alpha": 2}}', *QUICK[2:14]],
+         reward_file("from podsrl.algorithms.select import max_variance\n"
+                     "def rule(rewards, m, generator=None, alpha=1.0):\n    return max_variance(rewards, m)\n",
+                     "kw.py"), command="compare"),
+    # #50: data loss and full disks
+    Case("re-run of a stopped run beside a user's file in tracking/", "data loss", "succeed", out,
+         lambda w: (stopped_run(w), (w / "run" / "tracking").mkdir(),
+                    (w / "run" / "tracking" / "notes.txt").write_text("notes\n")),
+         lambda w: [w / "run" / "tracking" / "notes.txt"]),
+    Case("re-run of a stopped run beside a user's rollouts.jsonl", "data loss", "refuse", out,
+         lambda w: (stopped_run(w), (w / "run" / "rollouts.jsonl").write_text("my notes\n")), run_files),
+    Case("export --overwrite beside a user's file", "data loss", "succeed",
+         lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"],
+         lambda w: (exported_run(w), (w / "hf" / "my_eval.csv").write_text("prompt,correct\n")),
+         lambda w: [w / "hf" / "my_eval.csv"], command="export"),
+    Case("export --overwrite over a user-edited README.md", "data loss", "refuse",
+         lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"],
+         lambda w: (exported_run(w), (w / "hf" / "README.md").write_text("# my notes\n")),
+         lambda w: list((w / "hf").iterdir()), command="export"),
+    Case("export to a full disk (file size limit)", "full disk", "refuse", lambda w: [str(w / "run"), str(w / "hf")],
+         finished_run, command="export", file_size_limit=1_000_000),
+    Case("a full disk while logging the steps (file size limit)", "full disk", "refuse",
+         lambda w: out(w, "--max_steps", "20", "--save_steps", "0", "--log_rollouts", "4"), file_size_limit=20_000),
+    # #50: the vllm engine (run by .venv-vllm's podsrl), and advice that works
+    Case("vllm_max_model_length below prompt + completion", "vllm", "refuse",
+         lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--vllm_max_model_length",
+                       "24", "--max_completion_length", "16"), venv=".venv-vllm"),
+    Case("vllm_max_model_length below the prompt", "vllm", "refuse",
+         lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--vllm_max_model_length",
+                       "8"), venv=".venv-vllm"),
+    Case("a loss that fails before the first checkpoint", "advice", "refuse",
+         lambda w: out(w, "--loss_type", f"{w / 'boom.py'}:boom", "--save_steps", "5"),
+         reward_file("def boom(per_token, mask, num_sequences, num_tokens):\n    raise RuntimeError('boom')\n",
+                     "boom.py")),
+    # #50: runs that end as successes but learned nothing, and Ctrl-C before the first step
+    reward_case("constant reward (every advantage 0)", "return [1.0] * len(completions)"),
+    Case("SIGINT while the libraries import", "interrupt", "refuse", out, background=ctrl_c_after(1.0)),
+    Case("SIGINT while the config is checked (the reward file loads)", "interrupt", "refuse",
+         lambda w: out(w, "--reward_funcs", f"{w / 'my_rewards.py'}:reward"),
+         reward_file("import os, signal\nfrom pathlib import Path\nsent = Path(__file__).with_suffix('.sent')\n"
+                     "if not sent.exists():  # the trainer imports it first; not again in the reward worker\n"
+                     "    sent.touch()\n    os.kill(os.getpid(), signal.SIGINT)\n"
+                     "def reward(prompts, completions, **kw):\n    return [len(c) / 10 for c in completions]\n")),
+    Case("SIGINT during set-up (a user's engine is built)", "interrupt", "refuse",
+         lambda w: out(w, "--generation_engine", f"{w / 'ext.py'}:component"),
+         reward_file("import os, signal\nfrom podsrl.rollout import HFEngine\nclass component(HFEngine):\n"
+                     "    def __init__(self, *args, **kwargs):\n        os.kill(os.getpid(), signal.SIGINT)\n"
+                     "        super().__init__(*args, **kwargs)\n", "ext.py")),
 ]
 
 
@@ -285,11 +397,14 @@ def judge(case: Case, code: int | None, stderr: str, lost: list[str]) -> str:
         return "traceback"
     if case.expect == "refuse":
         last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-        return "clean error" if code != 0 and last.startswith("podsrl train:") else "silent"
+        return "clean error" if code != 0 and last.startswith(f"podsrl {case.command}:") else "silent"
     return "handled" if code == 0 else "traceback"
 
 
 def run_case(case: Case, deadline: float) -> dict:
+    if case.venv and not (REPO / case.venv / "bin" / "python").exists():
+        return {"case": case.name, "class": case.fault, "exit": "-", "verdict": f"not run (no {case.venv})",
+                "last line": f"{case.venv} is built by scripts/test_vllm.sh"}
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         case.prepare(work)
@@ -300,8 +415,9 @@ def run_case(case: Case, deadline: float) -> dict:
                                       text=True)
             holder.stdout.readline()
         try:
-            done = subprocess.run([*podsrl_command(), "train", *QUICK, *case.args(work)], cwd=work,
-                                  capture_output=True, text=True, timeout=deadline)
+            options = [*QUICK, *case.args(work)] if case.command == "train" else case.args(work)
+            done = subprocess.run([*podsrl_command(case.venv), case.command, *options], cwd=work, capture_output=True,
+                                  text=True, timeout=deadline, preexec_fn=file_size_limit(case.file_size_limit))
             code, stderr = done.returncode, done.stderr
         except subprocess.TimeoutExpired as expired:
             code, stderr = None, (expired.stderr or b"").decode(errors="replace")
@@ -327,17 +443,18 @@ def main() -> int:
     for case in (c for c in CASES if args.only in c.name):
         rows.append(run_case(case, args.deadline))
         print(json.dumps(rows[-1]), flush=True)
+    skipped = sum(r["verdict"].startswith("not run") for r in rows)
     good = sum(r["verdict"] in ("clean error", "handled") for r in rows)
     lines = ["| case | class | exit | verdict | last line of stderr |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['case']} | {r['class']} | {r['exit']} | {r['verdict']} | `{r['last line'].replace('|', '/')}` |"
               for r in rows]
-    lines += ["", f"{good} of {len(rows)} cases ended as a clean error or were handled; "
-                  f"{len(rows) - good} ended otherwise."]
+    lines += ["", f"{good} of {len(rows) - skipped} cases run ended as a clean error or were handled; "
+                  f"{len(rows) - skipped - good} ended otherwise" + (f"; {skipped} not run." if skipped else ".")]
     body = "\n".join(lines)
     print(body)
     if args.record:
         record(args.record, body)
-    return 0 if good == len(rows) else 1
+    return 0 if good == len(rows) - skipped else 1
 
 
 if __name__ == "__main__":
