@@ -29,6 +29,7 @@ class FinishedRun:
     environment: list[dict] = field(default_factory=list)  # one entry per start of the run
     # largest per-step value of update_activation_mb / update_peak_cuda_mb (None: not logged)
     update_memory_mb: dict[str, float | None] = field(default_factory=dict)
+    eval_steps: list[int] = field(default_factory=list)  # the step of each evaluation in ``evals``
 
     @property
     def arm(self) -> str:
@@ -46,6 +47,22 @@ class FinishedRun:
     def budget_seconds(self) -> float:
         """Training time of the last evaluation: where the run's curve ends."""
         return self.evals[-1][0]
+
+    def curve(self, axis: str = "seconds") -> list[tuple[float, float]]:
+        """(training seconds, accuracy) at each evaluation, or (step, accuracy) with axis 'steps'."""
+        if axis == "steps":
+            return [(float(step), accuracy) for step, (_, accuracy) in zip(self.eval_steps, self.evals)]
+        return list(self.evals)
+
+    def rollout_milliseconds(self) -> tuple[float, float]:
+        """Mean cost of one generated rollout (inference seconds per step over the rollouts
+        generated per step) and of one trained rollout (update seconds over those trained on),
+        in ms, from the config's n and m: both factors of a speedup (docs/reproducing.md)."""
+        c = self.config
+        method, n, m = METHODS[c["method"]], c.get("num_generations", c.get("n")), c.get("num_kept", c.get("m"))
+        prompts = c.get("prompts_per_step", 1)
+        return (1000 * self.inference_seconds / (prompts * method.generated_per_prompt(n, m)),
+                1000 * self.update_seconds / (prompts * method.trained_per_prompt(n, m)))
 
     def accuracy_at(self, seconds: float) -> float:
         """Linear interpolation between evaluations (held at the ends)."""
@@ -77,7 +94,8 @@ def load_run(path: Path) -> FinishedRun:
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     records = read_metrics(path / "metrics.jsonl")
-    evals = [(r["train_seconds"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
+    evaluated = [r for r in records if r.get("eval_accuracy") is not None]
+    evals = [(r["train_seconds"], r["eval_accuracy"]) for r in evaluated]
     steps = [r for r in records if r["step"] > 0]
     if not evals or not steps:
         raise ValueError(f"{path}: no training steps or evaluations in metrics.jsonl")
@@ -89,7 +107,8 @@ def load_run(path: Path) -> FinishedRun:
                        per_step("time_logprobs", "time_update"), per_step("time_select", "time_advantages"),
                        len(steps), read_environment(path),
                        {key: largest_logged(r.get(key) for r in steps)
-                        for key in ("update_activation_mb", "update_peak_cuda_mb")})
+                        for key in ("update_activation_mb", "update_peak_cuda_mb")},
+                       [r["step"] for r in evaluated])
 
 
 def largest_logged(values) -> float | None:
