@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podsrl.experiments.levels import first_passage, value_at
 from podsrl.methods import METHODS
 from podsrl.metrics import read_metrics
 from podsrl.provenance import read_environment
@@ -66,22 +67,11 @@ class FinishedRun:
 
     def accuracy_at(self, seconds: float) -> float:
         """Linear interpolation between evaluations (held at the ends)."""
-        times, accs = zip(*self.evals)
-        if seconds <= times[0]:
-            return accs[0]
-        for (t0, a0), (t1, a1) in zip(self.evals, self.evals[1:]):
-            if seconds <= t1:
-                return a0 + (a1 - a0) * (seconds - t0) / (t1 - t0) if t1 > t0 else a1
-        return accs[-1]
+        return value_at(self.evals, seconds)
 
     def time_to(self, accuracy: float) -> float | None:
         """First training time at which the (interpolated) curve reaches ``accuracy``."""
-        if self.evals[0][1] >= accuracy:
-            return self.evals[0][0]
-        for (t0, a0), (t1, a1) in zip(self.evals, self.evals[1:]):
-            if a1 >= accuracy:
-                return t0 + (t1 - t0) * (accuracy - a0) / (a1 - a0)
-        return None
+        return first_passage(self.evals, accuracy)
 
     def censored_time_to(self, accuracy: float) -> tuple[float, bool]:
         """(seconds, censored): the time to ``accuracy``, or the whole budget when the run
