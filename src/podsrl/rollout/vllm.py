@@ -138,8 +138,7 @@ class VLLMEngine:
 
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] left-padded
-        base = getattr(model, "get_base_model", lambda: model)()
-        check_fits(self.vllm, base.config, int(prompt_mask.sum(1).max()), max_new_tokens)
+        check_fits(self.vllm, _base_config(model), int(prompt_mask.sum(1).max()), max_new_tokens)
         requests = [TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
                     for ids, mask in zip(prompt_ids, prompt_mask)]
         sampling = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p if temperature else 1.0,
@@ -202,9 +201,8 @@ class VLLMEngine:
     def _build(self, model):
         from vllm import LLM
 
-        _hide_expected_warnings(getattr(model, "get_base_model", lambda: model)().config)
-
-        config = getattr(model, "get_base_model", lambda: model)().config
+        config = _base_config(model)
+        _hide_expected_warnings(config)
         remove_stale_config_folders()
         self.config_dir = tempfile.mkdtemp(prefix=CONFIG_FOLDER_PREFIX)
         _write_owner(Path(self.config_dir))
@@ -292,6 +290,11 @@ def _hide_expected_warnings(config) -> None:
         for old in [f for f in logger.filters if isinstance(f, _ExpectedWarnings)]:
             logger.removeFilter(old)
         logger.addFilter(_ExpectedWarnings(tied_head=bool(getattr(config, "tie_word_embeddings", False))))
+
+
+def _base_config(model):
+    """The policy's architecture: its own config, or under a LoRA adapter the base model's."""
+    return getattr(model, "get_base_model", lambda: model)().config
 
 
 def model_length(options: VLLMOptions, config) -> int:

@@ -138,6 +138,7 @@ class PreparedSplit:
     dropped: int = 0
     chat: bool = False
     system_prompt: str = ""
+    longest_prompt: int = 0  # tokens of the longest rendered prompt (0: not counted)
 
     @property
     def reward_prompts(self) -> list[str | Messages]:
@@ -161,4 +162,4 @@ def prepare_split(examples: list[Example], tokenizer, *, system_prompt: str, use
     lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]] if rendered else []
     keep = [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
     return PreparedSplit([examples[i] for i in keep], [rendered[i] for i in keep], len(examples) - len(keep), chat,
-                         system_prompt)
+                         system_prompt, max((lengths[i] for i in keep), default=0))

@@ -262,9 +262,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
     if cfg.generation_engine == "vllm":  # every prompt now, not the first long one some steps in
-        longest = max(len(ids) for split in splits for ids in
-                      bundle.tokenizer(split.prompts, add_special_tokens=False)["input_ids"])
-        check_fits(vllm_options(cfg), bundle.model.config, longest, cfg.max_completion_length)
+        check_fits(vllm_options(cfg), bundle.model.config, max(split.longest_prompt for split in splits),
+                   cfg.max_completion_length)
     for warning in data_warnings(cfg, train, splits[1].examples) if procs.is_main else ():
         say(f"warning: {warning}")  # once, at set-up; the run goes on
     # the same on every process; built before the run's files are written: a selector that
