@@ -120,6 +120,8 @@ def test_two_processes_match_one_process_over_the_same_prompts(two_process_run, 
     first = [read_metrics(run / "metrics.jsonl")[0] for run in (two_process_run[0], one_process_run)]
     assert 0 < first[1]["eval_greedy_accuracy"] < 1
     assert first[0]["eval_greedy_accuracy"] == first[1]["eval_greedy_accuracy"]
+    # and so is its standard error over prompts: the per-prompt moments are summed too
+    assert first[0]["eval_greedy_accuracy_se"] == pytest.approx(first[1]["eval_greedy_accuracy_se"])
 
 
 def test_sequence_aggregation_matches_one_process(tmp_path):

@@ -58,7 +58,7 @@ def test_one_step_trains(random_model_dir, tmp_path):
     changed = [k for k in after if not torch.equal(after[k], before[k])]
     assert changed, "no parameter changed"
     for key in ("time_generate", "time_reward", "time_select", "time_update", "reward_mean",
-                "kept_reward_std", "reward_zero_var_frac", "completion_len", "lr", "eval_accuracy"):
+                "kept_reward_std", "reward_zero_var_frac", "completion_len", "lr", "eval_accuracy", "eval_accuracy_se"):
         assert key in record, key
     assert not (result.run_dir / "accuracy.png").exists()  # the caller draws it: test_cli's smoke test checks it
     assert json.loads((result.run_dir / "config.json").read_text())["num_generations"] == 6

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from podsrl.config import parse_value, validate
 from podsrl.experiments.levels import headline, headline_lines
+from podsrl.experiments.noise import evaluation_noise, noise_lines
 from podsrl.experiments.plots import save_accuracy_figure
 from podsrl.experiments.runs import FinishedRun, arm_variants, largest_logged, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
@@ -161,6 +162,7 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
             **{key: largest_logged(r.update_memory_mb.get(key) for r in arm.runs)
                for key in ("update_activation_mb", "update_peak_cuda_mb")},
             "rollout_ms": [statistics.fmean(ms) for ms in zip(*(r.rollout_milliseconds() for r in arm.runs))],
+            **evaluation_noise(arm.runs),
             **(headline(base.runs, arm.runs, budget) if arm is not base else {}),
         })
     return {"baseline": base_name, "target_accuracy": target, "budget_seconds": budget, "arms": arms,
@@ -272,7 +274,7 @@ def format_table(result: dict) -> str:
                              f"{p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
     if notes:
         lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
-    return "\n".join(lines + headline_lines(result))
+    return "\n".join(lines + headline_lines(result) + noise_lines(result["rows"]))
 
 
 def split_specs(text: str) -> list[str]:

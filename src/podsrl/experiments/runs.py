@@ -31,6 +31,8 @@ class FinishedRun:
     # largest per-step value of update_activation_mb / update_peak_cuda_mb (None: not logged)
     update_memory_mb: dict[str, float | None] = field(default_factory=dict)
     eval_steps: list[int] = field(default_factory=list)  # the step of each evaluation in ``evals``
+    # each evaluation's standard error over prompts (eval_accuracy_se; None: not logged, before #51)
+    eval_errors: list[float | None] = field(default_factory=list)
 
     @property
     def arm(self) -> str:
@@ -98,7 +100,7 @@ def load_run(path: Path) -> FinishedRun:
                        len(steps), read_environment(path),
                        {key: largest_logged(r.get(key) for r in steps)
                         for key in ("update_activation_mb", "update_peak_cuda_mb")},
-                       [r["step"] for r in evaluated])
+                       [r["step"] for r in evaluated], [r.get("eval_accuracy_se") for r in evaluated])
 
 
 def largest_logged(values) -> float | None:

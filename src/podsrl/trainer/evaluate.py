@@ -41,7 +41,8 @@ class EvalOptions:
 
 @dataclass
 class Evaluation:
-    accuracies: dict[str, float]  # eval_accuracy (sampled), eval_greedy_accuracy
+    # eval_accuracy (sampled), eval_greedy_accuracy, and each one's standard error over prompts (*_se)
+    accuracies: dict[str, float]
     records: list[dict] = field(default_factory=list)  # one per sampled completion (this process's)
 
 
@@ -87,6 +88,29 @@ def accuracy(records: Sequence[dict]) -> float:
     return sum(r["correct"] for r in records) / max(1, len(records))
 
 
+def prompt_moments(records: Sequence[dict]) -> list[float]:
+    """[number of prompts, sum of per-prompt accuracies, sum of their squares]: what
+    :func:`clustered_standard_error` needs, summable across processes."""
+    per_prompt: dict[int, list[bool]] = {}
+    for record in records:
+        per_prompt.setdefault(record["index"], []).append(record["correct"])
+    means = [sum(verdicts) / len(verdicts) for verdicts in per_prompt.values()]
+    return [float(len(means)), sum(means), sum(mean * mean for mean in means)]
+
+
+def clustered_standard_error(prompts: float, total: float, total_squares: float) -> float:
+    """Standard error of an accuracy averaged over ``prompts`` prompts, each prompt a cluster:
+    the sample standard deviation of the per-prompt accuracies over sqrt(prompts). Samples of
+    one prompt are correlated (an easy prompt is right in all of them), so the binomial
+    sqrt(p (1 - p) / completions) would understate it by up to sqrt(samples per prompt).
+    NaN with fewer than two prompts."""
+    if prompts < 2:
+        return float("nan")
+    mean = total / prompts
+    variance = max(0.0, (total_squares - prompts * mean * mean) / (prompts - 1))
+    return math.sqrt(variance / prompts)
+
+
 def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, seed: int,
              procs: Processes | None = None, generate_fn: Callable[..., Rollouts] = generate) -> Evaluation:
     """Accuracy on the first ``options.prompts`` prompts of ``split``: sampled, and greedy
@@ -106,8 +130,10 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
                                          max_new_tokens=options.max_new_tokens, seed=seed,
                                          correct_fn=task.correct_fn, extract_fn=task.extract_fn,
                                          batch_size=options.batch_size, generate_fn=generate_fn)
-        correct, count = procs.sum([float(sum(r["correct"] for r in records)), float(len(records))])
+        correct, count, *prompt_sums = procs.sum([float(sum(r["correct"] for r in records)),
+                                                  float(len(records)), *prompt_moments(records)])
         result.accuracies[name] = correct / max(1.0, count)
+        result.accuracies[f"{name}_se"] = clustered_standard_error(*prompt_sums)
         result.records = result.records or records
     return result
 
