@@ -5,6 +5,7 @@ for: a plateau whose last evaluation jumps sets the paper's statistic and not th
 import json
 import math
 import random
+import re
 
 import pytest
 
@@ -151,3 +152,15 @@ def test_compare_json_carries_the_headline_and_why_it_is_not_headlined(tmp_path)
 def test_the_papers_statistic_is_the_time_to_99_percent_of_the_baselines_best():
     base, arm = [(0, 0.5), (10, 0.6), (20, 0.8), (30, 0.8)], [(0, 0.5), (5, 0.7), (10, 0.9)]
     assert paper_speedup(base, arm) == pytest.approx(19.6 / 7.3)
+
+
+def test_a_flat_baseline_prints_no_nan_or_inf(tmp_path):
+    # the baseline never rises, so there are no levels and no ratio: the table says n/a
+    from podsrl.experiments.compare import analyze, format_table
+    from tests.test_compare import fake_run
+
+    runs = [fake_run(tmp_path, "grpo", "grpo", seed, [(0, 0.5), (10, 0.5), (20, 0.4)]) for seed in (0, 1)]
+    runs += [fake_run(tmp_path, "pods", "pods", seed, [(0, 0.5), (10, 0.6), (20, 0.7)]) for seed in (0, 1)]
+    table = format_table(analyze(runs))
+    assert "did not rise above its start" in table
+    assert not re.search(r"\bnan\b|\binfx|\bnanx", table), table

@@ -169,7 +169,7 @@ def sensitivity(curves: dict[str, Curve], headline: Callable[[dict[str, Curve]],
         for i in range(1, len(curve)) if len(curve) > 2 else ():
             change = moved({**curves, name: curve[:i] + curve[i + 1:]})
             if not abs(change) <= abs(worst):  # nan and inf count as the worst
-                worst, worst_drop = change, f"{name}, evaluation at {curve[i][0]:g}"
+                worst, worst_drop = change, f"{name}, evaluation at {curve[i][0]:.4g}"
     return Sensitivity(last, worst, worst_drop)
 
 
@@ -267,7 +267,8 @@ def _ratio(report: dict) -> str:
 def _per_seed(report: dict) -> str:
     low, high = report["per_seed_ci95"]
     interval = f" [{low:.2f}, {high:.2f}]" if math.isfinite(low) else ""
-    return f"{report['per_seed_geometric_mean']:.2f}x{interval}"
+    mean = report["per_seed_geometric_mean"]
+    return f"{mean:.2f}x{interval}" if math.isfinite(mean) else "n/a"
 
 
 def _moves(report: dict) -> str:
@@ -275,6 +276,12 @@ def _moves(report: dict) -> str:
     if not moved:
         return "n/a"
     return f"{100 * moved['last_dropped']:+.0f}% / {100 * moved['worst']:+.0f}%"
+
+
+def _paper(speedup: float, moved: dict) -> str:
+    if not math.isfinite(speedup):
+        return "n/a"
+    return f"{speedup:.2f}x ({100 * max(abs(moved['last_dropped']), abs(moved['worst'])):.0f}%)"
 
 
 def headline_lines(result: dict) -> list[str]:
@@ -302,8 +309,8 @@ def headline_lines(result: dict) -> list[str]:
         differences = " / ".join(f"{100 * d['difference']:+.1f} +- {100 * d['ci95']:.1f}" if math.isfinite(d["ci95"])
                                  else f"{100 * d['difference']:+.1f}" for d in r["accuracy_difference"])
         lines.append(f"| {r['arm']} | {_ratio(seconds)} | {_per_seed(seconds)} | {_moves(seconds)} | {_ratio(steps)} "
-                     f"| {_per_seed(steps)} | {_moves(steps)} | {seconds['paper_speedup']:.2f}x "
-                     f"({100 * max(abs(paper['last_dropped']), abs(paper['worst'])):.0f}%) | {differences} |")
+                     f"| {_per_seed(steps)} | {_moves(steps)} | {_paper(seconds['paper_speedup'], paper)} "
+                     f"| {differences} |")
         notes.append(f"- {r['arm']}: " + (f"headlined: {_ratio(seconds)} sooner in seconds" if r["headlined"]
                                           else f"not headlined: {r['headline_note']}"))
     costs = "; ".join(f"{r['arm']} {r['rollout_ms'][0]:.1f} / {r['rollout_ms'][1]:.1f}" for r in result["rows"]
