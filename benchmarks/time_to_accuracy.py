@@ -5,6 +5,10 @@ by seed, every run with the same training-time budget; finished runs are reused 
 
 1. methods:      grpo (n = m) vs grpo-ga (n, accumulated) vs pods (n -> m), max_variance;
 2. grpo-vs-pods: grpo (m) vs pods (n -> m) only (the quoted speedup);
+   pods-vs-ga:   the paper's second comparison, grpo-ga (n, accumulated; the baseline) vs pods (n -> m):
+                 the same rollouts generated, m / n of them trained (#51 item 4a);
+   paper-ratio:  the paper's first comparison at its ratio, grpo 16/16 vs pods 64 -> 16, read per step
+                 (#51 item 4b);
 3. rules:        pods with max_variance vs random vs max_reward;
 4. nsweep:       pods n -> m at fixed m;
 5. msweep:       pods n -> m at fixed n (the paper's ablation: flat down to m = 4, worse at m = 2),
@@ -40,6 +44,8 @@ from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 EXPERIMENTS = {
     "methods": ["--methods", "grpo,grpo-ga,pods"],
     "grpo-vs-pods": ["--methods", "grpo,pods"],
+    "pods-vs-ga": ["--methods", "grpo-ga,pods", "--baseline", "grpo-ga"],
+    "paper-ratio": ["--methods", "grpo,pods", "--n_values", "64", "--m_values", "16"],
     "rules": ["--methods", "pods", "--rules", "max_variance,random,max_reward"],
     "nsweep": ["--methods", "pods", "--n_values", "8,16,32,64"],
     "adaptive": ["--methods", "pods", "--n_values", "8,16,32,auto", "--baseline", "pods 16->4 max_variance"],
@@ -54,6 +60,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, default=1.0)
+    parser.add_argument("--budget_steps", type=int, default=0,
+                        help="steps per run instead of minutes (paper-ratio is read per step)")
     parser.add_argument("--output_dir", type=Path, default=Path("runs/tta"))
     parser.add_argument("--experiments", default="methods,rules,nsweep")
     parser.add_argument("--figures", type=Path, default=None, help="copy the figures here (e.g. benchmarks/figures)")
@@ -69,8 +77,10 @@ def main() -> int:
         report = args.output_dir / name
         stem = f"{args.record}-{name}" if args.record else name  # figure and RESULTS.md block names
         print(f"\n=== {name} ===", flush=True)
-        code = podsrl(["compare", *EXPERIMENTS[name], "--seeds", str(args.seeds), "--budget_minutes",
-                       str(args.budget_minutes), "--output_dir", str(runs_root), *train_options])
+        budget = (["--budget_steps", str(args.budget_steps)] if args.budget_steps
+                  else ["--budget_minutes", str(args.budget_minutes)])
+        code = podsrl(["compare", *EXPERIMENTS[name], "--seeds", str(args.seeds), *budget,
+                       "--output_dir", str(runs_root), *train_options])
         if code:
             return code
         for produced in ("compare.md", "compare.json", "accuracy.png", "step_time.png"):

@@ -339,3 +339,26 @@ def test_a_restarted_comparison_starts_a_run_that_stopped_before_its_first_check
         run_comparison(base, arms, 1, 0.01, tmp_path, log=lambda _line: None)
     (run_dir,) = run_comparison(base, arms, 1, 0.01, tmp_path, log=lambda _line: None)
     assert (run_dir / "summary.json").exists()
+
+
+def test_compare_budget_in_steps_gives_every_arm_the_same_steps(random_model_dir, tmp_path, capsys):
+    # the paper's per-step comparison: a slower arm (pods generates 2x the rollouts) still gets every step
+    from podsrl import cli
+    from podsrl.metrics import read_metrics
+
+    out = tmp_path / "steps"
+    code = cli.main(["compare", "--budget_steps", "3", "--methods", "grpo,pods", "--seeds", "1", "--model",
+                     random_model_dir, "--task", "parity", "--prompts_per_step", "2", "--num_generations", "4",
+                     "--num_kept", "2", "--eval_steps", "0", "--eval_prompts", "4", "--eval_samples", "1",
+                     "--save_steps", "0", "--output_dir", str(out)])
+    assert code == 0, capsys.readouterr().err
+    for arm in ("grpo-m2", "pods-n4-m2-max_variance"):
+        assert read_metrics(out / arm / "seed0" / "metrics.jsonl")[-1]["step"] == 3
+        assert json.loads((out / arm / "seed0" / "config.json").read_text())["max_minutes"] == 0
+
+
+def test_compare_needs_a_budget(tmp_path, capsys):
+    from podsrl import cli
+
+    assert cli.main(["compare", "--methods", "pods", "--output_dir", str(tmp_path / "c")]) == 2
+    assert "budget_minutes or budget_steps: give one" in capsys.readouterr().err

@@ -153,7 +153,10 @@ def cmd_compare(argv: list[str]) -> int:
                                                                 "mappings): each arm runs once per selector "
                                                                 "(default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--budget_minutes", type=float, required=True, help="training time per run")
+    parser.add_argument("--budget_minutes", type=float, default=0.0, help="training time per run")
+    parser.add_argument("--budget_steps", type=int, default=0,
+                        help="optimizer steps per run instead (or as well: a run stops at whichever comes first); "
+                             "the paper's per-step comparison, where a slower arm still gets every step")
     parser.add_argument("--baseline", default="", help="arm name or method of the speedup baseline")
     args, rest = parser.parse_known_args(argv)
     if "--output_dir" not in rest:
@@ -162,14 +165,17 @@ def cmd_compare(argv: list[str]) -> int:
     if cfg is None:
         return 2
     try:
-        if args.seeds < 1 or args.budget_minutes <= 0:
-            raise ValueError("seeds and budget_minutes: must be positive")
+        if args.seeds < 1 or args.budget_minutes < 0 or args.budget_steps < 0:
+            raise ValueError("seeds, budget_minutes and budget_steps: must be positive")
+        if not (args.budget_minutes or args.budget_steps):
+            raise ValueError("budget_minutes or budget_steps: give one (the same budget for every run)")
         n_values = _ints("n_values", args.n_values, ("auto",)) or [cfg.num_generations]
         m_values = _ints("m_values", args.m_values) or [cfg.num_kept]
         rules = arm_specs("downsampling_rule", args.rules) or [cfg.downsampling_rule]  # the config's, not a default
         arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
                            arm_specs("prompt_selector", args.prompt_selectors))
-        run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir))
+        run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir),
+                                  budget_steps=args.budget_steps)
         result = analyze(run_dirs, baseline=args.baseline or None)
     except TrainingStopped as stopped:  # a signal or a failed reward: the run checkpointed; re-running resumes it
         print(f"podsrl compare: {stopped} (in a comparison: re-run the same compare command, which resumes it)",

@@ -353,16 +353,17 @@ def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:
 
 
 def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, output_dir: Path,
-                   log=print) -> list[Path]:
-    """Train every arm x seed on this machine with the same training-time budget, in the
+                   log=print, budget_steps: int = 0) -> list[Path]:
+    """Train every arm x seed on this machine with the same training-time budget (and/or the
+    same number of steps, ``budget_steps``; 0 = no limit), in the
     interleaved order of :func:`run_plan`. Every run's config is validated before the first
     runs (an arm that cannot run fails the comparison at once, naming the arm). Finished runs
     are reused and interrupted ones resumed from their checkpoint (one stopped before its first
     checkpoint is started afresh in its folder), so a long comparison can be restarted."""
     run_dirs = []
     plan = run_plan(arms, [base.seed + k for k in range(seeds)])
-    configs = [_run_config(base, arm, seed, budget_minutes, output_dir / arm_dir_name(arm) / f"seed{seed}")
-               for arm, seed in plan]
+    configs = [_run_config(base, arm, seed, budget_minutes, output_dir / arm_dir_name(arm) / f"seed{seed}",
+                           budget_steps) for arm, seed in plan]
     for (arm, _), cfg in zip(plan, configs):
         try:
             validate(cfg)
@@ -380,9 +381,9 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
     return run_dirs
 
 
-def _run_config(base, arm: dict, seed: int, budget_minutes: float, run_dir: Path):
+def _run_config(base, arm: dict, seed: int, budget_minutes: float, run_dir: Path, budget_steps: int = 0):
     """The config of one run of a comparison: the arm's overrides of the shared ``base``, its
     seed and budget; it resumes where it has a checkpoint."""
-    return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=10**9,
+    return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=budget_steps or 10**9,
                                output_dir=str(run_dir), progress=False,
                                resume=bool(list_checkpoints(run_dir / "checkpoints")))
