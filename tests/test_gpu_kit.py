@@ -1,0 +1,82 @@
+"""#51's GPU kit (benchmarks/gpu_kit.py): the GGUF packed in two halves under one call's carry
+limit, joined and checked on the device, and the whole command end to end at a tiny size on
+this CPU."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gpu_kit", REPO / "benchmarks" / "gpu_kit.py")
+gpu_kit = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_kit)
+
+
+@pytest.fixture
+def packed(tmp_path):
+    """A stand-in GGUF (odd length, so the halves differ) packed with a stand-in wheel."""
+    source = tmp_path / "model.gguf"
+    source.write_bytes(bytes(range(256)) * 1001 + b"x")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / gpu_kit.GGUF_WHEEL).write_bytes(b"wheel")
+    gpu_kit.pack(tmp_path / "carry", source, wheels)
+    return source, tmp_path / "carry"
+
+
+def test_pack_stage_join_gives_back_the_file(packed, tmp_path):
+    source, carry = packed
+    assert sorted(p.name for p in (carry / "b").iterdir()) == sorted(["gguf.part2", "gguf.sha256", gpu_kit.GGUF_WHEEL])
+    stage = tmp_path / "stage"
+    gpu_kit.stage(carry / "a", stage)
+    joined = gpu_kit.join_gguf(carry / "b", stage)
+    assert joined.read_bytes() == source.read_bytes()
+    assert joined.parent.name == gpu_kit.GGUF_PACKAGE and (joined.parent / "__init__.py").exists()
+    assert gpu_kit.join_gguf(carry / "b", stage) == joined  # joined once: a second call keeps it
+
+
+def test_join_refuses_halves_of_two_packs(packed, tmp_path):
+    _, carry = packed
+    stage = tmp_path / "stage"
+    gpu_kit.stage(carry / "a", stage)
+    (stage / "gguf.part1").write_bytes(b"another pack")
+    with pytest.raises(SystemExit, match="are not halves of one pack"):
+        gpu_kit.join_gguf(carry / "b", stage)
+    assert not (stage / "site" / gpu_kit.GGUF_PACKAGE / gpu_kit.GGUF_FILE).exists()  # no half-joined file left
+
+
+def test_join_without_the_first_call_says_what_to_run(packed, tmp_path):
+    _, carry = packed
+    with pytest.raises(SystemExit, match="benchmarks/gpu_kit.py stage gpu-carry/a"):
+        gpu_kit.join_gguf(carry / "b", tmp_path / "empty-stage")
+
+
+def test_pack_refuses_a_folder_with_files(packed, tmp_path):
+    source, carry = packed
+    with pytest.raises(SystemExit, match="is not empty"):
+        gpu_kit.pack(carry, source, None)
+
+
+@pytest.mark.slow
+def test_the_kit_runs_end_to_end_at_a_tiny_size(tmp_path):
+    # the device command with the built-in tiny model: rounds of the three-arm comparison, one
+    # seed each, while the last round's time fits; what later sessions append to is left in OUT
+    out = tmp_path / "kit"
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_kit.py"), "run", str(out), "--tiny",
+                             "--minutes", "0.7", "--budget_seconds", "2", "--first_seed", "5"],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((out / "gpu-kit.json").read_text())
+    assert record["seeds"] >= 1 and record["first_seed"] == 5
+    seeds = [f"seed{5 + k}" for k in range(record["seeds"])]
+    for arm in ("grpo-m4", "grpo-ga-n16", "pods-n16-m4-max_variance"):
+        assert sorted(p.name for p in (out / "podsrl" / arm).iterdir()) == seeds
+        config = json.loads((out / "podsrl" / arm / "seed5" / "config.json").read_text())
+        assert config["generation_static_cache"] is True and config["generation_dtype"] == "float32"
+    rows = json.loads((out / "podsrl" / "compare.json").read_text())["rows"]
+    assert {r["arm"] for r in rows} == {"grpo 4/4", "grpo-ga 16", "pods 16->4 max_variance"}
+    assert f"--first_seed {5 + record['seeds']}" in result.stdout
