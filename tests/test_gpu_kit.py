@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,65 +19,76 @@ spec.loader.exec_module(gpu_kit)
 
 @pytest.fixture
 def packed(tmp_path):
-    """A stand-in GGUF (odd length, so the halves differ) packed with a stand-in wheel."""
+    """A stand-in GGUF (a length three does not divide) packed with a stand-in wheel."""
     source = tmp_path / "model.gguf"
-    source.write_bytes(bytes(range(256)) * 1001 + b"x")
+    source.write_bytes(bytes(range(256)) * 1001 + b"xy")
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / gpu_kit.GGUF_WHEEL).write_bytes(b"wheel")
-    gpu_kit.pack(tmp_path / "carry", source, wheels)
-    return source, tmp_path / "carry"
+    folders = gpu_kit.pack(tmp_path / "carry", source, wheels)
+    return source, folders
 
 
 def test_pack_stage_join_gives_back_the_file(packed, tmp_path):
-    source, carry = packed
-    assert sorted(p.name for p in (carry / "b").iterdir()) == sorted(["gguf.part2", "gguf.sha256", gpu_kit.GGUF_WHEEL])
+    source, folders = packed
+    assert [f.name for f in folders] == ["stage1", "stage2", "run"]
+    assert sorted(p.name for p in folders[-1].iterdir()) == sorted(["gguf.part3", "gguf.sha256", gpu_kit.GGUF_WHEEL])
     stage = tmp_path / "stage"
-    gpu_kit.stage(carry / "a", stage)
-    joined = gpu_kit.join_gguf(carry / "b", stage)
+    for folder in folders[:-1]:  # one device call each
+        gpu_kit.stage(folder, stage)
+    joined = gpu_kit.join_gguf(folders[-1], stage)
     assert joined.read_bytes() == source.read_bytes()
     assert joined.parent.name == gpu_kit.GGUF_PACKAGE and (joined.parent / "__init__.py").exists()
-    assert gpu_kit.join_gguf(carry / "b", stage) == joined  # joined once: a second call keeps it
+    assert gpu_kit.join_gguf(folders[-1], stage) == joined  # joined once: a second call keeps it
 
 
-def test_join_refuses_halves_of_two_packs(packed, tmp_path):
-    _, carry = packed
+def test_join_refuses_pieces_of_two_packs(packed, tmp_path):
+    _, folders = packed
     stage = tmp_path / "stage"
-    gpu_kit.stage(carry / "a", stage)
-    (stage / "gguf.part1").write_bytes(b"another pack")
-    with pytest.raises(SystemExit, match="are not halves of one pack"):
-        gpu_kit.join_gguf(carry / "b", stage)
+    for folder in folders[:-1]:
+        gpu_kit.stage(folder, stage)
+    (stage / "gguf.part2").write_bytes(b"another pack")
+    with pytest.raises(SystemExit, match="are not of one pack"):
+        gpu_kit.join_gguf(folders[-1], stage)
     assert not (stage / "site" / gpu_kit.GGUF_PACKAGE / gpu_kit.GGUF_FILE).exists()  # no half-joined file left
 
 
-def test_join_without_the_first_call_says_what_to_run(packed, tmp_path):
-    _, carry = packed
-    with pytest.raises(SystemExit, match="benchmarks/gpu_kit.py stage gpu-carry/a"):
-        gpu_kit.join_gguf(carry / "b", tmp_path / "empty-stage")
+def test_join_without_a_staging_call_says_which_to_run(packed, tmp_path):
+    _, folders = packed
+    stage = tmp_path / "stage"
+    gpu_kit.stage(folders[0], stage)  # the second call was skipped
+    with pytest.raises(SystemExit, match="benchmarks/gpu_kit.py stage gpu-carry/stage2"):
+        gpu_kit.join_gguf(folders[-1], stage)
 
 
 def test_pack_refuses_a_folder_with_files(packed, tmp_path):
-    source, carry = packed
+    source, _ = packed
     with pytest.raises(SystemExit, match="is not empty"):
-        gpu_kit.pack(carry, source, None)
+        gpu_kit.pack(tmp_path / "carry", source, None)
 
 
 @pytest.mark.slow
 def test_the_kit_runs_end_to_end_at_a_tiny_size(tmp_path):
     # the device command with the built-in tiny model: rounds of the three-arm comparison, one
-    # seed each, while the last round's time fits; what later sessions append to is left in OUT
-    out = tmp_path / "kit"
+    # seed each, while the last round's time fits; OUT gets few files (a device call returns at
+    # most 8), the run files in one archive that later sessions add to
+    out, work = tmp_path / "out", tmp_path / "work"
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_kit.py"), "run", str(out), "--tiny",
-                             "--minutes", "0.7", "--budget_seconds", "2", "--first_seed", "5"],
+                             "--work", str(work), "--minutes", "0.7", "--budget_seconds", "2", "--first_seed", "5"],
                             capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((out / "gpu-kit.json").read_text())
     assert record["seeds"] >= 1 and record["first_seed"] == 5
-    seeds = [f"seed{5 + k}" for k in range(record["seeds"])]
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "compare.json", "compare.md", "gpu-kit.json",
+                                                      "runs.tar.gz"]
+    with tarfile.open(out / "runs.tar.gz") as archive:
+        names = set(archive.getnames())
+        config = json.load(archive.extractfile("pods-n16-m4-max_variance/seed5/config.json"))
     for arm in ("grpo-m4", "grpo-ga-n16", "pods-n16-m4-max_variance"):
-        assert sorted(p.name for p in (out / "podsrl" / arm).iterdir()) == seeds
-        config = json.loads((out / "podsrl" / arm / "seed5" / "config.json").read_text())
-        assert config["generation_static_cache"] is True and config["generation_dtype"] == "float32"
-    rows = json.loads((out / "podsrl" / "compare.json").read_text())["rows"]
+        for k in range(record["seeds"]):
+            assert {f"{arm}/seed{5 + k}/{name}" for name in gpu_kit.RUN_FILES} <= names
+    assert not any("checkpoints" in name or name.endswith(".safetensors") for name in names)
+    assert config["generation_static_cache"] is True and config["generation_dtype"] == "float32"
+    rows = json.loads((out / "compare.json").read_text())["rows"]
     assert {r["arm"] for r in rows} == {"grpo 4/4", "grpo-ga 16", "pods 16->4 max_variance"}
     assert f"--first_seed {5 + record['seeds']}" in result.stdout
