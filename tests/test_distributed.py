@@ -80,6 +80,7 @@ def two_process_run(tmp_path_factory):
     return run_dir, done
 
 
+@pytest.mark.slow
 def test_two_processes_stay_in_sync_and_write_once(two_process_run):
     run_dir, done = two_process_run
     records = steps(run_dir)
@@ -113,6 +114,7 @@ def assert_same_training(run_dir: Path, reference_dir: Path) -> None:
         assert torch.allclose(two[key], one[key], atol=1e-3 * movement), key
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_over_the_same_prompts(two_process_run, one_process_run):
     assert_same_training(two_process_run[0], one_process_run)
     # evaluation is split over the processes (every 2nd prompt each) and the counts summed:
@@ -124,12 +126,14 @@ def test_two_processes_match_one_process_over_the_same_prompts(two_process_run, 
     assert first[0]["eval_greedy_accuracy_se"] == pytest.approx(first[1]["eval_greedy_accuracy_se"])
 
 
+@pytest.mark.slow
 def test_sequence_aggregation_matches_one_process(tmp_path):
     done = launch(tmp_path / "two", loss_type="grpo")
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_training(tmp_path / "two", one_process(tmp_path / "one", loss_type="grpo"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["fsdp.yaml", "fsdp-zero2.yaml"])
 def test_sharded_processes_match_one_process(config, one_process_run, tmp_path):
     done = launch(tmp_path / "run", setup=("--config_file", str(CONFIGS / config)))
@@ -139,6 +143,7 @@ def test_sharded_processes_match_one_process(config, one_process_run, tmp_path):
     assert_same_training(tmp_path / "run", one_process_run)
 
 
+@pytest.mark.slow
 def test_sharded_lora_matches_one_process(tmp_path):
     # slots decoding takes a different number of steps on each process: without gathering
     # the whole model first, the per-layer all-gathers fall out of step and hang (checked)
@@ -148,6 +153,7 @@ def test_sharded_lora_matches_one_process(tmp_path):
     assert_same_training(tmp_path / "run", one_process(tmp_path / "one", **lora))
 
 
+@pytest.mark.slow
 def test_sharded_run_resumes_a_one_process_checkpoint(one_process_run, tmp_path):
     # checkpoints hold whole tensors, so they move between process layouts
     part = tmp_path / "part"
@@ -157,6 +163,7 @@ def test_sharded_run_resumes_a_one_process_checkpoint(one_process_run, tmp_path)
     assert_same_training(part, one_process_run)
 
 
+@pytest.mark.slow
 def test_two_process_resume_matches_the_uninterrupted_run(two_process_run, tmp_path):
     run_dir, _ = two_process_run
     part = tmp_path / "part"
@@ -171,6 +178,7 @@ def test_two_process_resume_matches_the_uninterrupted_run(two_process_run, tmp_p
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+@pytest.mark.slow
 def test_pass_rate_selection_over_two_processes_matches_one_process(tmp_path):
     """The selector learns from every process's outcomes (gathered), so each process draws
     the same prompts, and the run is the one-process run: the same selector numbers, the
@@ -187,6 +195,7 @@ def test_pass_rate_selection_over_two_processes_matches_one_process(tmp_path):
     assert all(r["rank_param_spread"] == 0.0 for r in ran)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
     """Refill rounds are decided for all processes together (a process short of informative
     groups makes every process generate again), so their collectives never diverge."""
@@ -198,6 +207,7 @@ def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
     assert all(r["prompts_generated"] == 4 * r["prompt_rounds"] for r in records)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spread_on", ["1", "none"])
 def test_a_run_with_a_learning_signal_on_one_process_only_is_judged_the_same_on_both(tmp_path, spread_on):
     """Every advantage 0 fails the run (exit 1); the processes agree on it: rewards that differ
@@ -215,6 +225,7 @@ def test_a_run_with_a_learning_signal_on_one_process_only_is_judged_the_same_on_
         assert done.returncode == 0 and failure == "", done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_reward_failure_on_one_process_in_early_stop_stops_both(tmp_path):
     """group_early_stop scores inside generation; a reward that fails on rank 1 alone must stop
     both processes with the error, not leave rank 0 waiting in a collective."""
@@ -231,6 +242,7 @@ def test_a_reward_failure_on_one_process_in_early_stop_stops_both(tmp_path):
     assert done.stderr.count("stopped in step 1:") == 2, done.stderr[-3000:]  # each process, one line
 
 
+@pytest.mark.slow
 def test_prompts_must_split_evenly_over_processes(tmp_path):
     done = launch(tmp_path / "odd", prompts_per_step=3, generation_batch_size=0)
     assert done.returncode != 0

@@ -346,6 +346,7 @@ def fresh_copy(target: Path) -> Path:
 QUICK_START_LIMIT_S = 1800
 
 
+@pytest.mark.slow
 def test_readme_quick_start_runs_as_written(tmp_path):
     """Every README block marked run, in order, in one shell; then the docs' python blocks."""
     script = "set -euo pipefail\n" + "\n".join(body for page in PAGES[:1] for mark, body in blocks(page, "bash")

@@ -246,6 +246,7 @@ def test_config_names_what_early_stop_needs():
             validate(Config(**{**EARLY_STOP, **change}))
 
 
+@pytest.mark.slow
 def test_training_with_early_stop_generates_fewer_rollouts_and_resumes(tmp_path):
     cfg = Config(**EARLY_STOP, correct_weight=1.0, format_weight=0.0, prompts_per_step=8, num_generations=8,
                  max_steps=4, eval_steps=0, eval_prompts=16, eval_samples=1, save_steps=2, progress=False,

@@ -65,6 +65,7 @@ def test_full_run_exports_the_runs_model(full_run, tmp_path):
     assert tokenizer.pad_token == run_tokenizer.pad_token is not None
 
 
+@pytest.mark.slow
 def test_lora_run_exports_merged_weights_that_need_no_peft(lora_run, random_model_dir, tmp_path):
     from peft import PeftModel
 
@@ -113,6 +114,7 @@ def test_a_moved_lora_run_whose_base_folder_is_gone_names_the_field_to_fix(lora_
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_an_adapter_on_a_builtin_model_names_it_and_loads_on_another_machine(tmp_path):
     run = _train("tiny", tmp_path / "run", lora_rank=4, task="arithmetic")
     adapter_config = run / "model" / "adapter_config.json"

@@ -89,6 +89,7 @@ def test_building_the_copy_draws_nothing_from_the_trainers_rng():
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.slow
 def test_static_cache_compiles_the_decode_step_once_not_every_step():
     """On the CPU with dynamo's eager backend: the guards that decide recompiles are the same
     as on a GPU (shapes, the cache, the parameters refreshed in place)."""

@@ -271,6 +271,7 @@ def test_correctness_rewards_accept_strings_and_conversations():
 
 @pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").is_file() or not (DATA / "math500" / "test.jsonl").is_file(),
                     reason=f"reference data not found at {DATA} (gsm8k/test.jsonl, math500/test.jsonl)")
+@pytest.mark.slow
 def test_acceptance_sample_on_real_data():
     spec = importlib.util.spec_from_file_location("grade_check", REPO / "benchmarks" / "grade_check.py")
     check = importlib.util.module_from_spec(spec)

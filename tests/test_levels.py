@@ -43,6 +43,7 @@ def brute_first_passage(curve, level, samples=200_001):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
 def test_first_passage_matches_a_fine_grid_search(seed):
     rng = random.Random(seed)
@@ -110,6 +111,7 @@ def plateau_then_jump(jump: float, seed: int) -> list[tuple[float, float]]:
     return curve + [(1200, 0.35 + jump)]
 
 
+@pytest.mark.slow
 def test_a_last_evaluation_that_jumps_moves_the_papers_statistic_and_not_the_headline(tmp_path):
     """The case #51 names: a baseline whose best is its last evaluation. Dropping that evaluation
     moves the paper's speedup far beyond 10% and the headline under it; the report headlines

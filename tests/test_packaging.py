@@ -19,6 +19,7 @@ def run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_core_and_the_verl_selection_code_import_without_the_trainer_stack():
     done = run(BLOCK_TRAIN_STACK + "import podsrl.algorithms, podsrl.integrations.verl_core\n"
                                    "print(podsrl.algorithms.select('max_variance', __import__('torch').tensor("
@@ -27,6 +28,7 @@ def test_the_core_and_the_verl_selection_code_import_without_the_trainer_stack()
     assert done.stdout.strip() == "[[0, 2]]"  # the lowest-index 0 and the highest-index 1
 
 
+@pytest.mark.slow
 def test_the_command_without_the_trainer_stack_names_the_extra():
     done = run(BLOCK_TRAIN_STACK + "from podsrl.entry import main\nraise SystemExit(main(['train']))")
     assert done.returncode == 2

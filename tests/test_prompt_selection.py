@@ -114,6 +114,7 @@ def observe(sel, step, indices, passes, n=16):
     sel.observe(step, indices, correct)
 
 
+@pytest.mark.slow
 def test_first_draws_follow_the_draw_probabilities():
     """One prompt per draw: the empirical frequencies of 20,000 draws match the definition
     (a 5-sigma band per prompt), after evidence made some prompts look constant."""
@@ -130,6 +131,7 @@ def test_first_draws_follow_the_draw_probabilities():
     assert probabilities[2] > probabilities[4] > probabilities[0]  # half-right > unseen > all-right
 
 
+@pytest.mark.slow
 def test_a_prompt_that_looks_constant_is_still_drawn_at_the_exploration_rate():
     """The starvation bound: a prompt whose group looks certain to be constant keeps at least
     exploration / N per draw, so over T steps of P draws it is drawn at least 1 - (1 - e/N)^P
@@ -215,6 +217,7 @@ def mostly_constant(prompts, completions, **_columns):
             for p, c in zip(prompts, completions)]
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_refills_until_its_cap_and_logs_what_it_spent(random_model_dir, tmp_path):
     """Two groups in three come out constant: steps run extra rounds, set constant groups
     aside, and stop as soon as the batch has its informative groups or, at the cap, fill it
@@ -233,6 +236,7 @@ def test_dynamic_sampling_refills_until_its_cap_and_logs_what_it_spent(random_mo
     assert any(r["prompt_rounds"] > 1 for r in records)
 
 
+@pytest.mark.slow
 def test_selectors_leave_evaluation_on_the_whole_held_out_set(random_model_dir, tmp_path):
     """The first evaluation (the same model) is the same with every selector: selection only
     changes which train prompts are generated for."""

@@ -176,6 +176,7 @@ def test_a_loss_aggregation_from_a_file_against_its_definition_and_accumulation(
     assert halves == pytest.approx(float(whole), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_the_trainer_uses_the_configured_advantage_estimator_and_loss(tmp_path):
     """Both named as module:function in the config reach the update (spies count the calls)."""
     calls = {"advantages": 0, "loss": 0}

@@ -72,6 +72,7 @@ def uninterrupted(random_model_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_exact(random_model_dir, tmp_path, uninterrupted):
     out = tmp_path / "run"
     process = start(run_args(random_model_dir, out, 6))
@@ -96,6 +97,7 @@ def test_sigkill_then_resume_is_exact(random_model_dir, tmp_path, uninterrupted)
     assert times == sorted(times)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_cleanly_with_a_checkpoint_then_resumes_exactly(random_model_dir, tmp_path, uninterrupted,
                                                                      sig, code):
@@ -160,6 +162,7 @@ raise SystemExit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["importing", "loading"])
 def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped_run_leaves(
         random_model_dir, tmp_path, moment):
@@ -197,6 +200,7 @@ def quick(model_dir, out, **overrides):
     return make_config(overrides={k: str(v) for k, v in values.items()})
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_path, capfd):
     full = train(quick(random_model_dir, tmp_path / "full", max_steps=4)).run_dir
     out = tmp_path / "run"
@@ -209,6 +213,7 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous(random_model_dir, tmp_pa
     assert training_records(out) == training_records(full)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_holding_another_prompt_selectors_state_does_not_fit_and_is_skipped_or_refused(
         random_model_dir, tmp_path, capfd):
     """A selector's load_state_dict that meets another selector's state (KeyError: 'posterior')
@@ -260,6 +265,7 @@ def sigterm_then(sleep: bool) -> None:
         time.sleep(600)  # an evaluation that goes on far longer than the grace
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["before", "during"])
 def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_that_step(
         random_model_dir, tmp_path, monkeypatch, when):
@@ -300,6 +306,7 @@ def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("evaluation", ["hangs", "returns"])
 def test_a_signal_during_the_first_evaluation_stops_before_any_step(random_model_dir, tmp_path, monkeypatch,
                                                                     evaluation):

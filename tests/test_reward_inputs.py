@@ -133,6 +133,7 @@ def small_run(tmp_path, **overrides):
     return make_config(overrides=values)
 
 
+@pytest.mark.slow
 def test_python_callables_are_reward_functions(random_model_dir, tmp_path):
     steps_seen = []
 

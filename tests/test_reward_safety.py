@@ -73,6 +73,7 @@ from podsrl.rewards import RewardError, RewardStack
 """
 
 
+@pytest.mark.slow
 def test_hung_functions_are_killed_and_the_process_exits_under_the_zero_policy(tmp_path):
     code = PRELUDE + "".join(f"\ndef {name}(prompts, completions, **kw):\n    {body}\n" for name, body in HANGS.items())
     code += f"""
@@ -102,6 +103,7 @@ for fn in [{", ".join(HANGS)}]:
     ("os._exit(0)", r"reward function bad failed on prompt index 0 \(its worker process ended \(exit code 0\)\)"),
     ("raise KeyboardInterrupt", r"reward function bad failed on prompt index 0 \(KeyboardInterrupt\)"),
 ])
+@pytest.mark.slow
 def test_under_the_raise_policy_the_process_ends_with_a_reward_error_and_a_nonzero_code(body, message):
     code = PRELUDE + f"""
 def bad(prompts, completions, **kw):
@@ -117,6 +119,7 @@ stack(["p", "q"], ["a", "b"], {{}})
     assert seconds < 0.5 + worker_module._GRACE + 5, seconds
 
 
+@pytest.mark.slow
 def test_a_worker_stuck_in_a_function_dies_with_a_killed_trainer(tmp_path):
     code = PRELUDE + """
 def stuck(prompts, completions, **kw):

@@ -50,6 +50,7 @@ def test_load_by_name_module_and_file(reward_file):
         load_reward_fn("missing_file.py:fn")
 
 
+@pytest.mark.slow
 def test_trl_style_reward_runs_unchanged_in_training(random_model_dir, tmp_path, reward_file):
     cfg = make_config(overrides={
         "model": random_model_dir, "max_steps": "2", "prompts_per_step": "2", "num_generations": "4", "num_kept": "2",

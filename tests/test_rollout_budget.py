@@ -169,6 +169,7 @@ def test_config_checks_adaptive_n():
         validate(Config(adaptive_n=True, num_generations=32, num_generations_max=16))
 
 
+@pytest.mark.slow
 def test_training_with_adaptive_n_logs_its_decisions(tmp_path):
     cfg = Config(adaptive_n=True, prompts_per_step=4, num_generations_max=16, max_steps=5, eval_steps=0,
                  eval_prompts=8, eval_samples=1, save_steps=0, progress=False, output_dir=str(tmp_path))
@@ -182,6 +183,7 @@ def test_training_with_adaptive_n_logs_its_decisions(tmp_path):
     assert len(state["rollout_budget"]["costs"]) == 5
 
 
+@pytest.mark.slow
 def test_training_with_adaptive_n_and_early_stop(tmp_path):
     """Both on: early stop skips rollouts of the sizes adaptive_n picks; the cost fit regresses
     seconds on the requested P x n, so its slope includes early stop's saving."""

@@ -125,6 +125,7 @@ LOCK_HOLDER = ("import sys, time; from pathlib import Path; from podsrl.trainer.
                "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(600)")
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_at_once_naming_the_holder_and_a_killed_holder_is_reported(
         random_model_dir, tmp_path, nothing_loads, capfd):
     out = tmp_path / "run"
@@ -199,6 +200,7 @@ def partial_checkpoint(run):
     (folder / "trainer_state.json").write_text('{\n  "step": 1,\n  "train_sec')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [None, cut_config, empty_config, logs_cut_by_a_crash, partial_checkpoint])
 def test_a_run_that_stopped_before_its_first_checkpoint_starts_afresh_with_the_same_command(
         random_model_dir, stopped_run, tmp_path, capfd, damage):
@@ -326,6 +328,7 @@ def test_a_stopped_run_beside_anything_podsrl_did_not_write_is_refused_and_untou
     assert (run / LOCK_FILE).read_bytes() == lock
 
 
+@pytest.mark.slow
 def test_a_stopped_run_whose_folder_another_process_holds_is_refused_and_untouched(
         random_model_dir, stopped_run, tmp_path, nothing_loads):
     run = copy_of(stopped_run, tmp_path)
@@ -458,6 +461,7 @@ def test_a_bad_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
 
 
 # --- a full disk during a checkpoint ------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("failing_write", [1, 2])
 def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(random_model_dir, tmp_path, monkeypatch,
                                                                   failing_write):
@@ -482,6 +486,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(random_model_di
 
 
 # --- a reward function that fails under the 'raise' policy --------------------------------------------
+@pytest.mark.slow
 def test_a_reward_failure_stops_with_a_checkpoint_of_the_last_finished_step_and_resumes_exactly(
         random_model_dir, tmp_path):
     from tests.conftest import crc_parity
@@ -544,6 +549,7 @@ def test_a_model_folder_that_cannot_load_is_one_line_naming_the_file(tmp_path, d
     assert not (tmp_path / "run").exists()  # nothing was written for the failed run
 
 
+@pytest.mark.slow
 def test_a_lora_adapter_saved_only_as_a_pickle_is_refused(random_model_dir, tmp_path):
     run = tmp_path / "lora"
     train(quick(random_model_dir, run, max_steps=1, lora_rank=4))

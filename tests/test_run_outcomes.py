@@ -46,6 +46,7 @@ FULL_DISK_ERRORS = [OSError(28, "No space left on device"),  # safetensors raise
                                     '"No space left on device" })')]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", FULL_DISK_ERRORS, ids=lambda error: type(error).__name__)
 def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_how_to_export(
         random_model_dir, tmp_path, monkeypatch, error):
@@ -76,6 +77,7 @@ def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_h
 
 
 # --- a full disk while a step's records are appended ------------------------------------------------------
+@pytest.mark.slow
 def test_a_full_disk_while_logging_a_step_keeps_the_logs_whole_and_says_how_to_resume(random_model_dir, tmp_path,
                                                                                         monkeypatch):
     """#50: a write that failed half-way left rollouts.jsonl cut mid-line, and the run ended on a bare

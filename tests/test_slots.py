@@ -114,6 +114,7 @@ def correct_rate(task, prompts, rollouts) -> tuple[float, int]:
     return sum(values) / len(values), len(values)
 
 
+@pytest.mark.slow
 def test_sampling_matches_full_group_in_distribution(tiny, tiny_prompts):
     """Over 3 seeds x 16 prompts x 32 samples, the correct-answer rate of the slots engine
     and of full-group generation agree within 4 standard errors; both differ from greedy
@@ -267,6 +268,7 @@ def test_length_aware_probe_pauses_and_resumes_and_early_stop_drops_paused_prefi
     assert out.stats["probe_steps"] > 0 and out.stats["decode_steps"] > out.stats["probe_steps"]
 
 
+@pytest.mark.slow
 def test_length_aware_engine_state_and_a_training_run(tmp_path, tiny):
     options = GenerationOptions(schedule="length_aware", micro_group=8)
     engine = ENGINES["slots"](options)
@@ -297,6 +299,7 @@ def test_memory_cap_hf_refuses_a_group_that_does_not_fit_and_slots_fits_it(tiny,
         ENGINES["slots"](too_many)(tiny.model, tiny.tokenizer, prompts, 256)
 
 
+@pytest.mark.slow
 def test_pods_at_n256_trains_under_a_memory_cap_full_group_generation_exceeds(tmp_path, tiny):
     base = Config(model="tiny", method="pods", num_generations=256, num_kept=4, prompts_per_step=2, max_steps=2,
                   eval_steps=0, eval_prompts=8, eval_samples=1, save_steps=0, progress=False, generation_memory_mb=4.0)

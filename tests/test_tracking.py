@@ -119,6 +119,7 @@ def test_rollouts_jsonl_records_each_group_with_the_kept_flags_the_update_used(r
     assert not (run_dir / "tracking").exists()  # report_to none: no tracker files
 
 
+@pytest.mark.slow
 def test_rollout_sample_size_follows_log_rollouts_and_grpo_ga_keeps_all(random_model_dir, tmp_path):
     ga = train(quick_config(random_model_dir, tmp_path / "ga", method="grpo-ga", log_rollouts=1)).run_dir
     rows = rollout_records(ga)
@@ -129,6 +130,7 @@ def test_rollout_sample_size_follows_log_rollouts_and_grpo_ga_keeps_all(random_m
 
 
 # --- resume ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 @skip_unless_installed("tensorboard")
 def test_resume_drops_the_redone_steps_from_rollouts_and_tensorboard(random_model_dir, tmp_path):
     out = tmp_path / "run"
@@ -151,6 +153,7 @@ def test_resume_drops_the_redone_steps_from_rollouts_and_tensorboard(random_mode
 ACCELERATE = shutil.which("accelerate", path=str(Path(sys.executable).parent))
 
 
+@pytest.mark.slow
 @skip_unless_installed("tensorboard")
 def test_under_two_processes_only_the_main_process_logs(tmp_path):
     out = tmp_path / "run"
@@ -207,6 +210,7 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+@pytest.mark.slow
 @skip_unless_installed("wandb")
 def test_wandb_logs_offline_without_an_api_key(tmp_path):
     env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": str(tmp_path / "no-netrc"), "WANDB_SILENT": "true"}
@@ -230,6 +234,7 @@ def test_wandb_logs_offline_without_an_api_key(tmp_path):
     assert table["columns"] == list(first[0]) and table["data"] == [list(r.values()) for r in first]
 
 
+@pytest.mark.slow
 @skip_unless_installed("trackio")
 def test_trackio_logs_the_metrics_and_the_rollout_table(tmp_path):
     store = tmp_path / "trackio"
@@ -292,6 +297,7 @@ def test_log_rollouts_must_not_be_negative():
         make_config(overrides={"log_rollouts": "-1"})
 
 
+@pytest.mark.slow
 @skip_unless_installed("tensorboard")
 def test_trackers_and_rollout_samples_change_nothing_in_metrics_jsonl(random_model_dir, tmp_path):
     """Logging reads the step's results and draws no random numbers: the same records, with

@@ -64,6 +64,7 @@ def test_one_step_trains(random_model_dir, tmp_path):
     assert json.loads((result.run_dir / "config.json").read_text())["num_generations"] == 6
 
 
+@pytest.mark.slow
 def test_same_seed_same_run(random_model_dir, tmp_path):
     a = train(quick_config(random_model_dir, tmp_path / "a"))
     b = train(quick_config(random_model_dir, tmp_path / "b"))
@@ -72,6 +73,7 @@ def test_same_seed_same_run(random_model_dir, tmp_path):
     assert training_records(c.run_dir) != training_records(a.run_dir)
 
 
+@pytest.mark.slow
 def test_pods_with_m_equal_n_is_grpo(random_model_dir, tmp_path):
     pods = train(quick_config(random_model_dir, tmp_path / "pods", method="pods", num_generations=4, num_kept=4))
     grpo = train(quick_config(random_model_dir, tmp_path / "grpo", method="grpo", num_generations=4, num_kept=4))
@@ -130,6 +132,7 @@ RESUME_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(RESUME_CASES))
 def test_resume_matches_uninterrupted_run(random_model_dir, tmp_path, case):
     options = RESUME_CASES[case]
@@ -168,6 +171,7 @@ def test_unusable_checkpoints_refuse_the_resume_and_leave_the_run_as_it_was(rand
     assert all(torch.equal(after[k], weights_before[k]) for k in after)
 
 
+@pytest.mark.slow
 def test_grpo_ga_is_one_big_batch(random_model_dir, tmp_path):
     """grpo-ga trains on all n rollouts in micro-batches with gradient accumulation and one
     optimizer step: the update of grpo training the same n rollouts in one batch. SGD without
@@ -189,6 +193,7 @@ def test_grpo_ga_is_one_big_batch(random_model_dir, tmp_path):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
+@pytest.mark.slow
 def test_optimizer_is_the_papers_adamw_unless_configured(random_model_dir, tmp_path):
     def first_group(**overrides):
         run = train(quick_config(random_model_dir, tmp_path / str(len(overrides)), max_steps=1, save_steps=1,
@@ -256,6 +261,7 @@ def test_kl_is_to_the_initial_policy(random_model_dir, tmp_path, lora_rank):
     assert all("time_logprobs" in r for r in read_metrics(result.run_dir / "metrics.jsonl")[1:])
 
 
+@pytest.mark.slow
 def test_reused_batches_are_clipped_against_the_generating_policy(random_model_dir, tmp_path):
     """num_iterations = 2: the second optimizer step on a batch sees ratios != 1 and clips
     (the logged clip fraction is the last iteration's); with one iteration nothing clips."""

@@ -100,6 +100,7 @@ def comparable(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if not k.startswith("pods/") and k not in timing} for h in history]
 
 
+@pytest.mark.slow
 def test_with_m_equal_n_it_is_grpo_trainer(tmp_path):
     grpo = trainer(GRPOTrainer, GRPOConfig(**options(tmp_path / "grpo")))
     grpo.train()
@@ -142,6 +143,7 @@ class Recorder:
         monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", score)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["max_variance", "random"])
 def test_kept_rows_and_advantages_match_an_independent_oracle(tmp_path, monkeypatch, rule):
     spy = Recorder(monkeypatch)
@@ -165,6 +167,7 @@ def test_kept_rows_and_advantages_match_an_independent_oracle(tmp_path, monkeypa
     assert max(spreads) > 0  # some groups had rewards to choose between
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", ["grpo", "pods"])
 def test_no_grad_passes_see_only_the_kept_rows(tmp_path, monkeypatch, cls):
     """beta > 0 (reference log-probs) and num_iterations = 2 (old log-probs): TRL's two
@@ -180,6 +183,7 @@ def test_no_grad_passes_see_only_the_kept_rows(tmp_path, monkeypatch, cls):
     assert sum(spy.no_grad_rows) == 2 * rows  # old + reference, each once over every trained row
 
 
+@pytest.mark.slow
 def test_trl_reward_functions_and_dataset_columns_run_unchanged(tmp_path):
     from trl.rewards import accuracy_reward, think_format_reward
 
@@ -207,6 +211,7 @@ def test_trl_reward_functions_and_dataset_columns_run_unchanged(tmp_path):
     assert len(pods._logs["completion"]) > 0  # log_completions kept the trained rollouts
 
 
+@pytest.mark.slow
 def test_the_example_script_runs_offline(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_pods.py"), "--offline", "--max_steps", "2",
                            "--prompts_per_step", "4", "--num_generations", "8", "--num_kept", "2",
@@ -255,6 +260,7 @@ torch.distributed.destroy_process_group()
 '''
 
 
+@pytest.mark.slow
 def test_two_processes_select_the_same_rows_without_hanging(tmp_path):
     ranks = launch_two_processes(tmp_path, LAUNCHED)
     assert len(ranks[0]) == len(ranks[1]) == 2
@@ -324,6 +330,7 @@ def launch_two_processes(tmp_path, script_text: str) -> list[list[dict]]:
     return [[json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
 
 
+@pytest.mark.slow
 def test_groups_split_across_processes_are_selected_whole_and_shared_out_evenly(tmp_path):
     ranks = launch_two_processes(tmp_path, SPLIT_GROUPS)
     assert len(ranks[0]) == len(ranks[1]) == 2
@@ -418,6 +425,7 @@ def test_the_callers_generation_batch_is_left_whole(tmp_path):
     (-1e38, [1.0, 1.0], r"reward function huge returned -1e\+38 for completion 0 of 16"),
     (1e10, [1e10, 1.0], r"reward functions huge, arithmetic_format: the weighted sum is 1e\+20 for completion 0"),
 ])
+@pytest.mark.slow
 def test_rewards_too_large_for_float32_are_refused_naming_the_function(tmp_path, value, weights, refused):
     """An inf, or a finite reward whose group mean and variance overflow float32 (1e38), would
     give inf / NaN advantages and a run that ends as a success: refused before selection, in

@@ -140,6 +140,7 @@ def tool_result(completion) -> str:
     return " ".join(str(message.get("content")) for message in completion if message["role"] == "tool")
 
 
+@pytest.mark.slow
 def test_tools_with_malformed_calls_select_on_the_final_reward_and_carry_the_tool_masks(tmp_path):
     turns = [tool_call("multiply", {"a": 3, "b": 4}), tool_call("multiply", {"a": 3, "c": 4}),
              "I do not know.<|im_end|>", tool_call("multiply", '{"name": "multiply", "arguments": {"a": 2'),
@@ -203,6 +204,7 @@ class Echo:
         return self.said
 
 
+@pytest.mark.slow
 def test_environment_owned_rewards_keep_each_rows_environment_and_state(tmp_path):
     turns = [tool_call("increment", {"step": step}) for step in (1, 5, 2, 5, 3)]
     trainer = Witness(model=tiny_chat_model(), processing_class=TOKENIZER, args=config(tmp_path),
@@ -223,6 +225,7 @@ class Quiz(Counter):
         return "Count to seven with increment."
 
 
+@pytest.mark.slow
 def test_environment_owned_data_and_rewards_need_no_dataset(tmp_path):
     turns = [tool_call("increment", {"step": step}) for step in (7, 3, 7, 1, 4)]
     trainer = Witness(model=tiny_chat_model(), processing_class=TOKENIZER, args=config(tmp_path),
@@ -234,6 +237,7 @@ def test_environment_owned_data_and_rewards_need_no_dataset(tmp_path):
         assert all("Count to seven" in prompt[-1]["content"] for prompt in batch["kept_prompts"])
 
 
+@pytest.mark.slow
 def test_several_environments_route_each_kept_row_to_its_own(tmp_path):
     turns = [tool_call("increment", {"step": 2}), tool_call("shout", {"text": "hi"}), "No tool.<|im_end|>",
              tool_call("increment", {"step": 7}), tool_call("shout", {"text": "yo"})]
@@ -255,6 +259,7 @@ def test_several_environments_route_each_kept_row_to_its_own(tmp_path):
         assert names == [type(env).__name__.lower() for env in batch["kept_environments"]]
 
 
+@pytest.mark.slow
 def test_a_rollout_function_s_fields_and_env_mask_follow_the_kept_rows(tmp_path):
     def rollout(prompts, trainer):  # its own generation: scripted tokens, a judge score and an env mask per row
         completion_ids = [TOKENIZER.encode(f"answer {i}", add_special_tokens=False) + [TOKENIZER.eos_token_id]
@@ -293,6 +298,7 @@ def test_evaluation_generates_and_scores_every_rollout(tmp_path):
     assert "eval_reward" in metrics
 
 
+@pytest.mark.slow
 def test_a_vision_language_model_trains_on_the_kept_rows_with_their_own_images(tmp_path):
     from PIL import Image
 
@@ -314,6 +320,7 @@ def test_a_vision_language_model_trains_on_the_kept_rows_with_their_own_images(t
         assert len({row["prompt"][0]["content"] for row in kept_inputs}) == 2  # two prompts' groups
 
 
+@pytest.mark.slow
 def test_the_tool_using_example_runs_offline_with_the_tiny_model(tmp_path):
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, str(root / "examples" / "trl_tools.py"), "--warmup_steps", "20",
