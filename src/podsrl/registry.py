@@ -1,5 +1,7 @@
-"""One registration form for every extension kind: selection rules, generation engines,
-tasks and reward functions are each a :class:`Registry`, and a config value is either a
+"""One registration form for every extension kind: selection rules (``RULES``), advantage
+estimators (``ADVANTAGES``), losses (``LOSSES``), reward functions (``REWARDS``), tasks
+(``TASKS``), prompt selectors (``PROMPT_SELECTORS``), generation engines (``ENGINES``) and
+generation schedules (``SCHEDULES``) are each a :class:`Registry`, and a config value is either a
 registered name or ``module:function`` / ``path/to/file.py:function``, so users extend
 podsrl without editing it (as verl registers its advantage estimators by decorator).
 

@@ -1,4 +1,4 @@
-"""A training run in four parts, plus what sees a finished step:
+"""A training run in four parts, and what sees a finished step:
 
 * :class:`~podsrl.trainer.stages.StepStages`: the step's stages, configured (the loop calls them);
 * :class:`Components`: what the run is built from, once, by :func:`podsrl.trainer.setup.set_up`
