@@ -193,6 +193,9 @@ def bring_back(work: Path, out: Path) -> None:
 def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: float, tiny: bool,
         carried: Path) -> int:
     deadline = time.monotonic() + 60 * minutes
+    earlier = [name for name in ("gpu-kit.json", "runs.tar.gz", *REPORT_FILES) if (out / name).exists()]
+    if earlier:  # an earlier session's results: never written over
+        raise SystemExit(f"run: {out / earlier[0]} exists (an earlier kit's results); name another OUT folder")
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),

@@ -67,6 +67,16 @@ def test_pack_refuses_a_folder_with_files(packed, tmp_path):
         gpu_kit.pack(tmp_path / "carry", source, None)
 
 
+def test_run_refuses_an_out_folder_with_earlier_results(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "runs.tar.gz").write_bytes(b"an earlier session's runs")
+    with pytest.raises(SystemExit, match="runs.tar.gz exists"):
+        gpu_kit.run(out, tmp_path / "work", 1.0, 0, 2.0, True, tmp_path / "carried")
+    assert (out / "runs.tar.gz").read_bytes() == b"an earlier session's runs"
+    assert not (tmp_path / "work").exists()  # refused before any work
+
+
 @pytest.mark.slow
 def test_the_kit_runs_end_to_end_at_a_tiny_size(tmp_path):
     # the device command with the built-in tiny model: rounds of the three-arm comparison, one
