@@ -19,7 +19,7 @@ from podsrl.metrics import read_metrics
 from podsrl.models import load_model
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
-from podsrl.trainer.state import StopSignals, TrainingStopped
+from podsrl.trainer.stops import Stops, TrainingStopped
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,13 +122,13 @@ def test_a_second_ctrl_c_interrupts_at_once():
     """The first SIGINT asks for a clean stop after the step; the second raises
     KeyboardInterrupt immediately; the previous handlers come back afterwards."""
     previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with StopSignals() as stop:
+    with Stops() as stop:
         os.kill(os.getpid(), signal.SIGINT)  # the handler runs before os.kill returns (same thread)
         assert stop.signum == signal.SIGINT  # a request, no exception
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
-    with StopSignals() as stop:
+    with Stops() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.signum == signal.SIGTERM
         with pytest.raises(KeyboardInterrupt):  # a Ctrl-C after a SIGTERM does not wait either
@@ -225,8 +225,8 @@ def test_a_checkpoint_holding_another_prompt_selectors_state_does_not_fit_and_is
     out = tmp_path / "run"
     train(quick(random_model_dir, out, max_steps=3))
     newest = list_checkpoints(out / "checkpoints")[-1]
-    state = json.loads((newest / "trainer_state.json").read_text())
-    (newest / "trainer_state.json").write_text(json.dumps({**state, "sampler": {"posterior": {}, "rng": {}}}))
+    parts = torch.load(newest / "parts.pt", weights_only=True)
+    torch.save([{**parts[0], "prompt_selector": {"posterior": {}, "rng": {}}}], newest / "parts.pt")
     train(quick(random_model_dir, out, max_steps=4, resume=True))
     err = capfd.readouterr().err
     assert (f"warning: checkpoint {newest} does not fit this run: its prompt_selector state is not shuffled's "

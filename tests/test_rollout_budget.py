@@ -179,8 +179,8 @@ def test_training_with_adaptive_n_logs_its_decisions(tmp_path):
     assert steps[0]["n"] == 16 and all(r["n"] in candidate_sizes(4, 16) for r in steps)
     assert all("n_informative" in r and 0 <= r["n_informative"] <= 1 for r in steps[1:])
     assert steps[1]["n"] != 16  # the second step explores another size
-    state = json.loads(next((tmp_path / "checkpoints").glob("step_*/trainer_state.json")).read_text())
-    assert len(state["rollout_budget"]["costs"]) == 5
+    parts = torch.load(next((tmp_path / "checkpoints").glob("step_*/parts.pt")), weights_only=True)
+    assert len(parts[0]["group_size"]["costs"]) == 5
 
 
 @pytest.mark.slow

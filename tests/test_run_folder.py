@@ -197,6 +197,8 @@ def partial_checkpoint(run):
     torch.save({"weight": torch.ones(64)}, folder / "trainable.pt")
     (folder / "trainable.pt").write_bytes((folder / "trainable.pt").read_bytes()[:100])
     (folder / "optimizer.pt").write_bytes(b"\0" * 512)
+    torch.save([{"prompt_selector": {"epoch": 0, "position": 4}}], folder / "parts.pt")
+    (folder / "parts.pt").write_bytes((folder / "parts.pt").read_bytes()[:50])
     (folder / "trainer_state.json").write_text('{\n  "step": 1,\n  "train_sec')
 
 

@@ -1,7 +1,7 @@
 """Stops that reach user code: a signal ends a run within seconds even while a user's rule,
 estimator, loss, prompt selector, engine or reward hangs.
 
-The trainer's signal handler (:class:`podsrl.trainer.state.StopSignals`) asks for a clean stop
+The trainer's signal handler (:class:`podsrl.trainer.stops.Stops`) asks for a clean stop
 after the current step. That is enough while podsrl's own code runs, since a step ends; user
 code may never return, and an evaluation of a large model can outlast a scheduler's grace
 period. So every call into user code, and every evaluation during training, runs inside

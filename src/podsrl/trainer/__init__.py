@@ -6,7 +6,10 @@
   :mod:`~podsrl.trainer.prompt_source`: the step's prompt groups, generated and scored
 - :mod:`~podsrl.trainer.setup`: Config -> the stages and the run's components
 - :mod:`~podsrl.trainer.run`: the run's bookkeeping (evaluate, resume, checkpoint, finish)
-- :mod:`~podsrl.trainer.state`: prompt order, rollout seeds, clean stops on signals
+- :mod:`~podsrl.trainer.state`: what a checkpoint restores besides the weights (the learned
+  parts, the counters), rollout seeds
+- :mod:`~podsrl.trainer.stops`: where a run stops before its end (signals, abandoned steps,
+  held-back evaluations) and the line it ends with
 - :mod:`~podsrl.trainer.checkpoints`: checkpoint files (crash-safe, all-or-nothing)
 - :mod:`~podsrl.trainer.logging`: step records, metrics.jsonl, timers, progress
 - :mod:`~podsrl.trainer.evaluate`: held-out evaluation (training and ``podsrl eval``)
@@ -15,7 +18,7 @@
 """
 
 from podsrl.trainer.run import RunResult
-from podsrl.trainer.state import TrainingStopped
+from podsrl.trainer.stops import TrainingStopped
 from podsrl.trainer.training import train
 
 __all__ = ["RunResult", "TrainingStopped", "train"]

@@ -1,6 +1,7 @@
 """Checkpoints: trainable weights (full model or LoRA adapter), optimizer and scheduler,
-every RNG stream, the generation engine's learned state, step counter, data position and
-elapsed training time.
+the global RNG streams, the run's learned parts (:class:`podsrl.trainer.state.RunState`'s
+``parts``, each process's: the prompt selector, the group-size policy, the engine, the
+rules' RNG streams), the step counter and elapsed training time.
 
 Writing is crash-safe: everything goes into ``step_XXXXXXX.tmp``, each file and the folder
 are fsync'ed, the folder is renamed, and the parent directory is fsync'ed, so a crash or
@@ -32,6 +33,7 @@ from podsrl.registry import error_line
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "trainable.pt"
 OPTIMIZER_FILE = "optimizer.pt"
+PARTS_FILE = "parts.pt"  # the learned parts' states, one {name: state} per process, in rank order
 # what writing weights raises on a full disk: OSError, torch.save's RuntimeError, safetensors' own error
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
@@ -40,19 +42,18 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
-# --- RNG streams as tensors and plain numbers (loadable with weights_only=True) -------------
-def rng_state(generators: dict[str, torch.Generator]) -> dict:
+# --- the global RNG streams as tensors and plain numbers (loadable with weights_only=True) ----
+def rng_state() -> dict:
     version, mt_state, gauss = random.getstate()
     numpy_state = np.random.get_state(legacy=False)
     return {"python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64), "gauss": gauss},
             "numpy": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
                       "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
                       "gauss": float(numpy_state["gauss"])},
-            "torch": torch.get_rng_state(),
-            "generators": {k: g.get_state() for k, g in generators.items()}}
+            "torch": torch.get_rng_state()}
 
 
-def restore_rng(state: dict, generators: dict[str, torch.Generator]) -> None:
+def restore_rng(state: dict) -> None:
     python = state["python"]
     random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
     numpy = state["numpy"]
@@ -60,8 +61,6 @@ def restore_rng(state: dict, generators: dict[str, torch.Generator]) -> None:
                          "state": {"key": numpy["key"].numpy().astype(np.uint32), "pos": numpy["pos"]},
                          "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]})
     torch.set_rng_state(state["torch"])
-    for key, g in generators.items():
-        g.set_state(state["generators"][key])
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -75,12 +74,11 @@ def fsync(path: Path) -> None:
 
 
 def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
-                    scheduler, trainer_state: dict, generators: dict[str, torch.Generator], keep: int,
-                    engine_states: list[dict] | None = None) -> Path:
-    """Write one checkpoint. ``weights`` are the trainable parameters by name and
-    ``optimizer_state`` the optimizer's state dict, both whole (not sharded);
-    ``engine_states`` the generation engine's state of every process, in rank order (each
-    process's length predictor learns from its own prompts)."""
+                    scheduler, trainer_state: dict, part_states: list[dict[str, dict]], keep: int) -> Path:
+    """Write one checkpoint, keeping the newest ``keep``. ``weights`` are the trainable
+    parameters by name and ``optimizer_state`` the optimizer's state dict, both whole (not
+    sharded); ``part_states`` every process's learned parts ({name: state}), in rank order;
+    ``trainer_state`` plain data (the training time, a held-back step)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step_{step:07d}"
     tmp = directory / f"step_{step:07d}.tmp"
@@ -88,10 +86,11 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
     try:
         tmp.mkdir()
         torch.save(weights, tmp / WEIGHTS_FILE)
-        torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
-                    "engine": engine_states or []}, tmp / OPTIMIZER_FILE)
+        torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state()},
+                   tmp / OPTIMIZER_FILE)
+        torch.save(part_states, tmp / PARTS_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=2))
-        for name in (WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE):
+        for name in (WEIGHTS_FILE, OPTIMIZER_FILE, PARTS_FILE, STATE_FILE):
             fsync(tmp / name)
         fsync(tmp)
     except (OSError, RuntimeError) as err:  # a full disk: torch.save raises RuntimeError from its writer
@@ -150,10 +149,9 @@ def _check_optimizer(path: Path, state: dict, optimizer) -> None:
                                  f"{tuple(value.shape)}, the parameter {tuple(shapes[index])}")
 
 
-def _check_rest(path: Path, rest: dict, scheduler, generators: dict, trainer_state: dict) -> None:
-    missing = [k for k in ("step", "train_seconds", "sampler") if k not in trainer_state]
+def _check_rest(path: Path, rest: dict, scheduler, trainer_state: dict) -> None:
+    missing = [k for k in ("step", "train_seconds") if k not in trainer_state]
     missing += [f"rng.{k}" for k in ("python", "numpy", "torch") if k not in rest["rng"]]
-    missing += [f"rng.generators.{k}" for k in generators if k not in rest["rng"].get("generators", {})]
     if missing:
         raise ValueError(f"checkpoint {path}: missing {missing}")
     if len(rest["scheduler"].get("base_lrs", [])) != len(scheduler.base_lrs):
@@ -161,24 +159,49 @@ def _check_rest(path: Path, rest: dict, scheduler, generators: dict, trainer_sta
 
 
 class StateDoesNotFit(ValueError):
-    """A checkpoint's trainer-state entry ``part`` that this run's object refuses (another
-    prompt selector's state, say): the checkpoint does not fit this run, as another model's does not."""
+    """A checkpoint's state of the learned part ``part`` that this run's part refuses (another
+    prompt selector's state, say) or lacks: the checkpoint does not fit this run, as another
+    model's does not."""
 
     def __init__(self, path: Path, part: str, err: BaseException) -> None:
         self.part, self.reason = part, error_line(err)
         super().__init__(f"checkpoint {path}: its {part} state does not fit this run ({self.reason})")
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict[str, torch.Generator],
-                    engine=None, rank: int = 0, states: dict | None = None) -> dict:
-    """Restore everything in place; returns the trainer state (step, data position, time)
-    with ``engine_restored``: whether the checkpoint held ``engine``'s state for ``rank``
-    (not when it was written by fewer processes). ``states``: objects with ``state_dict`` /
-    ``load_state_dict`` restored from the trainer state's entry of the same key (the prompt
-    selector's), part of the all-or-nothing; one that refuses its entry raises :class:`StateDoesNotFit`.
+def _saved_parts(path: Path, parts: dict, rank: int) -> tuple[dict[str, dict], list[str]]:
+    """This process's saved state of each part (checked where the part can check), and the
+    per-process parts the checkpoint has no state for (written by fewer processes). A part
+    the checkpoint lacks, or whose check refuses its state, raises :class:`StateDoesNotFit`."""
+    by_process = torch.load(path / PARTS_FILE, weights_only=True, map_location="cpu")
+    if not (isinstance(by_process, list) and by_process and all(isinstance(s, dict) for s in by_process)):
+        raise ValueError(f"checkpoint {path}: {PARTS_FILE} holds no states by process")
+    own = by_process[rank] if rank < len(by_process) else None
+    saved, fresh = {}, []
+    for name, part in parts.items():
+        if getattr(part, "per_process", False) and own is None:
+            fresh.append(name)
+            continue
+        states = own if own is not None else by_process[0]  # a shared part is the same on every process
+        try:
+            if name not in states:
+                raise KeyError(f"no {name} state")
+            if hasattr(part, "check_state"):
+                part.check_state(states[name])
+        except Exception as err:
+            raise StateDoesNotFit(path, name, err) from err
+        saved[name] = states[name]
+    return saved, fresh
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, parts: dict | None = None, rank: int = 0) -> dict:
+    """Restore everything in place; returns the trainer state (step, time) with ``fresh``:
+    the per-process ``parts`` the checkpoint held no state of for ``rank`` (written by fewer
+    processes), left as they were. ``parts``: name -> object with ``state_dict`` /
+    ``load_state_dict`` (:class:`podsrl.trainer.state.RunState`'s); one that refuses its state
+    raises :class:`StateDoesNotFit`.
 
     All-or-nothing: every part is read and checked before anything is changed, and if
-    applying fails anyway, the model, optimizer, scheduler, RNG streams and engine are put
+    applying fails anyway, the model, optimizer, scheduler, RNG streams and parts are put
     back as they were before raising. ``weights_only=True`` throughout: a checkpoint can
     hold tensors and plain data, never code."""
     weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
@@ -188,37 +211,29 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, generators: dict
         raise ValueError(f"checkpoint {path}: not a podsrl checkpoint")
     check_weights(path, weights, model)
     _check_optimizer(path, rest["optimizer"], optimizer)
-    _check_rest(path, rest, scheduler, generators, trainer_state)
-    engine_states = rest.get("engine", [])
-    engine_state = engine_states[rank] if engine is not None and rank < len(engine_states) else None
-    if engine_state is not None:
-        engine.check_state(engine_state)
+    _check_rest(path, rest, scheduler, trainer_state)
+    parts = parts or {}
+    saved, fresh = _saved_parts(path, parts, rank)
 
-    states = {key: obj for key, obj in (states or {}).items() if key in trainer_state}
     before = {"weights": trainable_state(model), "optimizer": copy.deepcopy(optimizer.state_dict()),
-              "scheduler": scheduler.state_dict(), "rng": rng_state(generators),
-              "engine": engine.state_dict() if engine is not None else None,
-              "states": {key: obj.state_dict() for key, obj in states.items()}}
+              "scheduler": scheduler.state_dict(), "rng": rng_state(),
+              "parts": {name: part.state_dict() for name, part in parts.items()}}
     try:
-        for key, obj in states.items():  # first: the likeliest to refuse (written by another selector)
+        for name, state in saved.items():  # first: the likeliest to refuse (written by another selector)
             try:
-                obj.load_state_dict(trainer_state[key])
+                parts[name].load_state_dict(state)
             except Exception as err:
-                raise StateDoesNotFit(path, key, err) from err
+                raise StateDoesNotFit(path, name, err) from err
         copy_weights(model, weights)
         optimizer.load_state_dict(rest["optimizer"])
         scheduler.load_state_dict(rest["scheduler"])
-        restore_rng(rest["rng"], generators)
-        if engine_state is not None:
-            engine.load_state_dict(engine_state)
+        restore_rng(rest["rng"])
     except Exception:
+        for name, part in parts.items():  # in the order applied
+            part.load_state_dict(before["parts"][name])
         copy_weights(model, before["weights"])
         optimizer.load_state_dict(before["optimizer"])
         scheduler.load_state_dict(before["scheduler"])
-        restore_rng(before["rng"], generators)
-        if engine is not None:
-            engine.load_state_dict(before["engine"])
-        for key, obj in states.items():
-            obj.load_state_dict(before["states"][key])
+        restore_rng(before["rng"])
         raise
-    return {**trainer_state, "engine_restored": engine_state is not None}
+    return {**trainer_state, "fresh": fresh}

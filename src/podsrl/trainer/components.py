@@ -2,10 +2,9 @@
 
 * :class:`~podsrl.trainer.stages.StepStages`: the step's stages, configured (the loop calls them);
 * :class:`Components`: what the run is built from, once, by :func:`podsrl.trainer.setup.set_up`
-  (the engine's and the group-size policy's learned state are checkpointed through their
-  ``state_dict``);
-* :class:`RunState`: the counters and streams a checkpoint restores besides the weights, the
-  optimizer, the scheduler and the engine, so a resumed run repeats an uninterrupted one;
+  (no config: what the run reads of it is bound there, :class:`podsrl.trainer.run.RunSettings`);
+* :class:`~podsrl.trainer.state.RunState`: the counters and the learned parts a checkpoint
+  restores besides the weights, the optimizer and the scheduler;
 * :class:`Cadence`: when things happen (the end, evaluations, checkpoints, giving up);
 * :class:`StepHook`: what sees a finished step (:class:`~podsrl.trainer.stages.StepOutcome`).
 """
@@ -19,11 +18,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from podsrl.config import Config
 from podsrl.distributed import Processes
 from podsrl.metrics import MetricsLog
 from podsrl.models import ModelBundle
-from podsrl.prompt_selection import PromptSelector
 from podsrl.rewards.scorer import Scorer
 from podsrl.rollout import GenerationEngine, generate
 from podsrl.tasks import PreparedSplit, Task
@@ -31,6 +28,7 @@ from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.run_dir import RunLock
 from podsrl.trainer.stages import StepOutcome
+from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
 from podsrl.types import Rollouts
 
@@ -47,7 +45,6 @@ class StepHook(Protocol):
 class Components:
     """Everything a run works with, built once."""
 
-    cfg: Config
     procs: Processes
     run_dir: Path
     task: Task
@@ -75,16 +72,6 @@ class Components:
 
 
 @dataclass
-class RunState:
-    """What a checkpoint restores besides weights, optimizer, scheduler and engine."""
-
-    prompt_selector: PromptSelector  # which train prompts come next (a shuffled pass, or what it learned)
-    generators: dict[str, torch.Generator]  # seeded streams of the rules that draw
-    step: int = 0  # optimizer steps done
-    train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded
-
-
-@dataclass
 class Cadence:
     """When the run ends, evaluates and checkpoints, and when it gives up (the config's fields,
     read in one place)."""
@@ -96,12 +83,6 @@ class Cadence:
     save_steps: int = 0  # 0: no step-count checkpoints
     checkpoint_minutes: float = 0.0  # 0: no time-based checkpoints
     last_checkpoint_time: float = field(default_factory=time.time)
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> "Cadence":
-        return cls(max_steps=cfg.max_steps, max_consecutive_skips=cfg.max_consecutive_skips,
-                   max_minutes=cfg.max_minutes, eval_steps=cfg.eval_steps,
-                   save_steps=cfg.save_steps, checkpoint_minutes=cfg.checkpoint_minutes)
 
     def out_of_time(self, state: RunState) -> bool:
         return bool(self.max_minutes) and state.train_seconds >= self.max_minutes * 60

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from podsrl.config import Config
-from podsrl.trainer.checkpoints import OPTIMIZER_FILE, STATE_FILE, WEIGHTS_FILE
+from podsrl.trainer.checkpoints import OPTIMIZER_FILE, PARTS_FILE, STATE_FILE, WEIGHTS_FILE
 
 LOCK_FILE = ".podsrl.lock"
 CONFIG_HEAD = f'{{\n  "{dataclasses.fields(Config)[0].name}": '  # how every config.json podsrl writes begins
@@ -101,7 +101,7 @@ def is_podsrls(path: Path) -> bool:
     if path.is_symlink() or not path.is_file():
         return False
     try:
-        if path.name in (WEIGHTS_FILE, OPTIMIZER_FILE):
+        if path.name in (WEIGHTS_FILE, OPTIMIZER_FILE, PARTS_FILE):
             return _torch_archive(path)
         proof = PROOFS.get(path.name)
         return proof is not None and proof(path.read_bytes().decode())
@@ -140,7 +140,7 @@ def stopped_run_files(run_dir: Path) -> tuple[list[Path], list[str]]:
     for folder in sorted(checkpoints.iterdir()) if _folder(checkpoints) else ():
         files = sorted(folder.iterdir())
         strangers = [f"{checkpoints.name}/{folder.name}/{p.name}" for p in files
-                     if p.name not in (WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE) or not is_podsrls(p)]
+                     if p.name not in (WEIGHTS_FILE, OPTIMIZER_FILE, PARTS_FILE, STATE_FILE) or not is_podsrls(p)]
         others += strangers
         ours += [*files, folder]
     ours += [checkpoints] if _folder(checkpoints) else []

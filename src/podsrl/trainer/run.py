@@ -1,46 +1,51 @@
-"""A training run (its components, state and cadence) and the bookkeeping around the loop:
-evaluation, resume-or-start, checkpoints, and the files written at the end."""
+"""A training run (its components, state, cadence and settings) and the bookkeeping around the
+loop: evaluation, resume-or-start, checkpoints, and the files written at the end. Everything
+it reads of the config is bound at set-up (:class:`RunSettings`); where it stops early is
+:mod:`podsrl.trainer.stops`'s."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from podsrl.distributed import Processes
-from podsrl.interrupts import StopNow, interruptible
+from podsrl.interrupts import interruptible
 from podsrl.models.precision import autocast
 from podsrl.prompt_selection import add_selector_record
 from podsrl.provenance import record_environment
-from podsrl.registry import component_label, error_line
-from podsrl.rewards import RewardError
+from podsrl.registry import error_line
 from podsrl.trainer.checkpoints import WRITE_ERRORS, StateDoesNotFit, list_checkpoints, load_checkpoint, save_checkpoint
-from podsrl.trainer.components import Cadence, Components, RunState
+from podsrl.trainer.components import Cadence, Components
 from podsrl.trainer.evaluate import evaluate
 from podsrl.trainer.logging import logged_evals, progress_bar, rollout_rows, say, step_record
 from podsrl.trainer.run_dir import RunDirError
 from podsrl.trainer.stages import StepOutcome, StepStages
-from podsrl.trainer.state import TrainingStopped
+from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
 
-EVAL_SEED_OFFSET = 10_007  # evaluation's own seed stream: seed + offset + rank
-GROUP_SIZE_STATE = "rollout_budget"  # the group-size policy's key in a checkpoint's trainer state
 HELD_BACK_STATE = "held_back_step"  # a checkpoint's step record (and rollout rows) waiting for its evaluation
 
 
 @dataclass(frozen=True)
-class StepReport:
-    """How a step is shown: the progress bar's label and whether it is drawn (the main
-    process only), and how many prompt groups of each step go to rollouts.jsonl."""
+class RunSettings:
+    """What the run reads of its config beyond the step and the cadence, bound at set-up."""
 
-    method: str
-    progress: bool
-    log_rollouts: int
+    recorded_config: dict  # the config as config.json and the trackers record it
+    resume: bool  # restore the newest usable checkpoint instead of starting
+    method: str  # the progress bar's label
+    progress: bool  # draw the progress bar (the main process only)
+    log_rollouts: int  # prompt groups of each step written to rollouts.jsonl
+    eval_seed: int  # evaluation's own sampling seed (this process's)
+    forward_dtype: str  # "bfloat16": forward passes autocast to it (bf16); "": as the weights are
+    checkpoints_kept: int  # the newest checkpoints kept on disk (save_total_limit)
+    eval_prompts: int  # held-out prompts each evaluation uses
+    part_labels: dict  # learned part -> the component's label (prompt_selector: "shuffled"), for a misfit
+    reward_error_policy: str  # said when no reward ever applied
 
 
 @dataclass
@@ -57,14 +62,14 @@ class RunResult:
 
 class Run:
     """A training run: its :class:`StepStages` (the step, configured), its :class:`Components`
-    (built once by :func:`podsrl.trainer.setup.set_up`), its :class:`RunState` (checkpointed)
-    and its :class:`Cadence`, with what the loop asks of them beyond one step: evaluation,
-    resume-or-start, the step's record and log, checkpoints, the final files."""
+    (built once by :func:`podsrl.trainer.setup.set_up`), its :class:`RunState` (checkpointed),
+    its :class:`Cadence` and its :class:`RunSettings`, with what the loop asks of them beyond one
+    step: evaluation, resume-or-start, the step's record and log, checkpoints, the final files."""
 
     def __init__(self, stages: StepStages, components: Components, state: RunState, cadence: Cadence,
-                 report: StepReport) -> None:
+                 settings: RunSettings) -> None:
         self.stages, self.components, self.state, self.cadence = stages, components, state, cadence
-        self.report = report
+        self.settings = settings
         self.procs: Processes = components.procs  # the collectives every process takes part in
         self.held_back: dict | None = None  # from the checkpoint resumed: a step whose evaluation a stop cut short
 
@@ -78,7 +83,7 @@ class Run:
         return str(good[-1]) if good else "none"
 
     def progress_bar(self):
-        return progress_bar(self.cadence.max_steps, self.state.step, self.report.method, self.report.progress)
+        return progress_bar(self.cadence.max_steps, self.state.step, self.settings.method, self.settings.progress)
 
     def step_record(self, outcome: StepOutcome, timer: StageTimer) -> dict:
         """The step's metrics record: its numbers over every process, the prompt source's, and
@@ -93,20 +98,10 @@ class Run:
 
     def log_step(self, record: dict, outcome: StepOutcome) -> None:
         """The step's record and, on the main process, its first ``log_rollouts`` groups."""
-        self.log(record, self._rollout_rows(outcome))
+        self.log(record, self.rollout_rows(outcome))
 
-    def _rollout_rows(self, outcome: StepOutcome) -> list[dict]:
-        return rollout_rows(self.state.step, outcome, self.report.log_rollouts if self.procs.is_main else 0)
-
-    def hold_back_evaluation(self, record: dict, outcome: StepOutcome, signum: int) -> TrainingStopped:
-        """A stop came before the finished step's evaluation or during it: checkpoint the step
-        with its record and rollout rows held back (not logged), and return the one-line stop
-        to raise. The resumed run evaluates the step first, then logs it (:meth:`resume_or_start`)."""
-        self.checkpoint(held_back={"record": record, "rollouts": self._rollout_rows(outcome)})
-        name = signal.Signals(signum).name
-        return TrainingStopped(f"stopped by {name} after step {self.state.step}, before its evaluation; checkpoint "
-                               f"written to {self.checkpoints}; continue with the same command plus --resume true "
-                               f"(it evaluates step {self.state.step} first)", signum=signum)
+    def rollout_rows(self, outcome: StepOutcome) -> list[dict]:
+        return rollout_rows(self.state.step, outcome, self.settings.log_rollouts if self.procs.is_main else 0)
 
     def stopped_here(self) -> str:
         """What a stop leaves: the last checkpoint, and how to go on from it."""
@@ -121,11 +116,10 @@ class Run:
         the grace, then :class:`StopNow` is raised: :mod:`podsrl.interrupts`); a multi-process
         run waits, since a signal may reach one process only."""
         components = self.components
-        seed = components.cfg.seed + EVAL_SEED_OFFSET + components.procs.rank
         stoppable = interruptible("evaluation") if components.procs.world_size == 1 else nullcontext()
         with self.autocast(), stoppable:
             accuracy = evaluate(components.bundle, components.task, components.test_split, components.eval_options,
-                                seed, components.procs, generate_fn=components.eval_generate)
+                                self.settings.eval_seed, components.procs, generate_fn=components.eval_generate)
         return accuracy.accuracies
 
     def evaluate_into(self, record: dict) -> dict[str, float]:
@@ -150,14 +144,14 @@ class Run:
 
     def autocast(self):
         """Forward passes in bfloat16 under ``bf16`` (weights stay float32), else a no-op."""
-        return autocast(self.components.policy.device, "bfloat16" if self.components.cfg.bf16 else "")
+        return autocast(self.components.policy.device, self.settings.forward_dtype)
 
     def resume_or_start(self) -> tuple[dict[str, float], dict[str, float]]:
         """Restore the newest usable checkpoint (with --resume) or evaluate the initial
         model; wrap the policy for the update. Returns the first and the latest evaluation.
         A resume that finds no usable checkpoint refuses, leaving the run's files as they were."""
-        components = self.components
-        if components.cfg.resume:
+        components, settings = self.components, self.settings
+        if settings.resume:
             resumed = self._restore()
             if resumed is None:
                 raise RunDirError(f"resume: no usable checkpoint in {components.checkpoints} "
@@ -166,8 +160,8 @@ class Run:
         # DDP / FSDP
         components.model, components.optimizer = components.procs.prepare(components.policy, components.optimizer)
         self.stages.update.bind(components.model, components.optimizer)
-        if not components.cfg.resume:
-            components.trackers.start(components.cfg.to_dict(), first_step=0)
+        if not settings.resume:
+            components.trackers.start(settings.recorded_config, first_step=0)
             initial = self.evaluate()
             self.log({"step": 0, "train_seconds": 0.0, **initial})
             return initial, initial
@@ -177,12 +171,12 @@ class Run:
                 log.truncate_after(self.state.step - bool(held_back))  # and its own when held back (logged below)
             # the run as it would be started from scratch: the fields a resume may change, as changed
             # now (checked against the checkpoint's config); each start's command is in environment.json
-            started = {**components.cfg.to_dict(), "resume": False}
+            started = {**settings.recorded_config, "resume": False}
             (components.run_dir / "config.json").write_text(json.dumps(started, indent=2) + "\n")
             record_environment(components.run_dir)
             say(f"resumed from {resumed} at step {self.state.step}"
                 f"{', evaluating it first (a stop came before its evaluation)' if held_back else ''}")
-        components.trackers.start(components.cfg.to_dict(), first_step=self.state.step + (0 if held_back else 1))
+        components.trackers.start(settings.recorded_config, first_step=self.state.step + (0 if held_back else 1))
         if held_back:  # the evaluation a stop cut short, then the step's log, as an uninterrupted run had them
             self.evaluate_into(held_back["record"])
             self.log(held_back["record"], held_back["rollouts"])
@@ -210,16 +204,15 @@ class Run:
         components.trackers.log_table("rollouts", list(rollouts), record["step"])
 
     def _restore(self) -> Path | None:
-        """Load the newest readable checkpoint that fits into the bare policy; a corrupt one, or
-        one whose prompt selector state is another selector's, is skipped with a warning (loading
-        is all-or-nothing, so a failed attempt changes nothing)."""
+        """Load the newest readable checkpoint that fits into the bare policy and the run's
+        learned parts; a corrupt one, or one whose part state is another part's (another prompt
+        selector's, say), is skipped with a warning (loading is all-or-nothing, so a failed
+        attempt changes nothing)."""
         components, state = self.components, self.state
-        parts = {"sampler": state.prompt_selector, GROUP_SIZE_STATE: self.stages.group_size}
         for candidate in reversed(list_checkpoints(components.checkpoints)):
             try:
                 saved = load_checkpoint(candidate, model=components.policy, optimizer=components.optimizer,
-                                        scheduler=components.scheduler, generators=state.generators,
-                                        engine=components.engine, rank=components.procs.rank, states=parts)
+                                        scheduler=components.scheduler, parts=state.parts, rank=components.procs.rank)
             except StateDoesNotFit as misfit:
                 say(f"warning: checkpoint {candidate} does not fit this run: {self._misfit(misfit)}; trying the "
                     f"previous one")
@@ -230,75 +223,35 @@ class Run:
                 continue
             state.step, state.train_seconds = saved["step"], saved["train_seconds"]
             self.held_back = saved.get(HELD_BACK_STATE)
-            if not saved["engine_restored"] and components.engine.state_dict():
-                say(f"resume: {candidate} holds no generation-engine state for process {components.procs.rank} "
-                    f"(written by fewer processes): the length predictor starts afresh, so rollouts differ "
-                    f"from an uninterrupted run")
+            for name in saved["fresh"]:
+                if state.parts[name].state_dict():
+                    say(f"resume: {candidate} holds no {name} state for process {components.procs.rank} (written by "
+                        f"fewer processes): it starts afresh, so rollouts differ from an uninterrupted run")
             return candidate
         return None
 
     def _misfit(self, misfit: StateDoesNotFit) -> str:
-        """Which part of a checkpoint does not fit this run, and the likely cause."""
-        if misfit.part == "sampler":
-            selector = component_label(self.components.cfg.prompt_selector)
-            return (f"its prompt_selector state is not {selector}'s ({misfit.reason}; written with another "
-                    f"prompt_selector?)")
-        return f"its adaptive_n state does not fit ({misfit.reason}; written with another adaptive_n?)"
-
-    def snapshot_before_step(self) -> dict:
-        """What a step changes before its update (prompt position, the engine's and the
-        group-size policy's learned state), taken at its start: an abandoned step puts it back."""
-        # the state_dicts are snapshots (copies), as a checkpoint takes them: nothing to copy again
-        return {"sampler": self.state.prompt_selector.state_dict(), "engine": self.components.engine.state_dict(),
-                "group_size": self.stages.group_size.state_dict()}
-
-    def abandon_step(self, before: dict, reason: BaseException, fix: str = "",
-                     update_began: bool = False) -> TrainingStopped:
-        """Undo the unfinished step (a reward function failed under the 'raise' policy, a user
-        component failed, or a stop could not wait), checkpoint the last finished step exactly
-        as an uninterrupted run had it, and return the one-line stop to raise, advising ``fix``
-        first. Not where the step's update had begun (the weights may have moved), nor where
-        only this process failed in a multi-process run (a checkpoint needs every process): the
-        last checkpoint on disk is then left as it was, and with none there is nothing to resume."""
-        components, state = self.components, self.state
-        state.step -= 1
-        signum = getattr(reason, "signum", None)
-        agreed = isinstance(reason, RewardError) or components.procs.world_size == 1
-        how = f"by {reason}" if isinstance(reason, StopNow) else f"{reason}"
-        first = f"{fix}, then " if fix else ""
-        resume = f"{first}continue with the same command plus --resume true"
-        if update_began or not agreed:
-            last = self.last_checkpoint()
-            if last == "none":  # --resume would be refused: there is nothing to resume
-                return TrainingStopped(f"stopped in step {state.step + 1}: {how}; no checkpoint yet: {first}run the "
-                                       f"same command again to start afresh (podsrl reuses the folder)", signum=signum)
-            return TrainingStopped(f"stopped in step {state.step + 1}: {how}; last checkpoint, left as it was: "
-                                   f"{last}; {resume}", signum=signum)
-        state.prompt_selector.load_state_dict(before["sampler"])
-        components.engine.load_state_dict(before["engine"])
-        self.stages.group_size.load_state_dict(before["group_size"])
-        if not (components.checkpoints / f"step_{state.step:07d}").is_dir():
-            self.checkpoint()
-        return TrainingStopped(f"stopped in step {state.step + 1}: {how}; checkpoint of step {state.step} in "
-                               f"{components.checkpoints}: {resume}", signum=signum)
+        """Which learned part of a checkpoint does not fit this run, and the likely cause."""
+        part, label = misfit.part, self.settings.part_labels.get(misfit.part)
+        if not label:
+            return f"its {part} state does not fit ({misfit.reason})"
+        return f"its {part} state is not {label}'s ({misfit.reason}; written with another {part}?)"
 
     def checkpoint(self, held_back: dict | None = None) -> None:
-        """Write a checkpoint of the current step (every process must call this); ``held_back``:
-        the step's record and rollout rows, not logged yet (:meth:`hold_back_evaluation`)."""
+        """Write a checkpoint of the current step (every process must call this): the weights,
+        the optimizer, the scheduler and every process's learned parts; ``held_back``: the
+        step's record and rollout rows, not logged yet (:meth:`podsrl.trainer.stops.Stops.hold_back_evaluation`)."""
         components, state = self.components, self.state
         # gathered when sharded
         weights, optimizer_state = components.procs.full_state(components.policy, components.optimizer)
-        engine_states = components.procs.gather_objects(components.engine.state_dict())  # each process's own
-        group_size = self.stages.group_size.state_dict()
+        part_states = components.procs.gather_objects(state.snapshot())  # each process's own
         if components.procs.is_main:  # whole parameters and optimizer state are the same on every process
             for log in (components.metrics, components.rollout_log):
                 log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
             save_checkpoint(components.checkpoints, step=state.step, weights=weights, optimizer_state=optimizer_state,
-                            scheduler=components.scheduler, generators=state.generators,
-                            keep=components.cfg.save_total_limit, engine_states=engine_states,
+                            scheduler=components.scheduler, part_states=part_states,
+                            keep=self.settings.checkpoints_kept,
                             trainer_state={"train_seconds": state.train_seconds,
-                                           "sampler": state.prompt_selector.state_dict(),  # the selector's state
-                                           **({GROUP_SIZE_STATE: group_size} if group_size else {}),
                                            **({HELD_BACK_STATE: held_back} if held_back else {})})
         components.procs.barrier()
         self.cadence.last_checkpoint_time = time.time()
@@ -315,7 +268,7 @@ class Run:
         procs = components.procs
         result = RunResult(run_dir=components.run_dir, initial=initial, final=final, steps=state.step,
                            train_seconds=state.train_seconds, is_main=procs.is_main,
-                           eval_prompts=min(components.cfg.eval_prompts, len(components.test_split.examples)))
+                           eval_prompts=self.settings.eval_prompts)
         if state.step == first_step and (components.run_dir / "summary.json").exists():
             if procs.is_main:
                 say(f"{components.run_dir} finished earlier at step {state.step}; nothing to do (raise max_steps or "
@@ -347,7 +300,7 @@ class Run:
             return ""
         if not applied:
             return (f"no reward applied in the {steps} steps run: every reward was None / NaN or its function failed "
-                    f"(reward_error_policy {components.cfg.reward_error_policy}; see reward_failures and unverifiable "
+                    f"(reward_error_policy {self.settings.reward_error_policy}; see reward_failures and unverifiable "
                     f"in metrics.jsonl), so nothing was learned")
         if not informative:
             return (f"every advantage was 0 in the {steps} steps run: no prompt group's kept rollouts differed in "

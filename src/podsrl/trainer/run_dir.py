@@ -22,7 +22,9 @@ import socket
 from pathlib import Path
 
 from podsrl.config import BOOKKEEPING_FIELDS, Config
+from podsrl.distributed import Processes
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.logging import say
 from podsrl.trainer.ownership import LOCK_FILE, TRACKING, is_podsrls, stopped_run_files
 
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_config.json",
@@ -244,3 +246,54 @@ class RunLock:
             with contextlib.suppress(OSError):
                 self.path.unlink()
                 self.run_dir.rmdir()
+
+
+def _agreed(procs: Processes, refusal: RunDirError | None) -> None:
+    """Raise this process's refusal, or another process's, on every process, so none waits
+    for the others."""
+    others = [message for message in procs.gather_objects(str(refusal) if refusal else "") if message]
+    if refusal:
+        raise refusal
+    if others:
+        raise RunDirError(others[0])
+
+
+def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None]:
+    """Check that ``output_dir`` can hold this run and lock it (the main process holds the
+    lock), before anything loads; on resume, check the config against the run's."""
+    refusal, run_dir, lock = None, Path(cfg.output_dir), None
+    try:
+        run_dir = check_output_dir(cfg.output_dir, cfg.resume)
+        if cfg.resume:
+            check_resume_config(run_dir, cfg.to_dict())
+        if cfg.prompts_per_step % procs.world_size:
+            raise RunDirError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
+                              f"{procs.world_size} processes")
+    except RunDirError as err:
+        refusal = err
+    _agreed(procs, refusal)  # every process has checked output_dir before the main one writes to it
+    try:
+        lock = _lock_and_recheck(cfg, run_dir) if procs.is_main else None
+    except RunDirError as err:
+        refusal = err
+    _agreed(procs, refusal)
+    return run_dir, lock
+
+
+def _lock_and_recheck(cfg: Config, run_dir: Path) -> RunLock:
+    """Lock the folder, then check it again: until the lock was ours another run could write
+    there (a folder that looked like a stopped run may now hold its checkpoint). A run that
+    stopped before its first checkpoint is cleared only now, when no live run writes there."""
+    lock = RunLock(run_dir).acquire()
+    try:
+        if lock.stale_holder:
+            say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
+                f"(killed?); that process is gone, so this run takes the folder over")
+        check_output_dir(cfg.output_dir, cfg.resume)
+        if not cfg.resume and stopped_before_first_checkpoint(run_dir):
+            clear_stopped_run(run_dir)
+            say(fresh_start_line(run_dir))
+    except BaseException:
+        lock.release()
+        raise
+    return lock

@@ -26,6 +26,7 @@ from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
 from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, PromptSelector
 from podsrl.provenance import record_environment
+from podsrl.registry import component_label
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rewards.worker import reward_name
@@ -33,22 +34,14 @@ from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, generate
 from podsrl.rollout.vllm import check_fits
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
-from podsrl.trainer.components import Cadence, Components, RunState
+from podsrl.trainer.components import Cadence, Components
 from podsrl.trainer.early_stop import reward_bounds
 from podsrl.trainer.evaluate import EvalOptions, eval_shortfall
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.logging import say
 from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
-from podsrl.trainer.run import Run, StepReport
-from podsrl.trainer.run_dir import (
-    RunDirError,
-    RunLock,
-    check_output_dir,
-    check_resume_config,
-    clear_stopped_run,
-    fresh_start_line,
-    stopped_before_first_checkpoint,
-)
+from podsrl.trainer.run import Run, RunSettings
+from podsrl.trainer.run_dir import claim_run_dir
 from podsrl.trainer.stages import (
     Advantages,
     ExtraLogprobs,
@@ -60,7 +53,11 @@ from podsrl.trainer.stages import (
     StepStages,
     StopperFactory,
 )
+from podsrl.trainer.state import GeneratorState, PerProcess, RunState
 from podsrl.update import OptimizerOptions, UpdateOptions, make_optimizer
+
+EVAL_SEED_OFFSET = 10_007  # evaluation's own seed stream: seed + offset + rank
+PROMPT_SELECTOR_STATE = "prompt_selector"  # the prompt selector's learned part, named as its config field
 
 
 # --- config fields -> the stages' options -------------------------------------------------------
@@ -152,57 +149,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _agreed(procs: Processes, refusal: RunDirError | None) -> None:
-    """Raise this process's refusal, or another process's, on every process, so none waits
-    for the others."""
-    others = [message for message in procs.gather_objects(str(refusal) if refusal else "") if message]
-    if refusal:
-        raise refusal
-    if others:
-        raise RunDirError(others[0])
-
-
-def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None]:
-    """Check that ``output_dir`` can hold this run and lock it (the main process holds the
-    lock), before anything loads; on resume, check the config against the run's."""
-    refusal, run_dir, lock = None, Path(cfg.output_dir), None
-    try:
-        run_dir = check_output_dir(cfg.output_dir, cfg.resume)
-        if cfg.resume:
-            check_resume_config(run_dir, cfg.to_dict())
-        if cfg.prompts_per_step % procs.world_size:
-            raise RunDirError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
-                              f"{procs.world_size} processes")
-    except RunDirError as err:
-        refusal = err
-    _agreed(procs, refusal)  # every process has checked output_dir before the main one writes to it
-    try:
-        lock = _lock_and_recheck(cfg, run_dir) if procs.is_main else None
-    except RunDirError as err:
-        refusal = err
-    _agreed(procs, refusal)
-    return run_dir, lock
-
-
-def _lock_and_recheck(cfg: Config, run_dir: Path) -> RunLock:
-    """Lock the folder, then check it again: until the lock was ours another run could write
-    there (a folder that looked like a stopped run may now hold its checkpoint). A run that
-    stopped before its first checkpoint is cleared only now, when no live run writes there."""
-    lock = RunLock(run_dir).acquire()
-    try:
-        if lock.stale_holder:
-            say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
-                f"(killed?); that process is gone, so this run takes the folder over")
-        check_output_dir(cfg.output_dir, cfg.resume)
-        if not cfg.resume and stopped_before_first_checkpoint(run_dir):
-            clear_stopped_run(run_dir)
-            say(fresh_start_line(run_dir))
-    except BaseException:
-        lock.release()
-        raise
-    return lock
-
-
 def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: str, procs: Processes) -> None:
     train_split, test_split = splits
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
@@ -279,7 +225,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad), optimizer_options(cfg))
     group_size = group_size_policy(cfg)
     components = Components(
-        cfg=cfg, procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0], test_split=splits[1],
+        procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0], test_split=splits[1],
         scorer=scorer, engine=engine, policy=policy, reference=reference, optimizer=optimizer, scheduler=scheduler,
         metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
@@ -287,11 +233,29 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
                           run_name=str(run_dir)),
         eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine, group_size),
         eval_generate=getattr(engine, "generate", generate))  # vllm evaluates on its engine
-    state = RunState(prompt_selector=selector,
-                     generators={"rule": torch.Generator().manual_seed(cfg.seed + 1)})  # the `random` rule's stream
-    stages = step_stages(cfg, components, selector, group_size, state.generators["rule"], bounds)
-    report = StepReport(method=cfg.method, progress=cfg.progress and procs.is_main, log_rollouts=cfg.log_rollouts)
-    return Run(stages, components, state, Cadence.from_config(cfg), report)
+    rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
+    # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
+    state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
+                            "generation_engine": PerProcess(engine), "rule_generator": GeneratorState(rule_generator)})
+    stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds)
+    return Run(stages, components, state, cadence(cfg), run_settings(cfg, procs, len(splits[1].examples)))
+
+
+def cadence(cfg: Config) -> Cadence:
+    return Cadence(max_steps=cfg.max_steps, max_consecutive_skips=cfg.max_consecutive_skips,
+                   max_minutes=cfg.max_minutes, eval_steps=cfg.eval_steps, save_steps=cfg.save_steps,
+                   checkpoint_minutes=cfg.checkpoint_minutes)
+
+
+def run_settings(cfg: Config, procs: Processes, test_prompts: int) -> RunSettings:
+    return RunSettings(recorded_config=cfg.to_dict(), resume=cfg.resume, method=cfg.method,
+                       progress=cfg.progress and procs.is_main, log_rollouts=cfg.log_rollouts,
+                       eval_seed=cfg.seed + EVAL_SEED_OFFSET + procs.rank,
+                       forward_dtype="bfloat16" if cfg.bf16 else "", checkpoints_kept=cfg.save_total_limit,
+                       eval_prompts=min(cfg.eval_prompts, test_prompts),
+                       part_labels={PROMPT_SELECTOR_STATE: component_label(cfg.prompt_selector),
+                                    "generation_engine": component_label(cfg.generation_engine)},
+                       reward_error_policy=cfg.reward_error_policy)
 
 
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,

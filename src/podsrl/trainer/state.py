@@ -1,13 +1,15 @@
-"""Run state that outlives one step: the rollout seeds (reproducible; the order of the
-training prompts is podsrl.prompt_selection's), and clean stops on SIGINT / SIGTERM."""
+"""What a run learns and counts besides its weights, in one place: :class:`RunState`, whose
+``parts`` (name -> object with ``state_dict`` / ``load_state_dict``) a checkpoint writes and
+restores, a step snapshots at its start and an abandoned step rolls back, so checkpointing
+one more thing is one entry at set-up; and the rollout seeds (reproducible; the order of the
+training prompts is podsrl.prompt_selection's)."""
 
 from __future__ import annotations
 
-import signal
-import sys
-import threading
+from dataclasses import dataclass
+from typing import Protocol
 
-from podsrl import interrupts
+import torch
 
 
 def sampling_seed(seed: int, step: int, first_prompt: int) -> int:
@@ -19,47 +21,64 @@ def sampling_seed(seed: int, step: int, first_prompt: int) -> int:
     return hash((seed, step, first_prompt)) % 2**63
 
 
-class TrainingStopped(RuntimeError):
-    """The run stopped before its end: a signal (``signum`` set, a checkpoint was written)
-    or too many consecutive non-finite steps (the last good checkpoint is left as it was)."""
+class Stateful(Protocol):
+    """A part of the run that learns or draws across steps. ``state_dict`` is a snapshot
+    (copies, not live references) of tensors and plain data; ``load_state_dict`` raises on a
+    state that is not its own (the checkpoint does not fit)."""
 
-    def __init__(self, message: str, signum: int | None = None) -> None:
-        super().__init__(message)
-        self.signum = signum
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
-class StopSignals:
-    """SIGINT / SIGTERM request a clean stop after the current step; user code running then
-    (or later in the step) gets a few seconds to return before it is interrupted, and a second
-    SIGINT or SIGTERM interrupts at once (:mod:`podsrl.interrupts`: both raise ``StopNow``, a
-    ``KeyboardInterrupt``). Handlers are installed only in the main thread, and restored."""
+class GeneratorState:
+    """A seeded ``torch.Generator`` as a :class:`Stateful` part (a rule's draws)."""
 
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.setting_up = True  # until the first step: a stop then comes before it, with no checkpoint to write
-        self._previous: dict[int, object] = {}
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
 
-    def __enter__(self) -> "StopSignals":
-        interrupts.clear()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
-                self._previous[sig] = signal.getsignal(sig)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, self._request)
-        return self
+    def state_dict(self) -> dict:
+        return {"state": self.generator.get_state()}  # get_state returns a copy
 
-    def _request(self, signum, _frame) -> None:
-        if self.signum is not None:
-            interrupts.stop_now(signum)  # the second: no more waiting
-        self.signum = signum
-        when = "once the run is set up, before its first step" if self.setting_up else \
-            "after this step and writing a checkpoint"
-        print(f"\n{signal.Signals(signum).name}: stopping {when} ... (again: stop at once)", file=sys.stderr,
-              flush=True)
-        interrupts.stop_requested(signum)
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["state"])
 
-    def __exit__(self, *exc) -> None:
-        interrupts.clear()
-        for sig, handler in self._previous.items():
-            if handler is not None:  # None: a handler not installed from Python, left as it is
-                signal.signal(sig, handler)
+
+class PerProcess:
+    """A part whose state is each process's own (the engine's length predictor learns from the
+    process's prompts): a checkpoint keeps one per process, and a run resumed on more
+    processes than wrote it starts that part afresh on the extra ones."""
+
+    per_process = True
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+    def check_state(self, state: dict) -> None:
+        check = getattr(self.inner, "check_state", None)
+        if check:
+            check(state)
+
+
+@dataclass
+class RunState:
+    """The counters and the learned parts a checkpoint restores besides the weights, the
+    optimizer and the scheduler, so a resumed run repeats an uninterrupted one."""
+
+    parts: dict[str, Stateful]  # name -> part: the prompt selector, the group-size policy, the engine, RNG streams
+    step: int = 0  # optimizer steps done
+    train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded
+
+    def snapshot(self) -> dict[str, dict]:
+        """Every part's state now (copies): what :meth:`roll_back` puts back."""
+        return {name: part.state_dict() for name, part in self.parts.items()}
+
+    def roll_back(self, snapshot: dict[str, dict]) -> None:
+        for name, part in self.parts.items():
+            part.load_state_dict(snapshot[name])

@@ -11,7 +11,7 @@ from podsrl.rewards import RewardFn
 from podsrl.trainer.loop import run_steps
 from podsrl.trainer.run import RunResult
 from podsrl.trainer.setup import set_up
-from podsrl.trainer.state import StopSignals, TrainingStopped
+from podsrl.trainer.stops import Stops
 
 
 def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> RunResult:
@@ -22,16 +22,15 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
     config's ``reward_weights``. A run that finished but learned nothing (no reward applied,
     or every step skipped) returns with ``RunResult.failure`` saying why (``podsrl train``
     exits 1 then)."""
-    with StopSignals() as stop:
+    with Stops() as stops:
         try:
             run = set_up(cfg, reward_funcs)
         except StopNow as interrupted:
-            raise TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained: run the "
-                                  f"same command again", signum=interrupted.signum) from None
+            raise stops.during_set_up(interrupted) from None
+        stops.watch(run)
         try:
-            return run_steps(run, stop)
+            return run_steps(run, stops)
         except StopNow as interrupted:  # outside a step: evaluating, logging, writing a checkpoint
-            raise TrainingStopped(f"stopped by {interrupted} after step {run.state.step}; {run.stopped_here()}",
-                                  signum=interrupted.signum) from None
+            raise stops.outside_step(interrupted) from None
         finally:
             run.release()
