@@ -15,9 +15,10 @@ by seed, every run with the same training-time budget; finished runs are reused 
                  against the default m = 4;
 6. adaptive:     adaptive_n (n: auto) against fixed n = 8, 16, 32 (baseline: the default n = 16);
 7. adaptive-easy: the same with n = 16, 32, 64 (run it on an easier task: -- --task_level 1);
-8. selectors:    pods n -> m with each prompt selector: none (baseline) vs pass_rate vs
-                 dynamic_sampling (#30; a small pool revisited each epoch: -- --max_train_prompts 256;
-                 benchmarks/informative_groups.py adds what each spent per informative group).
+8. selectors:    pods n -> m with each prompt selector, shuffled (baseline) and pass_rate, each
+                 without and with dynamic sampling (#30, #52; a small pool revisited each epoch:
+                 -- --max_train_prompts 256; benchmarks/informative_groups.py adds what each
+                 spent per informative group).
 
     python benchmarks/time_to_accuracy.py [--seeds 3] [--budget_minutes 1] [--output_dir runs/tta]
         [--experiments methods,rules,nsweep] [--figures benchmarks/figures] [--record NAME]
@@ -51,7 +52,7 @@ EXPERIMENTS = {
     "adaptive": ["--methods", "pods", "--n_values", "8,16,32,auto", "--baseline", "pods 16->4 max_variance"],
     "adaptive-easy": ["--methods", "pods", "--n_values", "16,32,64,auto", "--baseline", "pods 16->4 max_variance"],
     "msweep": ["--methods", "pods", "--n_values", "16", "--m_values", "2,4,8", "--baseline", "pods 16->4 max_variance"],
-    "selectors": ["--methods", "pods", "--prompt_selectors", "none,pass_rate,dynamic_sampling",
+    "selectors": ["--methods", "pods", "--prompt_selectors", "shuffled,pass_rate", "--dynamic_sampling", "false,true",
                   "--baseline", "pods 16->4 max_variance"],
 }
 

@@ -253,11 +253,16 @@ def test_update_memory_column_only_for_runs_that_logged_it(tmp_path):
 
 def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it():
     base = make_config()
-    arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [16], [4], ["none", "pass_rate"])
+    arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [16], [4], ["shuffled", "pass_rate"])
     assert [(a["method"], a["prompt_selector"]) for a in arms] == [
-        ("grpo", "none"), ("grpo", "pass_rate"), ("pods", "none"), ("pods", "pass_rate")]
+        ("grpo", "shuffled"), ("grpo", "pass_rate"), ("pods", "shuffled"), ("pods", "pass_rate")]
     assert [arm_dir_name(a) for a in arms] == ["grpo-m4", "grpo-m4-pass_rate", "pods-n16-m4-max_variance",
                                                "pods-n16-m4-max_variance-pass_rate"]
+    # dynamic sampling crosses the selectors: it composes with each
+    arms = arm_configs(base, ["pods"], ["max_variance"], [16], [4], ["shuffled", "pass_rate"], [False, True])
+    assert [arm_dir_name(a) for a in arms] == [
+        "pods-n16-m4-max_variance", "pods-n16-m4-max_variance-dynamic_sampling", "pods-n16-m4-max_variance-pass_rate",
+        "pods-n16-m4-max_variance-dynamic_sampling-pass_rate"]
     assert arm_configs(base, ["pods"], ["max_variance"], [16], [4]) == [
         {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "max_variance"}]
     with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'oracle'"):

@@ -168,7 +168,6 @@ def test_a_non_finite_loss_from_non_finite_terms_is_the_models_and_passes_to_the
 # --- prompt selectors and engines -------------------------------------------------------------
 SELECTOR = """
 class Picky:
-    refill_rounds = 0
     learns = False
 
     def __init__(self, size, options):

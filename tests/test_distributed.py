@@ -199,7 +199,7 @@ def test_pass_rate_selection_over_two_processes_matches_one_process(tmp_path):
 def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
     """Refill rounds are decided for all processes together (a process short of informative
     groups makes every process generate again), so their collectives never diverge."""
-    done = launch(tmp_path / "run", prompt_selector="dynamic_sampling", dynamic_sampling_rounds=2)
+    done = launch(tmp_path / "run", dynamic_sampling=True, dynamic_sampling_rounds=2)
     assert done.returncode == 0, done.stderr[-3000:]
     records = steps(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2, 3]

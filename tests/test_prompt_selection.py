@@ -17,12 +17,11 @@ from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.prompt_selection import (
     PROMPT_SELECTORS,
-    DynamicSampling,
     PassRateSelector,
     PromptSelectionOptions,
-    informative_first,
 )
 from podsrl.trainer import train
+from podsrl.trainer.prompt_source import informative_first
 
 
 def beta_integral(f, alpha: float, beta: float, points: int = 200_001) -> float:
@@ -194,9 +193,8 @@ def test_constant_groups_and_the_informative_first_batch():
 
 
 def test_selectors_are_registered_and_module_selectors_resolve():
-    assert set(PROMPT_SELECTORS) == {"shuffled", "dynamic_sampling", "pass_rate", "none"}  # none: shuffled's old name
-    assert PROMPT_SELECTORS["none"] is PROMPT_SELECTORS["shuffled"]
-    assert PROMPT_SELECTORS.resolve("podsrl.prompt_selection:DynamicSampling") is DynamicSampling
+    assert set(PROMPT_SELECTORS) == {"shuffled", "pass_rate"}
+    assert PROMPT_SELECTORS.resolve("podsrl.prompt_selection:PassRateSelector") is PassRateSelector
     with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'best'"):
         make_config(overrides={"prompt_selector": "best"})
 
@@ -223,7 +221,7 @@ def test_dynamic_sampling_refills_until_its_cap_and_logs_what_it_spent(random_mo
     aside, and stop as soon as the batch has its informative groups or, at the cap, fill it
     with constant ones; the record says what was generated."""
     records = [r for r in read_metrics(run(random_model_dir, tmp_path / "ds", [mostly_constant], max_steps=6,
-                                           prompt_selector="dynamic_sampling", dynamic_sampling_rounds=2)
+                                           dynamic_sampling=True, dynamic_sampling_rounds=2)
                                        / "metrics.jsonl") if r["step"] > 0]
     for r in records:
         assert r["prompts_generated"] == 4 * r["prompt_rounds"]
@@ -236,12 +234,27 @@ def test_dynamic_sampling_refills_until_its_cap_and_logs_what_it_spent(random_mo
     assert any(r["prompt_rounds"] > 1 for r in records)
 
 
+def test_pass_rate_and_dynamic_sampling_train_together(random_model_dir, tmp_path):
+    """Dynamic sampling is the prompt source's, not a selector: with pass_rate, steps refill
+    while groups come out constant, and every round's draws come from (and teach) the posterior
+    (resuming such a run bit for bit: tests/test_trainer.py's resume cases)."""
+    records = [r for r in read_metrics(run(random_model_dir, tmp_path / "both", [mostly_constant], max_steps=4,
+                                           prompt_selector="pass_rate", dynamic_sampling=True,
+                                           dynamic_sampling_rounds=2) / "metrics.jsonl") if r["step"] > 0]
+    assert any(r["prompt_rounds"] > 1 for r in records)
+    assert all(r["prompts_generated"] == 4 * r["prompt_rounds"] for r in records)
+    assert all("selector_informativeness" in r for r in records)  # pass_rate's own numbers, kept
+    seen = [r["selector_prompts_seen"] for r in records]
+    assert seen == sorted(seen) and seen[-1] > 4  # the posterior observed more than one round's prompts
+
+
 @pytest.mark.slow
 def test_selectors_leave_evaluation_on_the_whole_held_out_set(random_model_dir, tmp_path):
-    """The first evaluation (the same model) is the same with every selector: selection only
-    changes which train prompts are generated for."""
-    first = [read_metrics(run(random_model_dir, tmp_path / name, prompt_selector=name, max_steps=1)
-                          / "metrics.jsonl")[0] for name in ("shuffled", "pass_rate", "dynamic_sampling")]
+    """The first evaluation (the same model) is the same with every selector, and with dynamic
+    sampling: they only change which train prompts are generated for."""
+    first = [read_metrics(run(random_model_dir, tmp_path / f"{name}-{dynamic}", prompt_selector=name,
+                              dynamic_sampling=dynamic, max_steps=1) / "metrics.jsonl")[0]
+             for name, dynamic in (("shuffled", False), ("pass_rate", False), ("shuffled", True))]
     assert first[0]["eval_accuracy"] == first[1]["eval_accuracy"] == first[2]["eval_accuracy"]
     assert first[0]["eval_greedy_accuracy"] == first[1]["eval_greedy_accuracy"]
 
@@ -269,27 +282,33 @@ def test_a_pass_rate_pool_smaller_than_prompts_per_step_is_refused_before_the_ru
     assert not (tmp_path / "run").exists()
 
 
-def test_none_is_the_shuffled_pass_s_old_name_warned_and_resumable(tmp_path):
-    """'none' still selects the shuffled pass, with a warning that names the new name; a run
-    started under either name resumes under the other (the value means the same)."""
+def test_old_names_are_refused_naming_what_replaced_them(tmp_path):
+    """'none' (the shuffled pass's name before 0.1.0) and the 'dynamic_sampling' selector (now
+    a property of the prompt source, with any selector) are one-line errors naming the new
+    spelling, in the command line's form and the mapping form alike; a user's selector that
+    still declares refill_rounds is refused with the same advice."""
     from podsrl.config import Config, validate
-    from podsrl.trainer.run_dir import RunDirError, check_resume_config
 
-    assert Config().prompt_selector == "shuffled"
-    with pytest.warns(FutureWarning, match="'none' is the old name of 'shuffled'"):
-        validate(Config(prompt_selector="none"))
-    for saved, now in (("none", "shuffled"), ("shuffled", "none")):
-        (tmp_path / "config.json").write_text(json.dumps({**Config(prompt_selector=saved).to_dict()}))
-        assert check_resume_config(tmp_path, Config(prompt_selector=now).to_dict()) == []
-    with pytest.raises(RunDirError, match="prompt_selector: run 'shuffled', now 'pass_rate'"):
-        check_resume_config(tmp_path, Config(prompt_selector="pass_rate").to_dict())
+    assert Config().prompt_selector == "shuffled" and not Config().dynamic_sampling
+    with pytest.raises(ValueError, match=r"^prompt_selector: 'none' is an old name \(never published\): use "
+                                         r"'shuffled'"):
+        make_config(overrides={"prompt_selector": "none"})
+    with pytest.raises(ValueError, match=r"^prompt_selector: 'dynamic_sampling' is an old name .*: use prompt_selector "
+                                         r"shuffled with dynamic_sampling true$"):
+        validate(Config(prompt_selector={"name": "dynamic_sampling"}))
+    source = tmp_path / "old_selector.py"
+    source.write_text("from podsrl.prompt_selection import ShuffledPass\n\n"
+                      "class Refilling(ShuffledPass):\n    refill_rounds = 2\n")
+    with pytest.raises(ValueError, match=r"declares refill_rounds, no longer part of a selector: .* dynamic_sampling "
+                                         r"true"):
+        PROMPT_SELECTORS.checked(f"{source}:Refilling")(10, PromptSelectionOptions())
 
 
 class RefillingRecorder:
-    """A user's selector with a refill cap and numbers of its own (the prompt source reads only
-    its contract: take, observe, record, refill_rounds, learns)."""
+    """A user's selector with numbers of its own (the prompt source reads only its contract:
+    take, observe, record, learns)."""
 
-    refill_rounds, learns = 2, False
+    learns = False
 
     def __init__(self, numbers: dict) -> None:
         self.numbers, self.next = numbers, 0
@@ -331,7 +350,7 @@ def test_dynamic_sampling_keeps_the_selectors_numbers_and_refuses_one_named_like
 
     def source(numbers):
         return DynamicSamplingSource(RefillingRecorder(numbers), 4, split, generate, score, Processes(),
-                                     refill_rounds=2, pad_token_id=0)
+                                     extra_rounds=2, pad_token_id=0)
 
     groups = source({"curriculum_level": 2.0}).scored_groups(1, 3, StageTimer())
     assert groups.record["curriculum_level"] == 2.0

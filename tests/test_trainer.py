@@ -126,7 +126,11 @@ RESUME_CASES = {
     "slots_length_aware": {"generation_engine": "slots", "generation_micro_group": 8,
                            "generation_schedule": "length_aware"},  # the token-conditioned predictor
     "pass_rate": {"prompt_selector": "pass_rate", "max_train_prompts": 6},  # the posterior and its draws
-    "dynamic_sampling": {"prompt_selector": "dynamic_sampling", "format_weight": 0},  # refill rounds' prompts
+    "dynamic_sampling": {"dynamic_sampling": True, "format_weight": 0},  # refill rounds' prompts
+    # the posterior's draws over refill rounds (groups of 3: a quarter constant, so steps 1 and 3 refill):
+    # dynamic sampling composes with any selector
+    "pass_rate_dynamic_sampling": {"prompt_selector": "pass_rate", "dynamic_sampling": True, "format_weight": 0,
+                                   "max_train_prompts": 12, "num_generations": 3, "num_kept": 2},
     # the generation copy is rebuilt from the restored weights (not checkpointed); static cache: its padding
     "generation_copy": {"lora_rank": 4, "generation_dtype": "bfloat16", "generation_static_cache": True},
 }

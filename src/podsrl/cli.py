@@ -152,6 +152,8 @@ def cmd_compare(argv: list[str]) -> int:
     parser.add_argument("--prompt_selectors", default="", help="prompt selectors, comma-separated (names or JSON "
                                                                 "mappings): each arm runs once per selector "
                                                                 "(default: the config's)")
+    parser.add_argument("--dynamic_sampling", default="", help="'false,true': each arm runs without and with "
+                                                                "dynamic sampling (default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, default=0.0, help="training time per run")
     parser.add_argument("--budget_steps", type=int, default=0,
@@ -173,7 +175,8 @@ def cmd_compare(argv: list[str]) -> int:
         m_values = _ints("m_values", args.m_values) or [cfg.num_kept]
         rules = arm_specs("downsampling_rule", args.rules) or [cfg.downsampling_rule]  # the config's, not a default
         arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
-                           arm_specs("prompt_selector", args.prompt_selectors))
+                           arm_specs("prompt_selector", args.prompt_selectors),
+                           arm_specs("dynamic_sampling", args.dynamic_sampling))
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir),
                                   budget_steps=args.budget_steps)
         result = analyze(run_dirs, baseline=args.baseline or None)

@@ -18,7 +18,7 @@ from typing import Any
 
 from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_ranges import check_reward_weights
-from podsrl.config_yaml import read_yaml
+from podsrl.config_yaml import as_text, read_yaml
 from podsrl.methods import METHODS
 from podsrl.registry import Spec
 from podsrl.rollout.generation_copy import copy_dtype
@@ -67,12 +67,13 @@ class Config:
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
     prompt_selector: Spec = _f("shuffled", "Which train prompts each step generates for (podsrl.prompt_selection."
-                                          "PROMPT_SELECTORS): 'shuffled' = a shuffled pass over the train split "
-                                          "('none', its old name, still works); 'dynamic_sampling' = DAPO's: groups "
-                                          "whose rewards are all equal are set aside and more prompts generated for "
-                                          "until the step has prompts_per_step informative groups; 'pass_rate' = "
-                                          "prompts drawn by the predicted chance that their group is not constant, "
-                                          "from each prompt's pass-rate history. Evaluation uses the whole test set.")
+                                          "PROMPT_SELECTORS): 'shuffled' = a shuffled pass over the train split; "
+                                          "'pass_rate' = prompts drawn by the predicted chance that their group is "
+                                          "not constant, from each prompt's pass-rate history. Evaluation uses the "
+                                          "whole test set.")
+    dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling, with any prompt_selector: groups whose rewards are "
+                                       "all equal are set aside and the selector asked for more prompts until the "
+                                       "step has prompts_per_step informative groups.")
     dynamic_sampling_rounds: int = _f(3, "dynamic_sampling: extra generation rounds per step at most; past them, "
                                          "constant groups fill the batch.")
     pass_rate_half_life: float = _f(50.0, "pass_rate: steps after which a prompt's pass / fail evidence weighs "
@@ -333,28 +334,13 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
     if isinstance(raw, bool) and kind is not bool:
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
     if kind is str:  # a component's mapping {name: ..., argument: value} is kept (podsrl.registry), else text
-        return _as_text(name, raw, source) if (spec := parse_component(name, raw, source)) is None else spec
+        return as_text(name, raw, source) if (spec := parse_component(name, raw, source)) is None else spec
     try:
         if kind is int and isinstance(raw, float) and not raw.is_integer():
             raise ValueError
         return kind(raw)  # int("1.5") raises too
     except (TypeError, ValueError, OverflowError):  # float(10**400) overflows
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}") from None
-
-
-def _as_text(name: str, raw: Any, source: str) -> str:
-    """A text field from YAML or the command line: null is empty, a YAML list joins into the
-    comma-separated form the command line uses (``[q_proj, v_proj]`` == ``q_proj,v_proj``)."""
-    if raw is None:
-        return ""
-    if isinstance(raw, (list, tuple)):
-        items = [_as_text(name, item, source) for item in raw]
-        if any("," in item for item in items):
-            raise ValueError(f"{source}{name}: list items may not contain commas, got {raw!r}")
-        return ",".join(items)
-    if isinstance(raw, dict):
-        raise ValueError(f"{source}{name}: expected text or a list, got a mapping {raw!r}")
-    return str(raw)
 
 
 def load_yaml(path: str | os.PathLike, sources: dict[str, str] | None = None) -> dict[str, Any]:

@@ -58,7 +58,7 @@ RANGES: dict[str, Range] = {
     "num_generations_max": POSITIVE,
     "num_kept": POSITIVE,
     "prompts_per_step": POSITIVE,
-    "dynamic_sampling_rounds": Range(1, 100, why="0 extra rounds would make it the shuffled pass"),
+    "dynamic_sampling_rounds": Range(1, 100, why="0 extra rounds would be no dynamic sampling"),
     "pass_rate_half_life": POSITIVE,
     "pass_rate_prior_strength": POSITIVE,
     "pass_rate_exploration": Range(0, 1, low_closed=False, why="0 could starve a prompt forever"),

@@ -1,6 +1,7 @@
 """YAML config files, read strictly: a key given twice is an error naming the file, the key
 and both lines (PyYAML's safe loader silently keeps the last value, so ``learning_rate`` set
-twice would train with whichever came later)."""
+twice would train with whichever came later); and a text field as YAML or the command line
+gives it (:func:`as_text`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,18 @@ def read_yaml(path: Path) -> Any:
             mark = getattr(err, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""
             raise ValueError(f"{path}{where}: invalid YAML: {err}") from None
+
+
+def as_text(name: str, raw: Any, source: str) -> str:
+    """A text field from YAML or the command line: null is empty, a YAML list joins into the
+    comma-separated form the command line uses (``[q_proj, v_proj]`` == ``q_proj,v_proj``)."""
+    if raw is None:
+        return ""
+    if isinstance(raw, (list, tuple)):
+        items = [as_text(name, item, source) for item in raw]
+        if any("," in item for item in items):
+            raise ValueError(f"{source}{name}: list items may not contain commas, got {raw!r}")
+        return ",".join(items)
+    if isinstance(raw, dict):
+        raise ValueError(f"{source}{name}: expected text or a list, got a mapping {raw!r}")
+    return str(raw)

@@ -4,18 +4,15 @@ PODS chooses which rollouts of a group to train on; a prompt selector chooses wh
 get a group at all, so that fewer groups come out constant (every rollout right, or every
 one wrong: advantages all 0, its n rollouts generated for nothing). Built-ins:
 
-* ``shuffled``: a shuffled pass over the train split, epoch after epoch (the default; its
-  name was ``none``, still accepted).
-* ``dynamic_sampling``: DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2): the same pass,
-  but after scoring, constant groups are set aside and more prompts are generated for,
-  round after round (at most ``dynamic_sampling_rounds`` extra rounds), until the step has
-  ``prompts_per_step`` informative groups; constant groups fill the batch only when the cap
-  is reached. A selector's ``refill_rounds`` > 0 gets it this prompt source
-  (:class:`podsrl.trainer.prompt_source.DynamicSamplingSource`), which runs the rounds.
+* ``shuffled``: a shuffled pass over the train split, epoch after epoch (the default).
 * ``pass_rate``: draws prompts in proportion to the predicted chance that their group of n
   is not constant, from a per-prompt pass-rate posterior that forgets (algorithms/pass_rate.py),
   with a share of every draw spread evenly (exploration: no prompt starves, unseen prompts
   get tried).
+
+DAPO's dynamic sampling (``dynamic_sampling``) is not a selector but a property of the prompt
+source (:class:`podsrl.trainer.prompt_source.DynamicSamplingSource`): it asks any selector for
+more prompts while groups come out constant, so it combines with each of these.
 
 Every selector is deterministic given its seed and what it observed, the same on every
 process (it observes the outcomes gathered from all of them), and checkpointed through
@@ -43,7 +40,6 @@ from podsrl.registry import Registry
 class PromptSelectionOptions:
     seed: int = 0  # the run's seed: the order of the pass, the draws
     prompts_per_step: int = 1  # prompts taken per generation round
-    refill_rounds: int = 3  # dynamic_sampling: extra generation rounds at most per step
     half_life: float = 50.0  # pass_rate: steps after which a prompt's evidence weighs half
     prior_strength: float = 2.0  # pass_rate: pseudo-observations of the pool's pass rate per prompt
     exploration: float = 0.1  # pass_rate: share of each draw spread evenly over the train split
@@ -52,10 +48,8 @@ class PromptSelectionOptions:
 class PromptSelector(Protocol):
     """``take`` the prompts of one generation round (indices into the train split, the same
     list on every process), then ``observe`` their outcomes (gathered from every process, for
-    a selector that ``learns``); ``refill_rounds`` > 0 is the cap of DAPO's refill rounds: the
-    trainer's prompt source then generates for more prompts while groups come out constant."""
+    a selector that ``learns``). Under dynamic sampling a step may take several rounds."""
 
-    refill_rounds: int
     learns: bool
 
     def take(self, count: int, step: int, group_size: int) -> list[int]: ...
@@ -74,7 +68,6 @@ class PromptSelector(Protocol):
 class ShuffledPass:
     """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
 
-    refill_rounds = 0
     learns = False
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
@@ -107,21 +100,11 @@ class ShuffledPass:
         self.epoch, self.position = state["epoch"], state["position"]
 
 
-class DynamicSampling(ShuffledPass):
-    """The shuffled pass with a cap of ``refill_rounds`` DAPO refill rounds per step (the
-    rounds are run by :class:`podsrl.trainer.prompt_source.DynamicSamplingSource`)."""
-
-    def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
-        super().__init__(size, options)
-        self.refill_rounds = options.refill_rounds
-
-
 class PassRateSelector:
     """Prompts drawn without replacement, the first draw with probability
     ``draw_probabilities(P(group of n not constant), exploration)`` and each next from the
     rest in proportion (numpy's weighted sampling without replacement)."""
 
-    refill_rounds = 0
     learns = True
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
@@ -178,11 +161,14 @@ class CheckedSelector:
             if not callable(getattr(inner, method, None)):
                 raise ValueError(f"{field}: {spec} has no method {method}() (see podsrl.prompt_selection."
                                  f"PromptSelector)")
-        rounds, learns = getattr(inner, "refill_rounds", 0), getattr(inner, "learns", False)
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0 or not isinstance(learns, bool):
-            raise ValueError(f"{field}: {spec} needs refill_rounds, an int >= 0, and learns, a bool (got "
-                             f"{rounds!r}, {learns!r})")
-        self.refill_rounds, self.learns = rounds, learns
+        if hasattr(inner, "refill_rounds"):  # a selector written for the protocol before dynamic_sampling moved
+            raise ValueError(f"{field}: {spec} declares refill_rounds, no longer part of a selector: DAPO's dynamic "
+                             f"sampling is set for any selector with dynamic_sampling true (dynamic_sampling_rounds "
+                             f"N); remove refill_rounds")
+        learns = getattr(inner, "learns", False)
+        if not isinstance(learns, bool):
+            raise ValueError(f"{field}: {spec} needs learns, a bool (got {learns!r})")
+        self.learns = learns
         self.state_dict()  # not JSON: said now, not at the first checkpoint
 
     def take(self, count: int, step: int, group_size: int) -> list[int]:
@@ -223,18 +209,10 @@ def add_selector_record(numbers: dict[str, float], record: dict) -> None:
 
 def checked_selector(value, args: tuple, field: str, spec: str):
     """The registry's contract for selectors: a user's class gets a :class:`CheckedSelector`."""
-    builtin = type(value) in (ShuffledPass, DynamicSampling, PassRateSelector)
+    builtin = type(value) in (ShuffledPass, PassRateSelector)
     return value if builtin else CheckedSelector(value, field, spec, size=args[0])
 
 
 PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", {
-    "shuffled": ShuffledPass, "dynamic_sampling": DynamicSampling, "pass_rate": PassRateSelector,
-    "none": ShuffledPass},  # 'none': the shuffled pass's old name, still accepted (config_checks warns)
+    "shuffled": ShuffledPass, "pass_rate": PassRateSelector},
     takes="(size, options)", arity=2, check_output=checked_selector)
-
-
-def informative_first(constant: torch.Tensor, count: int) -> list[int]:
-    """The first ``count`` groups by generation order, informative ones (``constant`` [G]
-    False) before constant ones: DAPO's batch of informative groups, filled up at the cap."""
-    order = sorted(range(len(constant)), key=lambda i: bool(constant[i]))  # stable: generation order kept
-    return order[:count]

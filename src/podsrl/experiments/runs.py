@@ -112,9 +112,10 @@ def largest_logged(values) -> float | None:
 
 def arm_variants(fields: dict) -> list[str]:
     """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto'):
-    the slots engine, early stop, and a prompt selector other than the shuffled pass (by its
-    name; a module's by the object's; with its arguments, if any)."""
+    the slots engine, early stop, dynamic sampling, and a prompt selector other than the
+    shuffled pass (by its name; a module's by the object's; with its arguments, if any)."""
     selector = component_label(fields.get("prompt_selector", "shuffled"), short=True)
     return [label for label, on in (("slots", fields.get("generation_engine") == "slots"),
                                     ("early-stop", fields.get("group_early_stop")),
-                                    (selector, selector not in ("shuffled", "none"))) if on]
+                                    ("dynamic_sampling", fields.get("dynamic_sampling")),
+                                    (selector, selector != "shuffled")) if on]

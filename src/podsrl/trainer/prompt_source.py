@@ -2,9 +2,11 @@
 (:mod:`podsrl.prompt_selection`) for prompts, has this process's share generated and scored,
 and hands the loop one :class:`ScoredGroups`.
 
-* :class:`PromptSource`: one round (the ``shuffled`` pass, ``pass_rate``, a user's selector).
-* :class:`DynamicSamplingSource`: DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2): rounds
-  until every process has its share of informative groups, or the selector's cap.
+* :class:`PromptSource`: one round per step, from any selector (the ``shuffled`` pass,
+  ``pass_rate``, a user's).
+* :class:`DynamicSamplingSource` (``dynamic_sampling``): DAPO's dynamic sampling (Yu et al.
+  2025, sec. 3.2), from any selector: rounds until every process has its share of informative
+  groups, or ``dynamic_sampling_rounds`` extra rounds.
 
 The collectives stay where every process agrees: the selector draws the same list on every
 process, and every process takes part in each gather and reduction.
@@ -15,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from podsrl.algorithms.group_stats import is_constant
 from podsrl.distributed import Processes
-from podsrl.prompt_selection import PromptSelector, add_selector_record, informative_first
+from podsrl.prompt_selection import PromptSelector, add_selector_record
 from podsrl.tasks.base import PreparedSplit
 from podsrl.trainer.timer import StageTimer
 from podsrl.types import Rollouts, Scores
@@ -66,20 +70,27 @@ class PromptSource:
         return mine, ScoredGroups(split, rollouts, scores)
 
 
+def informative_first(constant: torch.Tensor, count: int) -> list[int]:
+    """The first ``count`` groups by generation order, informative ones (``constant`` [G]
+    False) before constant ones: DAPO's batch of informative groups, filled up at the cap."""
+    order = sorted(range(len(constant)), key=lambda i: bool(constant[i]))  # stable: generation order kept
+    return order[:count]
+
+
 class DynamicSamplingSource(PromptSource):
     """DAPO's dynamic sampling: another round while any process has fewer informative groups
-    than its share, at most ``refill_rounds`` extra rounds; each process then keeps its share,
+    than its share, at most ``extra_rounds`` extra rounds; each process then keeps its share,
     informative groups first (constant ones fill the batch only at the cap)."""
 
     def __init__(self, selector: PromptSelector, prompts_per_step: int, train_split: PreparedSplit,
-                 generate: GenerateFn, score: ScoreFn, procs: Processes, refill_rounds: int,
+                 generate: GenerateFn, score: ScoreFn, procs: Processes, extra_rounds: int,
                  pad_token_id: int) -> None:
         super().__init__(selector, prompts_per_step, train_split, generate, score, procs)
-        self.refill_rounds, self.pad_token_id = refill_rounds, pad_token_id
+        self.extra_rounds, self.pad_token_id = extra_rounds, pad_token_id
 
     def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
         indices, rounds, informative = [], [], 0
-        for round_index in range(self.refill_rounds + 1):
+        for round_index in range(self.extra_rounds + 1):
             mine, groups = self.round(step, n, round_index, timer)
             indices += mine
             rounds.append(groups)

@@ -35,7 +35,6 @@ MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mod
 # resumed run something the checkpoint was not written for.
 RESUME_SAFE_FIELDS = BOOKKEEPING_FIELDS | {"max_steps", "max_minutes", "eval_steps", "max_consecutive_skips",
                                            "reward_timeout"}
-RENAMED_VALUES = {"prompt_selector": {"none": "shuffled"}}  # old names that mean what the new ones do
 
 
 class RunDirError(ValueError):
@@ -181,7 +180,6 @@ def check_resume_config(run_dir: Path, config: dict) -> list[str]:
     defaults = {field.name: field.default for field in dataclasses.fields(Config)}
     saved = json.loads((run_dir / "config.json").read_text())
     saved = {**{name: defaults[name] for name in config if name in defaults}, **saved}
-    saved, config = _renamed_values(saved), _renamed_values(config)
     changed = sorted(name for name in set(saved) | set(config) if saved.get(name) != config.get(name))
     unsafe = [name for name in changed if name not in RESUME_SAFE_FIELDS]
     if unsafe:
@@ -191,14 +189,6 @@ def check_resume_config(run_dir: Path, config: dict) -> list[str]:
                           f"with the run's values (only {', '.join(sorted(RESUME_SAFE_FIELDS - {'resume'}))} "
                           f"may change), or start a new run in another --output_dir")
     return [name for name in changed if name != "resume"]
-
-
-def _renamed_values(config: dict) -> dict:
-    """``config`` with old value names replaced by the names they have now (a run started with
-    ``prompt_selector none`` resumes under ``shuffled``, and the other way round)."""
-    renamed = {name: names.get(config[name], config[name]) for name, names in RENAMED_VALUES.items()
-               if isinstance(config.get(name), str)}
-    return {**config, **renamed}
 
 
 class RunLock:

@@ -272,9 +272,9 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
                                          stopper)
     source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
                   generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
-    prompts = (DynamicSamplingSource(**source, refill_rounds=selector.refill_rounds,
+    prompts = (DynamicSamplingSource(**source, extra_rounds=cfg.dynamic_sampling_rounds,
                                      pad_token_id=tokenizer.pad_token_id)
-               if selector.refill_rounds else PromptSource(**source))
+               if cfg.dynamic_sampling else PromptSource(**source))
     needs_old, needs_ref = cfg.num_iterations > 1, cfg.beta > 0
     logprobs = (ExtraLogprobs(components.policy, components.reference, cfg.micro_batch_size, cfg.share_prompt_in_update,
                               old=needs_old, ref=needs_ref) if needs_old or needs_ref else None)
@@ -342,7 +342,6 @@ def _same_file(train_data: str, test_data: str) -> str:
 def prompt_selector(cfg: Config, train_prompts: int) -> PromptSelector:
     """Which train prompts each step generates for (podsrl.prompt_selection)."""
     options = PromptSelectionOptions(seed=cfg.seed, prompts_per_step=cfg.prompts_per_step,
-                                     refill_rounds=cfg.dynamic_sampling_rounds,
                                      half_life=cfg.pass_rate_half_life, prior_strength=cfg.pass_rate_prior_strength,
                                      exploration=cfg.pass_rate_exploration)
     return PROMPT_SELECTORS.checked(cfg.prompt_selector)(train_prompts, options)
