@@ -249,6 +249,45 @@ def test_an_engines_rollouts_must_have_the_group_shape(tmp_path, tiny):
     assert engine.state_dict() == {}  # the rest is the engine's own
 
 
+def test_what_an_engine_can_do_is_read_from_its_capabilities_not_its_name(tmp_path):
+    """A user's engine that subclasses the slots engine inherits its early stop, schedules and
+    memory cap; one that declares nothing has none of them, and each refusal says why."""
+    source = """
+    from podsrl.rollout import SlotsEngine
+
+    class MySlots(SlotsEngine):
+        pass
+
+    class Bare:
+        def __init__(self, options):
+            pass
+
+        def __call__(self, model, tokenizer, prompts, num_samples, stopper=None):
+            raise NotImplementedError
+
+        def state_dict(self):
+            return {}
+
+        def check_state(self, state):
+            pass
+
+        def load_state_dict(self, state):
+            pass
+    """
+    path = user_file(tmp_path, source)
+    early_stop = dict(method="pods", group_early_stop="true", generation_micro_group="8",
+                      generation_schedule="shortest_first")
+    validate(make_config(overrides={"generation_engine": f"{path}:MySlots", "generation_memory_mb": "100",
+                                    **early_stop}))
+    with pytest.raises(ValueError, match=r"^group_early_stop: it does not declare early_stop_refusal = ''"):
+        make_config(overrides={"generation_engine": f"{path}:Bare", **early_stop})
+    with pytest.raises(ValueError, match=r"^generation_memory_mb: caps what the hf and slots engines decode at once; "
+                                         r"generation_engine .*:Bare sizes its own memory"):
+        make_config(overrides={"generation_engine": f"{path}:Bare", "generation_memory_mb": "100"})
+    with pytest.raises(ValueError, match=r"^group_early_stop: needs generation_engine slots \(the hf engine"):
+        make_config(overrides={"generation_engine": "hf", **early_stop})
+
+
 # --- in a run: failures and hangs end it with the last finished step checkpointed ---------------
 # each kind's user code, failing (raise) or hanging after asking the trainer to stop (hang) on
 # its call in step 2; the rest of the time it does what the built-in does

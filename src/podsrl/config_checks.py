@@ -21,7 +21,7 @@ from podsrl.models.loading import check_dtype
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import NAME_KEY, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
-from podsrl.rollout import ENGINES, REFILLS, SCHEDULES
+from podsrl.rollout import ENGINES, REFILLS, SCHEDULES, capability
 from podsrl.rollout.generation_copy import COPY_DTYPES
 from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
 from podsrl.tasks import TASKS, check_task_spec, is_known_task
@@ -83,7 +83,8 @@ def _check_names(cfg) -> None:
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     if SCHEDULES.resolve(cfg.generation_schedule).plans_lanes:
-        require(cfg.generation_engine == "slots" and cfg.generation_refill == "continuous",
+        require(capability(ENGINES.resolve(cfg.generation_engine), "runs_schedules")
+                and cfg.generation_refill == "continuous",
                 f"generation_schedule length_aware: plans lanes for continuous refill on the slots engine (got "
                 f"generation_engine {cfg.generation_engine}, generation_refill {cfg.generation_refill})")
     require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
@@ -144,7 +145,11 @@ def _check_combinations(cfg) -> None:
             f"step, more than the {cfg.max_train_prompts} train prompts kept")
     if cfg.group_early_stop:
         _check_early_stop(cfg)
-    if cfg.generation_engine == "vllm":
+    require(not cfg.generation_memory_mb or capability(ENGINES.resolve(cfg.generation_engine), "memory_capped"),
+            f"generation_memory_mb: caps what the hf and slots engines decode at once; generation_engine "
+            f"{cfg.generation_engine} sizes its own memory (the vllm engine: vllm_kv_cache_memory_mb, "
+            f"vllm_gpu_memory_utilization)")
+    if cfg.generation_engine == "vllm":  # the vllm engine's own fields
         _check_vllm(cfg)
     if cfg.generation_dtype not in ("", "auto") or cfg.generation_static_cache:
         _check_generation_copy(cfg)
@@ -170,10 +175,9 @@ def _check_early_stop(cfg) -> None:
     require(METHODS[cfg.method].selects and cfg.downsampling_rule == "max_variance",
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    require(cfg.generation_engine == "slots", "group_early_stop: needs generation_engine slots (the hf engine "
-                                              "generates whole groups at once)")
-    refusal = SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal
-    require(not refusal, f"group_early_stop: {refusal}")
+    for refusal in (capability(ENGINES.resolve(cfg.generation_engine), "early_stop_refusal"),
+                    SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal):
+        require(not refusal, f"group_early_stop: {refusal}")
     require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
             "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
             "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")
@@ -181,9 +185,6 @@ def _check_early_stop(cfg) -> None:
 
 def _check_vllm(cfg) -> None:
     require(vllm_available(), INSTALL_HINT)
-    require(not cfg.generation_memory_mb,
-            "generation_memory_mb: caps what the hf and slots engines decode at once; the vllm engine sizes its own "
-            "KV cache (vllm_kv_cache_memory_mb, vllm_gpu_memory_utilization)")
     require(cfg.vllm_importance_sampling_clip_min <= cfg.vllm_importance_sampling_clip_max,
             f"vllm_importance_sampling_clip_min: {cfg.vllm_importance_sampling_clip_min} is above "
             f"vllm_importance_sampling_clip_max {cfg.vllm_importance_sampling_clip_max}")
@@ -198,7 +199,8 @@ def _check_vllm(cfg) -> None:
 def _check_generation_copy(cfg) -> None:
     require(cfg.generation_dtype in ("", "auto", *COPY_DTYPES),
             f"generation_dtype: expected '', 'auto', {' or '.join(COPY_DTYPES)}, got {cfg.generation_dtype!r}")
-    require(cfg.generation_engine == "hf" or cfg.generation_dtype in ("", "auto"),
+    require(capability(ENGINES.resolve(cfg.generation_engine), "makes_generation_copy")
+            or cfg.generation_dtype in ("", "auto"),
             f"generation_dtype: the generation copy is the hf engine's (got generation_engine "
             f"{cfg.generation_engine}; vllm computes in its own dtype, the slots engine generates from the policy)")
     require(bool(cfg.generation_copy_dtype) or not cfg.generation_static_cache,

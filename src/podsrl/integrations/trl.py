@@ -62,7 +62,7 @@ except ImportError as err:  # an optional dependency
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, Groups, select
 from podsrl.rewards.stack import REWARD_LIMIT
-from podsrl.rollout.vllm import load_weights_into
+from podsrl.rollout.vllm import load_weights_into, vllm_runs_on_cpu
 
 # GRPOTrainer's per-row state of the generation batch: each rollout's environment instance,
 # its environment's name (which tools its prompt shows) and its tool functions
@@ -221,12 +221,6 @@ class PODSConfig(GRPOConfig):
         """Whether one prompt's n rows can lie on two processes (generated rows per process
         not a multiple of n): the kept rows are then shared out again after selection."""
         return self.per_device_train_batch_size * self.steps_per_generation % self.num_generations != 0
-
-
-def vllm_runs_on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
 
 
 class CPUWeightSync:

@@ -1,11 +1,20 @@
-"""Generation with Hugging Face ``generate``: n samples per prompt, group axis kept."""
+"""The ``hf`` engine (:class:`HFEngine`): Hugging Face ``generate`` on whole prompt groups,
+n samples per prompt, group axis kept (:func:`generate`, also evaluation's sampler)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
-from podsrl.types import Rollouts, completion_mask_from_eos
+from podsrl.rollout.base import MB, Stopper, longest_prompt, refuse_early_stop, rows_within, to_rollouts
+from podsrl.rollout.generation_copy import GenerationCopy
+from podsrl.rollout.memory import generation_memory_bytes
+from podsrl.types import Rollouts
+
+if TYPE_CHECKING:
+    from podsrl.rollout import GenerationOptions
 
 
 def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: int, share_prefill: bool,
@@ -87,17 +96,55 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     return rollouts
 
 
-def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                completion_ids: torch.Tensor, generated: torch.Tensor | None = None) -> Rollouts:
-    """Rollouts from generated tokens [P, n, Lc] (anything after a row's first EOS is ignored);
-    ``generated`` [P, n]: False for samples never generated (masked out entirely)."""
-    num_prompts, num_samples, width = completion_ids.shape
-    completion_mask = completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)
-    if generated is not None:
-        completion_mask = completion_mask * generated.unsqueeze(-1)  # [P, n, Lc]
-    rows = zip(completion_ids.view(-1, width).tolist(), completion_mask.view(-1, width).tolist())
-    decoded = tokenizer.batch_decode([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows],
-                                     skip_special_tokens=True)
-    texts = [decoded[p * num_samples:(p + 1) * num_samples] for p in range(num_prompts)]
-    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, texts,
-                    stats={"generated_tokens": int(completion_mask.sum())}, generated=generated)
+class HFEngine:
+    """transformers ``generate`` on whole prompt groups; learns nothing across steps. With
+    ``copy_dtype`` it generates (and evaluates, through :meth:`generate`) from a
+    :class:`GenerationCopy` of the policy, refreshed when the policy changed."""
+
+    early_stop_refusal = "needs generation_engine slots (the hf engine generates whole groups at once)"
+    memory_capped = True  # the cap bounds how many whole groups are decoded together
+    runs_schedules = False
+    makes_generation_copy = True
+    needs_whole_weights = False
+
+    def __init__(self, options: GenerationOptions) -> None:
+        self.options = options
+        self.copy = GenerationCopy(options.copy_dtype) if options.copy_dtype else None
+        if self.copy is not None:  # only then: without a copy the run's metrics keep their fields
+            self.step_record = self.copy.step_record
+
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 stopper: Stopper | None = None) -> Rollouts:
+        refuse_early_stop(self, stopper)
+        options = self.options
+        batch_size = options.batch_size or None
+        if options.memory_mb:
+            longest = longest_prompt(tokenizer, prompts)
+            rows = rows_within(options, model, longest)
+            if rows < num_samples:
+                need = generation_memory_bytes(model.config, num_samples, longest + options.max_new_tokens) / MB
+                raise MemoryError(
+                    f"generation_memory_mb: one prompt group of n={num_samples} needs ~{need:.0f} MB to decode at "
+                    f"once, over the cap of {options.memory_mb:g} MB; use generation_engine: slots "
+                    f"(decodes in micro-groups) or raise the cap")
+            batch_size = min(batch_size or rows, rows)
+        return self.generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
+                             temperature=options.temperature, top_p=options.top_p, batch_size=batch_size,
+                             share_prefill=options.share_prefill)
+
+    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, **sampling) -> Rollouts:
+        """:func:`generate` (same arguments) from the copy when there is one, else from ``model``."""
+        if self.copy is None:
+            return generate(model, tokenizer, prompts, num_samples, **sampling)
+        return generate(self.copy(model), tokenizer, prompts, num_samples, static_cache=self.options.static_cache,
+                        compile_config=self.options.compile_config, **sampling)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def check_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"generation engine 'hf' keeps no state, the checkpoint has {sorted(state)}")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)

@@ -41,8 +41,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from podsrl.rollout.hf import to_rollouts
-from podsrl.rollout.slots import Stopper
+from podsrl.rollout.base import Stopper, refuse_early_stop, to_rollouts
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
 
@@ -106,6 +105,12 @@ class VLLMEngine:
     steps. ``generate`` has the signature of :func:`podsrl.rollout.generate`, so evaluation
     runs on the same engine."""
 
+    early_stop_refusal = "needs generation_engine slots (the vllm engine schedules its own samples)"
+    memory_capped = False  # vLLM sizes its own KV cache (vllm_kv_cache_memory_mb, vllm_gpu_memory_utilization)
+    runs_schedules = False
+    makes_generation_copy = False  # it computes in its own dtype
+    needs_whole_weights = True  # each process's engine is fed whole weights
+
     def __init__(self, options) -> None:  # options: podsrl.rollout.GenerationOptions
         require_vllm()
         self.options = options
@@ -118,9 +123,7 @@ class VLLMEngine:
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
-        if stopper is not None:
-            raise ValueError("group_early_stop: the 'vllm' engine schedules its own samples; use "
-                             "generation_engine: slots")
+        refuse_early_stop(self, stopper)
         options = self.options
         return self.generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
                              temperature=options.temperature, top_p=options.top_p)
@@ -208,7 +211,7 @@ class VLLMEngine:
         _write_owner(Path(self.config_dir))
         config.save_pretrained(self.config_dir)  # the architecture only: the weights come from the policy
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: weights by reference, no orphans
-        cpu = _on_cpu()
+        cpu = vllm_runs_on_cpu()
         if cpu:  # the engine runs in the trainer's process: it needs no core of its own
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         options = self.vllm
@@ -365,12 +368,14 @@ def load_weights_into(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     layer as its checkpoint loader does (on the CPU: the oneDNN repacking that TRL's direct
     ``load_weights`` call misses), so the same call serves GPUs and CPUs."""
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
-    if _on_cpu():
+    if vllm_runs_on_cpu():
         llm.apply_model(_repack_tied_head)
     llm.reset_prefix_cache()
 
 
-def _on_cpu() -> bool:
+def vllm_runs_on_cpu() -> bool:
+    """Whether vLLM runs on its CPU backend here (the one test of it: the engine and TRL's
+    colocated path both ask it)."""
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()

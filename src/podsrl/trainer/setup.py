@@ -30,7 +30,7 @@ from podsrl.registry import component_label
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rewards.worker import reward_name
-from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, generate
+from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, capability, generate
 from podsrl.rollout.vllm import check_fits
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
@@ -181,9 +181,10 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
 
 
 def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
-    if procs.sharded and cfg.generation_engine == "vllm":
-        raise ValueError("generation_engine: vllm is not supported with FSDP (each process's engine needs whole "
-                         "weights); use DDP, or PODS inside TRL (podsrl.trl), whose vLLM path gathers them")
+    if procs.sharded and capability(ENGINES.resolve(cfg.generation_engine), "needs_whole_weights"):
+        raise ValueError(f"generation_engine: {cfg.generation_engine} is not supported with FSDP (each process's "
+                         f"engine needs whole weights); use DDP, or PODS inside TRL (podsrl.trl), whose vLLM path "
+                         f"gathers them")
     if procs.sharded and cfg.generation_dtype not in ("", "auto"):
         raise ValueError("generation_dtype: the generation copy is not supported with FSDP (it is refreshed from "
                          "whole weights); use DDP, or generation_dtype auto (no copy under FSDP)")

@@ -1,0 +1,105 @@
+"""What every generation engine shares: the :class:`GenerationEngine` protocol (its required
+and optional members, and the capabilities it declares), the :data:`Stopper` early stop
+calls, :func:`to_rollouts`, and the memory cap's arithmetic. One module per engine builds on
+it: :mod:`podsrl.rollout.hf`, :mod:`podsrl.rollout.slots`, :mod:`podsrl.rollout.vllm`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from podsrl.rollout.memory import generation_memory_bytes
+from podsrl.types import Rollouts, completion_mask_from_eos
+
+MB = 2**20
+
+# stopper(prompt_indices [N], completion_ids [N] token lists up to and including EOS) -> the
+# prompts whose groups are saturated after these N newly finished samples
+Stopper = Callable[[list[int], list[list[int]]], list[int]]
+
+# what an engine that does not declare a capability is taken to have: config checks read these
+# from the engine's class, so a capability is tested, never an engine's name
+CAPABILITIES = {
+    "early_stop_refusal": "it does not declare early_stop_refusal = '' (the stopper it would be given)",
+    "memory_capped": False,  # honours generation_memory_mb
+    "runs_schedules": False,  # runs generation_schedule and generation_refill (SCHEDULES)
+    "makes_generation_copy": False,  # generates from a generation copy (generation_dtype)
+    "needs_whole_weights": False,  # each process's engine needs the whole weights (refused under FSDP)
+}
+
+
+def capability(engine, name: str):
+    """``engine``'s (an engine, its class, or a bound spec's) declared capability ``name``."""
+    return getattr(engine, name, CAPABILITIES[name])
+
+
+class GenerationEngine(Protocol):
+    """What the trainer asks of an engine. The live policy is passed to every call, so an
+    engine always generates with the current weights (one that keeps its own copy of them, as
+    vLLM does, takes them from there when they changed).
+
+    Capabilities, class attributes (:data:`CAPABILITIES`: what an engine that does not declare
+    one is taken to have): ``early_stop_refusal`` (why it cannot take a ``stopper``; "" = it
+    can), ``memory_capped``, ``runs_schedules``, ``makes_generation_copy``, ``needs_whole_weights``.
+
+    Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples,
+    **sampling)`` with the signature of :func:`podsrl.rollout.generate` (evaluation then runs on
+    the engine), ``step_record() -> dict[str, float]`` (its numbers for each step's metrics
+    record), ``close()`` (called when the run ends, however it ends)."""
+
+    early_stop_refusal: str
+    memory_capped: bool
+    runs_schedules: bool
+    makes_generation_copy: bool
+    needs_whole_weights: bool
+
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 stopper: Stopper | None = None) -> Rollouts:
+        """Rollouts [P, num_samples, Lc] for the P prompts, the group axis kept."""
+
+    def state_dict(self) -> dict:
+        """A snapshot (copies) of what it learned across steps: checkpointed."""
+
+    def check_state(self, state: dict) -> None:
+        """Raise ValueError if ``state`` cannot be loaded into this engine (checked before loading)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def refuse_early_stop(engine, stopper: Stopper | None) -> None:
+    """The one refusal of a stopper by an engine that cannot stop groups early (the config
+    check refuses the combination first; this guards a direct call)."""
+    refusal = capability(engine, "early_stop_refusal")
+    if stopper is not None and refusal:
+        raise ValueError(f"group_early_stop: {refusal}")
+
+
+def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                completion_ids: torch.Tensor, generated: torch.Tensor | None = None) -> Rollouts:
+    """Rollouts from generated tokens [P, n, Lc] (anything after a row's first EOS is ignored);
+    ``generated`` [P, n]: False for samples never generated (masked out entirely)."""
+    num_prompts, num_samples, width = completion_ids.shape
+    completion_mask = completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)
+    if generated is not None:
+        completion_mask = completion_mask * generated.unsqueeze(-1)  # [P, n, Lc]
+    rows = zip(completion_ids.view(-1, width).tolist(), completion_mask.view(-1, width).tolist())
+    decoded = tokenizer.batch_decode([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows],
+                                     skip_special_tokens=True)
+    texts = [decoded[p * num_samples:(p + 1) * num_samples] for p in range(num_prompts)]
+    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, texts,
+                    stats={"generated_tokens": int(completion_mask.sum())}, generated=generated)
+
+
+def longest_prompt(tokenizer, prompts: list[str]) -> int:
+    return max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+
+
+def rows_within(options, model, prompt_len: int, prompts: int = 0, stored_prompt_len: int = 0,
+                stored_tokens: int = 0) -> int:
+    """Most sequences decoded at once whose estimated memory fits ``options.memory_mb``."""
+    seq_len = prompt_len + options.max_new_tokens
+    fixed = generation_memory_bytes(model.config, 0, seq_len, prompts, stored_prompt_len, stored_tokens)
+    per_row = generation_memory_bytes(model.config, 1, seq_len)
+    return max(0, int((options.memory_mb * MB - fixed) // per_row))
