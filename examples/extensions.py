@@ -51,7 +51,7 @@ def leave_one_out(rewards: torch.Tensor, scale_by_std: bool = True) -> torch.Ten
 
 
 def sequence_sum(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
-    """A loss aggregation (``loss_type: examples/extensions.py:sequence_sum``): each sequence's
+    """A loss type (``loss_type: examples/extensions.py:sequence_sum``): each sequence's
     token terms summed, not averaged, then the mean over the step's sequences, so a long
     completion weighs more than a short one. per_token, mask [B, Lc] -> scalar."""
     return (per_token * mask).sum() / num_sequences

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from podsrl.algorithms import group_advantages, policy_loss
+from podsrl.algorithms.loss import LOSSES
 from podsrl.models import logprobs
 
 
@@ -53,7 +54,7 @@ def test_loss_with_ratio_one_is_reinforce_with_baseline():
     # ratio 1 everywhere: per token -A; sequence means: -2 and +1; mean over sequences: -0.5
     assert float(loss) == pytest.approx(-0.5)
     assert stats["clip_fraction"] == 0
-    token_loss, _ = policy_loss(logp, logp, adv, mask, aggregation="dapo")
+    token_loss, _ = policy_loss(logp, logp, adv, mask, loss_type="dapo")
     assert float(token_loss) == pytest.approx((2 * -2.0 + 3 * 1.0) / 5)
 
 
@@ -72,7 +73,7 @@ def test_clipping_hand_computed(eps_low, eps_high):
     assert float(loss) == pytest.approx((1.5 + (1 - eps_low)) / 2)
 
 
-def ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation):
+def ppo_oracle(logp, old, adv, mask, eps_low, eps_high, loss_type):
     """The clipped objective token by token in plain Python."""
     per_sequence, total, tokens, clipped = [], 0.0, 0, 0
     for b in range(logp.shape[0]):
@@ -87,12 +88,12 @@ def ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation):
             clipped += ratio * a != bounded * a
         per_sequence.append(sum(terms) / max(1, len(terms)))
         total, tokens = total + sum(terms), tokens + len(terms)
-    loss = sum(per_sequence) / len(per_sequence) if aggregation == "grpo" else total / tokens
+    loss = sum(per_sequence) / len(per_sequence) if loss_type == "grpo" else total / tokens
     return loss, clipped / tokens
 
 
-@pytest.mark.parametrize("aggregation", ["grpo", "dapo"])
-def test_clipped_loss_matches_a_token_by_token_oracle(aggregation):
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_clipped_loss_matches_a_token_by_token_oracle(loss_type):
     generator = torch.Generator().manual_seed(5)
     for trial in range(20):
         logp = -torch.rand(6, 7, generator=generator, dtype=torch.float64)
@@ -102,8 +103,8 @@ def test_clipped_loss_matches_a_token_by_token_oracle(aggregation):
         mask[:, 0] = 1
         eps_low, eps_high = 0.05 + 0.3 * float(torch.rand(1, generator=generator)), 0.05 + 0.5 * trial / 20
         loss, stats = policy_loss(logp, old, adv, mask, epsilon=eps_low, epsilon_high=eps_high,
-                                  aggregation=aggregation)
-        expected_loss, expected_clipped = ppo_oracle(logp, old, adv, mask, eps_low, eps_high, aggregation)
+                                  loss_type=loss_type)
+        expected_loss, expected_clipped = ppo_oracle(logp, old, adv, mask, eps_low, eps_high, loss_type)
         assert float(loss) == pytest.approx(expected_loss, rel=1e-12, abs=1e-12)
         assert stats["clip_fraction"] == pytest.approx(expected_clipped, abs=1e-12)
         assert 0 < expected_clipped < 1
@@ -129,10 +130,10 @@ def test_gradient_matches_finite_differences():
     ref = logp.detach() + 0.1 * torch.randn(3, 4, dtype=torch.float64)
     adv = torch.randn(3, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)
-    for aggregation in ("grpo", "dapo"):
+    for loss_type in ("grpo", "dapo"):
         def fn(x):
             return policy_loss(x, old, adv, mask, ref_logp=ref, beta=0.3, epsilon=0.5,
-                               epsilon_high=0.5, aggregation=aggregation)[0]
+                               epsilon_high=0.5, loss_type=loss_type)[0]
         assert torch.autograd.gradcheck(fn, (logp,))
 
 
@@ -145,16 +146,16 @@ def test_reinforce_gradient_is_minus_advantage_over_length():
     assert torch.allclose(logp.grad, expected)
 
 
-@pytest.mark.parametrize("aggregation", ["grpo", "dapo"])
-def test_micro_batch_losses_add_up_to_full_batch(aggregation):
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_micro_batch_losses_add_up_to_full_batch(loss_type):
     generator = torch.Generator().manual_seed(1)
     logp = -torch.rand(8, 5, generator=generator)
     old = logp + 0.05 * torch.randn(8, 5, generator=generator)
     adv = torch.randn(8, generator=generator)
     mask = (torch.rand(8, 5, generator=generator) > 0.3).float()
     mask[:, 0] = 1
-    full, _ = policy_loss(logp, old, adv, mask, aggregation=aggregation)
-    parts = sum(policy_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3], aggregation=aggregation,
+    full, _ = policy_loss(logp, old, adv, mask, loss_type=loss_type)
+    parts = sum(policy_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3], loss_type=loss_type,
                             num_sequences=8, num_tokens=float(mask.sum()))[0] for i in range(0, 8, 3))
     assert float(parts) == pytest.approx(float(full), rel=1e-6)
 
@@ -190,15 +191,15 @@ def test_shared_prompt_logprobs_equal_full_rows_with_gradients(random_model_dir,
     assert any(float(g.abs().max()) > 0 for g in full_grads)
 
 
-def test_the_old_aggregation_names_still_work_with_a_deprecation_warning():
-    """LOSSES is the one table of aggregations; policy_loss's names before it ('sequence',
-    'token') give the same loss as their loss_type names, and say they are deprecated."""
+def test_a_loss_type_is_named_as_loss_types_are_and_an_unknown_one_is_refused():
+    """LOSSES is the one table of loss types; policy_loss takes a name from it or the function,
+    and the names before LOSSES ('sequence', 'token') are gone (never published)."""
     generator = torch.Generator().manual_seed(3)
     logp, mask = -torch.rand(4, 5, generator=generator), (torch.rand(4, 5, generator=generator) > 0.3).float()
     adv = torch.randn(4, generator=generator)
-    for old, new in (("sequence", "grpo"), ("token", "dapo")):
-        with pytest.warns(DeprecationWarning, match=new):
-            before = policy_loss(logp, logp, adv, mask, aggregation=old)[0]
-        assert float(before) == float(policy_loss(logp, logp, adv, mask, aggregation=new)[0])
-    with pytest.raises(ValueError, match="aggregation: unknown aggregation 'mean'"):
-        policy_loss(logp, logp, adv, mask, aggregation="mean")
+    for name in ("grpo", "dapo"):
+        assert float(policy_loss(logp, logp, adv, mask, loss_type=name)[0]) == float(
+            policy_loss(logp, logp, adv, mask, loss_type=LOSSES[name])[0])
+    for name in ("mean", "sequence", "token"):
+        with pytest.raises(ValueError, match=f"loss_type: unknown loss type '{name}'"):
+            policy_loss(logp, logp, adv, mask, loss_type=name)

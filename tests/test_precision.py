@@ -15,7 +15,7 @@ from podsrl.trainer import train
 from podsrl.update import UpdateOptions, flatten_for_update, update_policy
 from tests.conftest import quick as conftest_quick
 
-OPTIONS = UpdateOptions(max_grad_norm=0, loss_aggregation="dapo")
+OPTIONS = UpdateOptions(max_grad_norm=0, loss_type="dapo")
 
 
 def small_batch(bundle):
@@ -62,10 +62,10 @@ def test_bf16_mixed_precision_keeps_updates_that_bf16_weights_lose(random_model_
 def test_activation_checkpointing_gives_the_same_update(random_model_dir, share_prompt):
     bundle = load_model(random_model_dir)
     batch = small_batch(bundle)
-    options = UpdateOptions(max_grad_norm=0, loss_aggregation="dapo", share_prompt=share_prompt)
+    options = UpdateOptions(max_grad_norm=0, loss_type="dapo", share_prompt=share_prompt)
     plain = flat(sgd_change(copy.deepcopy(bundle.model), batch, lr=1.0, options=options))
     model = copy.deepcopy(bundle.model)
-    options = UpdateOptions(max_grad_norm=0, loss_aggregation="dapo", share_prompt=share_prompt,
+    options = UpdateOptions(max_grad_norm=0, loss_type="dapo", share_prompt=share_prompt,
                             activation_checkpointing=True)
     calls = []  # the MLP runs inside the checkpointed layer: twice per micro-batch when recomputed
     mlp = model.model.layers[0].mlp

@@ -160,7 +160,7 @@ def test_an_advantage_estimator_from_a_file_against_its_definition():
     assert torch.equal(estimator(rewards[:, :1], True), torch.zeros(5, 1))  # m = 1: no baseline, no signal
 
 
-def test_a_loss_aggregation_from_a_file_against_its_definition_and_accumulation():
+def test_a_loss_type_from_a_file_against_its_definition_and_accumulation():
     """examples/extensions.py:sequence_sum inside policy_loss: the sum of the masked token terms
     over the number of sequences, and micro-batches that add up to the whole batch."""
     aggregate = LOSSES.resolve(f"{EXAMPLE}:sequence_sum")
@@ -168,11 +168,11 @@ def test_a_loss_aggregation_from_a_file_against_its_definition_and_accumulation(
     logp = -torch.rand(6, 5, generator=generator)  # [B, Lc]
     advantages = torch.randn(6, generator=generator)  # [B]
     mask = (torch.rand(6, 5, generator=generator) > 0.3).float()
-    whole, _ = policy_loss(logp, logp, advantages, mask, aggregation=aggregate)
+    whole, _ = policy_loss(logp, logp, advantages, mask, loss_type=aggregate)
     expected = sum(-float(advantages[b]) * float(mask[b].sum()) for b in range(6)) / 6  # ratio 1: -A per token
     assert float(whole) == pytest.approx(expected, abs=1e-5)
     halves = sum(float(policy_loss(logp[i:i + 3], logp[i:i + 3], advantages[i:i + 3], mask[i:i + 3],
-                                   aggregation=aggregate, num_sequences=6)[0]) for i in (0, 3))
+                                   loss_type=aggregate, num_sequences=6)[0]) for i in (0, 3))
     assert halves == pytest.approx(float(whole), abs=1e-6)
 
 

@@ -363,10 +363,7 @@ def test_generation_shapes_and_masks():
     kept = rollouts.kept(torch.tensor([[0, 4], [1, 2]]))
     assert kept.completion_ids.shape[:2] == (2, 2) and kept.texts[1] == rollouts.texts[1][1:3]
     assert torch.equal(kept.completion_ids[0, 1], rollouts.completion_ids[0, 4])
-    with pytest.warns(DeprecationWarning, match="Rollouts.kept"):  # the name before select meant one thing
-        assert rollouts.select(torch.tensor([[0, 4], [1, 2]])).texts == kept.texts
-    with pytest.warns(DeprecationWarning, match="Rollouts.at_prompts"):
-        assert rollouts.groups([1]).texts == rollouts.at_prompts([1]).texts == rollouts.texts[1:]
+    assert rollouts.at_prompts([1]).texts == rollouts.texts[1:]
 
 
 def test_shared_prefill_draws_the_same_samples(random_model_dir):
@@ -435,7 +432,7 @@ def test_the_update_gets_advantages_normalised_over_the_kept_m_not_the_generated
         oracle, over_n = [], []
         for p in range(outcome.kept_rewards.shape[0]):
             kept, generated = outcome.kept_rewards[p].tolist(), outcome.scores.reward[p].tolist()
-            assert sorted(kept) == sorted(generated[i] for i in outcome.keep[p].tolist())
+            assert sorted(kept) == sorted(generated[i] for i in outcome.kept_indices[p].tolist())
             oracle += normalised(kept, kept)
             over_n += normalised(kept, generated)
         assert torch.allclose(advantages, torch.tensor(oracle), atol=1e-5), (advantages, oracle)

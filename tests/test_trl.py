@@ -23,7 +23,7 @@ from podsrl.algorithms import group_advantages, select
 from podsrl.models import load_model
 from podsrl.rewards import arithmetic_correct, arithmetic_format
 from podsrl.tasks.arithmetic import build_arithmetic
-from podsrl.trl import PODSConfig, PODSTrainer, pods_batch_arguments, trl_batch_arguments
+from podsrl.trl import PODSConfig, PODSTrainer, trl_batch_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = build_arithmetic(level=3, num_train=300, num_test=10, seed=0).train
@@ -41,11 +41,6 @@ def options(tmp_path, **overrides) -> dict:
                   num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=2)
     values.update(overrides)
     return values
-
-
-def test_the_old_batch_arguments_name_warns_and_answers_the_same():
-    with pytest.warns(DeprecationWarning, match="trl_batch_arguments"):
-        assert pods_batch_arguments(16, 16, 4, 8, 2) == trl_batch_arguments(16, 16, 4, 8, 2)
 
 
 def trainer(cls, config, **kwargs):

@@ -13,7 +13,6 @@ from podsrl.integrations.verl_core import (
     VerlConfigError,
     check_batch_settings,
     main,
-    pods_batch_arguments,
     select_sessions,
     split_key,
     verl_batch_arguments,
@@ -128,6 +127,3 @@ def test_the_helper_refuses_an_unknown_trainer_mode_or_rule(capsys):
     assert "custom_sampler.name=PODSReplayBufferAsync" in capsys.readouterr().out
 
 
-def test_the_old_batch_arguments_name_warns_and_answers_the_same():
-    with pytest.warns(DeprecationWarning, match="verl_batch_arguments"):
-        assert pods_batch_arguments(8, 8, 4, 2, 2) == verl_batch_arguments(8, 8, 4, 2, 2)

@@ -93,7 +93,7 @@ def _check_names(cfg) -> None:
     loss = spec_parts(cfg.loss_type, "loss_type")[0]
     require(loss in LOSSES or ":" in loss,
             f"loss_type: {loss!r} is not implemented; podsrl has {' and '.join(LOSSES)} (TRL's others run "
-            f"in podsrl.trl), or name your own aggregation as 'module:function'")
+            f"in podsrl.trl), or name your own loss type as 'module:function'")
     LOSSES.resolve(cfg.loss_type)
     check_dtype(cfg.dtype)
     require(not cfg.fp16, "fp16: float16 mixed precision is not supported yet (it needs loss scaling); use bf16 "

@@ -13,7 +13,6 @@ across prompts before selecting (variance is a within-group quantity).
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -105,16 +104,6 @@ class Rollouts:
                                    sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows],
                                    early_scores=None if self.early_scores is None
                                    else self.early_scores.at_prompts(indices))
-
-    def select(self, keep: torch.Tensor) -> "Rollouts":
-        """Deprecated name of :meth:`kept` (``select`` now means only a rule's choice)."""
-        warnings.warn("Rollouts.select is deprecated: use Rollouts.kept", DeprecationWarning, stacklevel=2)
-        return self.kept(keep)
-
-    def groups(self, indices: list[int]) -> "Rollouts":
-        """Deprecated name of :meth:`at_prompts` (``Groups`` is the selection input)."""
-        warnings.warn("Rollouts.groups is deprecated: use Rollouts.at_prompts", DeprecationWarning, stacklevel=2)
-        return self.at_prompts(indices)
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_token_id: int) -> "Rollouts":

@@ -17,7 +17,7 @@ import torch
 from transformers import get_scheduler
 
 from podsrl.algorithms.importance import SamplerCorrection, sampler_importance_weights, sampler_logp_difference
-from podsrl.algorithms.loss import Aggregate, policy_loss
+from podsrl.algorithms.loss import LossType, policy_loss
 from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
 from podsrl.models.memory import UpdateMemory
@@ -31,7 +31,7 @@ class UpdateOptions:
     epsilon: float = 0.2  # ratio clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float = 0.2
     beta: float = 0.0  # weight of the k3 KL to the reference policy
-    loss_aggregation: str | Aggregate = "grpo"  # a LOSSES name ("dapo": DAPO's token mean) or an aggregation
+    loss_type: str | LossType = "grpo"  # a LOSSES name ("dapo": DAPO's token mean) or a loss type function
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
     share_prompt: bool = True  # run each prompt once per group in the forward/backward
     activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)
@@ -144,8 +144,8 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     """
     procs = procs or Processes()
     # a checkpointed layer drops the KV cache that sharing the prompt feeds it: whole rows then
-    share = options.share_prompt and not options.activation_checkpointing
-    logprobs = shared_prompt_token_logprobs if share else token_logprobs
+    shared_prompt = options.share_prompt and not options.activation_checkpointing
+    logprobs = shared_prompt_token_logprobs if shared_prompt else token_logprobs
     num_sequences = len(batch)
     num_tokens = num_tokens or float(batch.completion_mask.sum())
     optimizer.zero_grad(set_to_none=True)
@@ -165,14 +165,14 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
             loss, stats = policy_loss(
                 logp, old_logp, micro.advantages, micro.completion_mask,
                 epsilon=options.epsilon, epsilon_high=options.epsilon_high,
-                ref_logp=micro.ref_logp, beta=options.beta, aggregation=options.loss_aggregation,
+                ref_logp=micro.ref_logp, beta=options.beta, loss_type=options.loss_type,
                 num_sequences=num_sequences, num_tokens=num_tokens,
                 sampler_weights=sampler.weights(old_logp, micro, options.sampler_correction))
             procs.backward(loss)
-        share = len(micro) / num_sequences
+        fraction = len(micro) / num_sequences  # of the step's sequences: each micro-batch's stats weigh this
         total_loss += loss.item()
-        clip_fraction += stats["clip_fraction"] * share
-        kl += stats.get("kl", 0.0) * share
+        clip_fraction += stats["clip_fraction"] * fraction
+        kl += stats.get("kl", 0.0) * fraction
     max_norm = options.max_grad_norm if options.max_grad_norm > 0 else float("inf")
     grad_norm = procs.clip_grad_norm(model, max_norm)
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it after)

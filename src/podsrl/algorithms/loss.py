@@ -3,16 +3,16 @@ and the ways its per-token terms are reduced to one number (``loss_type``).
 
 Shapes: B sequences in a (micro-)batch, Lc completion tokens.
 
-A loss type is an aggregation ``aggregate(per_token [B, Lc], mask [B, Lc], num_sequences,
-num_tokens) -> scalar``, where ``num_sequences`` / ``num_tokens`` count the *whole* step (all
-micro-batches; tokens averaged over processes), so that micro-batch losses add up to the
-step's loss. Registered in ``LOSSES`` under TRL's ``loss_type`` names, or named in the
-config as ``module:function`` (:mod:`podsrl.registry`).
+A loss type (the one name of this reduction, TRL's ``loss_type``) is a function
+``loss_type(per_token [B, Lc], mask [B, Lc], num_sequences, num_tokens) -> scalar``, where
+``num_sequences`` / ``num_tokens`` count the *whole* step (all micro-batches; tokens averaged
+over processes), so that micro-batch losses add up to the step's loss. Registered in
+``LOSSES`` under TRL's ``loss_type`` names, or named in the config as ``module:function``
+(:mod:`podsrl.registry`).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Callable
 
 import torch
@@ -20,7 +20,7 @@ import torch
 from podsrl.contracts import broken, tensor_like
 from podsrl.registry import Registry
 
-Aggregate = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+LossType = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
 def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
@@ -35,7 +35,7 @@ def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, 
 
 
 def loss_value(value, args: tuple, field: str, spec: str) -> torch.Tensor:
-    """An aggregation's contract: one floating-point number, finite wherever the per-token
+    """A loss type's contract: one floating-point number, finite wherever the per-token
     terms are (a non-finite term is the model's: the step is skipped, as documented), carrying
     the gradient of the terms."""
     per_token = args[0]
@@ -53,25 +53,19 @@ def loss_value(value, args: tuple, field: str, spec: str) -> torch.Tensor:
 # accumulated step, over all processes)
 LOSSES = Registry("loss", "loss_type", {"grpo": sequence_mean, "dapo": token_mean},
                   takes="(per_token, mask, num_sequences, num_tokens)", arity=4, check_output=loss_value)
-RENAMED_AGGREGATIONS = {"sequence": "grpo", "token": "dapo"}  # policy_loss's names before LOSSES was the one table
 
 
-def aggregation_named(name: str) -> Aggregate:
-    """The aggregation registered in ``LOSSES`` as ``name`` (the old names 'sequence' and
-    'token' still work, with a DeprecationWarning)."""
-    if name in RENAMED_AGGREGATIONS:
-        warnings.warn(f"aggregation {name!r} is deprecated: use the loss_type name {RENAMED_AGGREGATIONS[name]!r}",
-                      DeprecationWarning, stacklevel=3)
-        name = RENAMED_AGGREGATIONS[name]
+def loss_type_named(name: str) -> LossType:
+    """The loss type registered in ``LOSSES`` as ``name``."""
     if name not in LOSSES:
-        raise ValueError(f"aggregation: unknown aggregation {name!r}; use one of {', '.join(sorted(LOSSES))}")
+        raise ValueError(f"loss_type: unknown loss type {name!r}; use one of {', '.join(sorted(LOSSES))}")
     return LOSSES[name]
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float = 0.2,
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0,
-                aggregation: str | Aggregate = "grpo", num_sequences: int | None = None,
+                loss_type: str | LossType = "grpo", num_sequences: int | None = None,
                 num_tokens: float | None = None, sampler_weights: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped policy-gradient loss (PPO clip, GRPO/PODS objective).
@@ -82,9 +76,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     ``q = ref_logp - logp`` (unbiased, non-negative). With one iteration per batch,
     old_logp = logp.detach(): the ratio is 1 and the loss is REINFORCE with a group baseline.
 
-    Aggregation: a ``LOSSES`` name, ``"grpo"`` = token mean per sequence, then mean over
+    ``loss_type``: a ``LOSSES`` name, ``"grpo"`` = token mean per sequence, then mean over
     sequences (the paper), ``"dapo"`` = mean over all tokens of the batch (DAPO), as TRL's
-    loss_type; or any aggregation function. For gradient accumulation pass
+    loss_type; or any loss type function. For gradient accumulation pass
     the *whole* batch's ``num_sequences`` / ``num_tokens``: the micro-batch losses then add up
     to the full-batch loss exactly.
 
@@ -108,6 +102,6 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         kl = torch.exp(q) - q - 1  # [B, Lc] k3 estimator
         per_token = per_token + beta * kl
         stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1))
-    aggregate = aggregation_named(aggregation) if isinstance(aggregation, str) else aggregation
-    loss = aggregate(per_token, mask, num_sequences or logp.shape[0], num_tokens or mask.sum().clamp_min(1))
+    reduce = loss_type_named(loss_type) if isinstance(loss_type, str) else loss_type
+    loss = reduce(per_token, mask, num_sequences or logp.shape[0], num_tokens or mask.sum().clamp_min(1))
     return loss, stats

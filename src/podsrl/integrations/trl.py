@@ -44,7 +44,6 @@ Not run by the developers: GPUs, and vLLM on a GPU (vLLM colocate ran on vLLM's 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -72,14 +71,6 @@ if not Version(SUPPORTED_TRL[0]) <= Version(trl.__version__) < Version(SUPPORTED
     raise ImportError(f"podsrl.integrations.trl supports trl >= {SUPPORTED_TRL[0]}, < {SUPPORTED_TRL[1]} (it "
                       f"overrides private methods of GRPOTrainer); found trl {trl.__version__}: "
                       "pip install '.[trl]' in a podsrl clone")
-
-
-def pods_batch_arguments(*args, **kwargs) -> dict[str, int]:
-    """Deprecated name of :func:`trl_batch_arguments` (verl's batch arithmetic is
-    :func:`podsrl.integrations.verl.verl_batch_arguments`)."""
-    warnings.warn("podsrl.trl.pods_batch_arguments is deprecated: use podsrl.trl.trl_batch_arguments",
-                  DeprecationWarning, stacklevel=2)
-    return trl_batch_arguments(*args, **kwargs)
 
 
 def trl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int, micro_batch_size: int,

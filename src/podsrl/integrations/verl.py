@@ -41,7 +41,6 @@ from podsrl.integrations.verl_core import (
     RowSelection,
     VerlConfigError,
     check_batch_settings,
-    pods_batch_arguments,
     sampler_overrides,
     select_sessions,
     verl_batch_arguments,
@@ -54,7 +53,7 @@ if not Version(SUPPORTED_VERL[0]) <= Version(verl.__version__) < Version(SUPPORT
                       f"podsrl clone")
 
 __all__ = ["PODSReplayBuffer", "PODSReplayBufferAsync", "RowSelection", "VerlConfigError", "check_verl_config",
-           "pods_batch_arguments", "sampler_overrides", "select_sessions", "verl_batch_arguments"]
+           "sampler_overrides", "select_sessions", "verl_batch_arguments"]
 KWARGS = "trainer.v1.sampler.sampler_kwargs"
 
 

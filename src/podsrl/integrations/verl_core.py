@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -76,13 +75,6 @@ def select_sessions(keys: list[str], scores: list[float], num_kept: int, rule: s
     metrics = {**group_stats("pods/generated_reward", generated), **group_stats("pods/kept_reward", kept_rewards),
                "pods/rollouts_generated": float((~generated.isnan()).sum()), "pods/rollouts_kept": float(len(kept))}
     return RowSelection(kept_keys, dropped_keys, metrics)
-
-
-def pods_batch_arguments(*args, **kwargs) -> dict[str, int]:
-    """Deprecated name of :func:`verl_batch_arguments` (TRL's has its own, ``podsrl.trl.trl_batch_arguments``)."""
-    warnings.warn("podsrl.integrations.verl.pods_batch_arguments is deprecated: use verl_batch_arguments",
-                  DeprecationWarning, stacklevel=2)
-    return verl_batch_arguments(*args, **kwargs)
 
 
 def verl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int, mini_batches_per_step: int = 1,

@@ -3,9 +3,8 @@
 The policy keeps what the update needs (float32 master weights, unmerged LoRA adapters, bf16
 autocast); sampling needs none of it. Decoding through unmerged adapters costs two extra small
 matmuls per adapted layer and token, and float32 weights under autocast are cast to bfloat16 at
-every forward pass: on an H200 (#39), SmolLM2-135M with LoRA r16 took 72 ms per decode step at
-512 sequences as podsrl generated, 23 ms from a bfloat16 copy with LoRA merged, and 13 ms with
-transformers' static cache compiled. The copy is a plain transformers model built once from the
+every forward pass (what a copy saves, measured: benchmarks/RESULTS.md, "The hf engine's
+generation copy (#39)"). The copy is a plain transformers model built once from the
 policy's config; its weights are refreshed in place (``copy_``: the same tensors, so a compiled
 decode step stays valid) whenever a policy parameter changed (:func:`weights_version`), with each
 adapter merged out of place (:func:`inference_weights`: the policy is not modified).
@@ -25,9 +24,9 @@ COPY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def copy_dtype(generation_dtype: str, engine: str, low_precision: bool) -> str:
     """The copy a run generates from ('' = the policy itself). 'auto': a bfloat16 copy on the hf
     engine when the policy's forward passes run in bfloat16 (``low_precision``: bf16, or
-    bfloat16 weights), measured faster there (#39: 3x on an H200; on a 2-core CPU 1.20x for
-    SmolLM2 + LoRA r16 and 1.6x for the tiny model); none in float32, where the copy gained
-    nothing on the CPU (0.98-1.01x) and generating from the policy keeps samples exact."""
+    bfloat16 weights), measured faster there; none in float32, where the copy gained nothing
+    on the CPU and generating from the policy keeps samples exact (benchmarks/RESULTS.md, "The
+    hf engine's generation copy (#39)")."""
     if generation_dtype != "auto":
         return generation_dtype
     return "bfloat16" if engine == "hf" and low_precision else ""

@@ -50,8 +50,8 @@ CPU_KV_CACHE_CAP_MB = 4096  # the CPU default's ceiling: allocating the cache is
 CPU_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM on the CPU (its engine/arg_utils.py)
 # The n samples of a prompt share its KV cache only in full blocks, and the CPU backend's default
 # block of 128 tokens is longer than most prompts: each sample prefilled the prompt again. 32 (the
-# CPU kernels want multiples of 32) measured 1.7x faster at 128 rows x 12 tokens and 1.26x at
-# 128 x 64 (SmolLM2, float32; benchmarks/RESULTS.md). GPUs keep vLLM's default (16).
+# CPU kernels want multiples of 32) measured faster (benchmarks/RESULTS.md, "The vllm engine
+# (#37)"). GPUs keep vLLM's default (16).
 CPU_BLOCK_SIZE = 32
 # vLLM's CPU build pins its own transformers and pulls torchvision / torchaudio builds that break
 # imports beside the CPU torch: on a CPU it gets an environment of its own, never this one

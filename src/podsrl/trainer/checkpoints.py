@@ -5,7 +5,7 @@ rules' RNG streams), the step counter and elapsed training time.
 
 Writing is crash-safe: everything goes into ``step_XXXXXXX.tmp``, each file and the folder
 are fsync'ed, the folder is renamed, and the parent directory is fsync'ed, so a crash or
-power loss never leaves a folder that looks complete but is not; only the newest ``keep``
+power loss never leaves a folder that looks complete but is not; only the newest ``retain``
 are kept.
 
 Reading is all-or-nothing: every file is read (tensors and plain data only, never
@@ -74,8 +74,8 @@ def fsync(path: Path) -> None:
 
 
 def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
-                    scheduler, trainer_state: dict, part_states: list[dict[str, dict]], keep: int) -> Path:
-    """Write one checkpoint, keeping the newest ``keep``. ``weights`` are the trainable
+                    scheduler, trainer_state: dict, part_states: list[dict[str, dict]], retain: int) -> Path:
+    """Write one checkpoint, keeping the newest ``retain``. ``weights`` are the trainable
     parameters by name and ``optimizer_state`` the optimizer's state dict, both whole (not
     sharded); ``part_states`` every process's learned parts ({name: state}), in rank order;
     ``trainer_state`` plain data (the training time, a held-back step)."""
@@ -101,7 +101,7 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsync(directory)  # the rename itself reaches the disk
-    for old in list_checkpoints(directory)[:-keep]:
+    for old in list_checkpoints(directory)[:-retain]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -60,9 +60,9 @@ def step_record(procs: Processes, step: int, train_seconds: float, outcome: Step
 def rollout_rows(step: int, outcome: StepOutcome, groups: int) -> list[dict]:
     """One record per rollout of the first ``groups`` prompt groups: what the model was asked
     (the prompt before templating, the gold answer), what it wrote, how it scored, and
-    whether selection kept it for the update (``outcome.keep`` [P, m] indexes the group axis)."""
-    examples, rollouts, scores, keep = outcome.examples, outcome.rollouts, outcome.scores, outcome.keep
-    kept = torch.zeros(scores.reward.shape, dtype=torch.bool).scatter_(1, keep, True)  # [P, n]
+    whether selection kept it for the update (``outcome.kept_indices`` [P, m] indexes the group axis)."""
+    examples, rollouts, scores = outcome.examples, outcome.rollouts, outcome.scores
+    kept = torch.zeros(scores.reward.shape, dtype=torch.bool).scatter_(1, outcome.kept_indices, True)  # [P, n]
     generated = rollouts.generated_mask
     rows = []
     for group in range(min(groups, len(examples))):

@@ -100,12 +100,12 @@ class DynamicSamplingSource(PromptSource):
         rollouts = Rollouts.concat([g.rollouts for g in rounds], self.pad_token_id)  # [P * rounds, n, Lc]
         scores = Scores.concat([g.scores for g in rounds])
         constant = is_constant(scores.reward)  # [P * rounds]
-        keep = informative_first(constant, len(mine))  # this process's share
+        trained = informative_first(constant, len(mine))  # this process's share: the groups it trains on
         generated, constant_groups, set_aside = self.procs.sum(
-            [float(len(constant)), float(constant.sum()), float(constant.sum() - constant[keep].sum())])
+            [float(len(constant)), float(constant.sum()), float(constant.sum() - constant[trained].sum())])
         record = {"prompt_rounds": len(rounds), "prompts_generated": int(generated),
                   "generated_constant_frac": constant_groups / generated,
                   "constant_groups_set_aside": int(set_aside)}
         add_selector_record(self.selector.record(), record)  # a name of the rounds' own is refused
-        return ScoredGroups(self.train_split.at_prompts([indices[i] for i in keep]), rollouts.at_prompts(keep),
-                            scores.at_prompts(keep), record)
+        return ScoredGroups(self.train_split.at_prompts([indices[i] for i in trained]), rollouts.at_prompts(trained),
+                            scores.at_prompts(trained), record)

@@ -250,7 +250,7 @@ class Run:
                 log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
             save_checkpoint(components.checkpoints, step=state.step, weights=weights, optimizer_state=optimizer_state,
                             scheduler=components.scheduler, part_states=part_states,
-                            keep=self.settings.checkpoints_kept,
+                            retain=self.settings.checkpoints_kept,
                             trainer_state={"train_seconds": state.train_seconds,
                                            **({HELD_BACK_STATE: held_back} if held_back else {})})
         components.procs.barrier()

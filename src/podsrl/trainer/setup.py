@@ -115,7 +115,7 @@ def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions
 
 def update_options(cfg: Config) -> UpdateOptions:
     return UpdateOptions(micro_batch_size=cfg.micro_batch_size, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                         beta=cfg.beta, loss_aggregation=LOSSES.checked(cfg.loss_type),
+                         beta=cfg.beta, loss_type=LOSSES.checked(cfg.loss_type),
                          max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
                          activation_checkpointing=cfg.gradient_checkpointing,
                          sampler_correction=sampler_correction(cfg))

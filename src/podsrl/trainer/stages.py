@@ -3,7 +3,7 @@ config values it needs, so the loop calls them and reads no config:
 
     n = group_size.choose(step)                      # fixed, or adaptive_n's controller
     groups = prompts.scored_groups(step, n, timer)   # the prompt source: generate + reward
-    keep = select(groups)                            # [P, n] -> [P, m]
+    kept_indices = select(groups)                    # [P, n] -> [P, m]
     advantages(kept_rewards)                         # [P, m] -> [P, m]
     logprobs(batch)                                  # old / reference log-probs, when needed
     update(batch)                                    # num_iterations optimizer steps
@@ -221,7 +221,7 @@ class StepOutcome:
     examples: list[Example]  # [P] this process's prompts
     rollouts: Rollouts  # [P, n, Lc]
     scores: Scores  # [P, n]
-    keep: torch.Tensor  # [P, m] indices of the kept rollouts into the group axis
+    kept_indices: torch.Tensor  # [P, m] indices of the kept rollouts into the group axis
     kept: Rollouts  # [P, m, Lc]
     kept_rewards: torch.Tensor  # [P, m]
     advantages: torch.Tensor  # [P, m] the kept rollouts' (all 0: the step had nothing to learn from)
