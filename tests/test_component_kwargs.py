@@ -307,6 +307,31 @@ def test_a_built_in_components_argument_out_of_range_is_refused_at_set_up(monkey
     assert ADVANTAGES.resolve({"name": "group", "eps": 1e-6}).keywords == {"eps": 1e-6}
 
 
+def test_a_built_in_selector_takes_its_settings_as_keyword_arguments_over_the_flat_fields():
+    """{name: pass_rate, half_life: 20} builds pass_rate with half_life 20 whatever
+    pass_rate_half_life says; a setting it does not read, the run's own (seed), a wrong type or
+    a value out of range is refused in one line naming the field and the argument."""
+    from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions
+
+    options = PromptSelectionOptions(seed=1, prompts_per_step=4, half_life=50.0, exploration=0.1)
+    built = PROMPT_SELECTORS.checked({"name": "pass_rate", "half_life": 20.0, "exploration": 0.5})(10, options)
+    assert (built.options.half_life, built.options.exploration, built.options.prior_strength) == (20.0, 0.5, 2.0)
+    assert built.options.seed == 1 and PROMPT_SELECTORS.checked("pass_rate")(10, options).options.half_life == 50.0
+    cfg = make_config(overrides={"prompt_selector": json.dumps({"name": "pass_rate", "half_life": 20}),
+                                 "pass_rate_half_life": "80"})
+    assert component_label(cfg.prompt_selector) == "pass_rate(half_life=20)"
+    refusals = {"shuffled": ("half_life", 2.0, r"shuffled takes no argument 'half_life' \(it takes: none\)"),
+                "pass_rate": ("seed", 3, r"pass_rate takes no argument 'seed' \(it takes: exploration, half_life, "
+                                          r"prior_strength\)")}
+    for name, (key, value, message) in refusals.items():
+        with pytest.raises(ValueError, match=rf"^prompt_selector: {message}$"):
+            make_config(overrides={"prompt_selector": json.dumps({"name": name, key: value})})
+    with pytest.raises(ValueError, match=r"^prompt_selector: pass_rate: argument exploration = 0: must be in \(0, 1\]"):
+        PROMPT_SELECTORS.resolve({"name": "pass_rate", "exploration": 0})
+    with pytest.raises(ValueError, match=r"^prompt_selector: pass_rate: argument half_life: expected a number"):
+        PROMPT_SELECTORS.resolve({"name": "pass_rate", "half_life": "long"})
+
+
 def test_a_user_component_declares_its_arguments_ranges_with_argument_ranges(tmp_path):
     path = tmp_path / "ranged.py"
     path.write_text("import torch\nfrom podsrl.registry import argument_ranges, positive, probability\n"

@@ -33,7 +33,7 @@ import torch
 
 from podsrl.algorithms.pass_rate import PassRatePosterior, draw_probabilities, nonconstant_probability
 from podsrl.contracts import broken, calling, error_line, index_list, number_record
-from podsrl.registry import Registry
+from podsrl.registry import Range, Registry, bind_options, positive
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class ShuffledPass:
     """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
 
     learns = False
+    option_fields = ()  # reads no setting of PromptSelectionOptions beyond the run's
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
         self.size, self.seed, self.epoch, self.position = size, options.seed, 0, 0
@@ -106,6 +107,7 @@ class PassRateSelector:
     rest in proportion (numpy's weighted sampling without replacement)."""
 
     learns = True
+    option_fields = ("half_life", "prior_strength", "exploration")  # settable as keyword arguments
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
         if size < options.prompts_per_step:
@@ -213,6 +215,12 @@ def checked_selector(value, args: tuple, field: str, spec: str):
     return value if builtin else CheckedSelector(value, field, spec, size=args[0])
 
 
+# {name: pass_rate, half_life: 20}: a built-in's settings as keyword arguments, over the flat
+# fields (pass_rate_half_life ...); seed and prompts_per_step are the run's
+OPTION_RANGES = {"half_life": positive, "prior_strength": positive,
+                 "exploration": Range("in (0, 1]", lambda value: 0 < value <= 1, why="0 could starve a prompt")}
 PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", {
     "shuffled": ShuffledPass, "pass_rate": PassRateSelector},
-    takes="(size, options)", arity=2, check_output=checked_selector)
+    takes="(size, options)", arity=2, check_output=checked_selector,
+    binds=bind_options(PromptSelectionOptions, frozenset({"seed", "prompts_per_step"}), "prompt_selector",
+                       "(size, options)", 2, OPTION_RANGES))

@@ -20,6 +20,7 @@ text on the command line), checked against the component's signature at start-up
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -45,8 +46,9 @@ from podsrl.contracts import (
     spec_name,
 )
 
-__all__ = ["NAME_KEY", "Bound", "Checked", "Range", "Registry", "Spec", "argument_ranges", "bind_kwargs",
-           "component_label", "error_line", "load_object", "non_negative", "positive", "probability", "spec_parts"]
+__all__ = ["NAME_KEY", "Bound", "Checked", "OptionsBound", "Range", "Registry", "Spec", "argument_ranges",
+           "bind_kwargs", "bind_options", "component_label", "error_line", "load_object", "non_negative", "positive",
+           "probability", "spec_parts"]
 
 NAME_KEY = "name"  # the component's key in a mapping spec: {name: my.py:rule, temperature: 0.5}
 Spec = Union[str, Mapping[str, Any]]  # a name / module:function, or a mapping of one and keyword arguments
@@ -206,6 +208,55 @@ class Bound(functools.partial):
 
     def __repr__(self) -> str:
         return f"Bound({component_label({NAME_KEY: spec_name(self.func), **self.keywords})})"
+
+
+class OptionsBound(Bound):
+    """A component built as ``component(*args, options)`` whose ``options`` (a dataclass) have
+    some fields set by a spec's keyword arguments: ``{name: pass_rate, half_life: 20}`` builds
+    the built-in with ``dataclasses.replace(options, half_life=20)`` (:func:`bind_options`)."""
+
+    def __new__(cls, func, fields: dict[str, Any], /):
+        self = super().__new__(cls, func)
+        self.fields = dict(fields)
+        return self
+
+    def __call__(self, /, *args):
+        *head, options = args
+        return super().__call__(*head, dataclasses.replace(options, **self.fields))
+
+    def __repr__(self) -> str:
+        return f"OptionsBound({component_label({NAME_KEY: spec_name(self.func), **self.fields})})"
+
+
+def bind_options(options_type, run_fields: frozenset[str], field: str, takes: str, arity: int,
+                 ranges: dict[str, Range] | None = None):
+    """A registry's ``binds`` for components that take an options dataclass last: a spec's
+    keyword argument that the component's own signature takes is bound to it (a user's
+    component, :func:`bind_kwargs`); any other must name a field of ``options_type`` that the run
+    does not set itself (``run_fields``) and the component reads (its ``option_fields``, where it
+    declares them), of its default's type and in its range (``ranges``),
+    and replaces that field in the options the component is built with, over the config's
+    flat field. Built-ins thus take keyword arguments as user components do."""
+    fields = {field.name: field for field in dataclasses.fields(options_type) if field.name not in run_fields}
+
+    def binds(obj, kwargs: dict[str, Any], name: str):
+        try:
+            own = {p.name for p in inspect.signature(obj).parameters.values() if p.kind in _SETTABLE}
+        except (TypeError, ValueError):
+            own = set()
+        mine = {key: value for key, value in kwargs.items() if key in own}
+        options = {key: value for key, value in kwargs.items() if key not in own}
+        settable = set(getattr(obj, "option_fields", fields)) & set(fields)  # the fields it reads, where declared
+        for key, value in options.items():
+            if key not in settable:
+                takes_too = sorted((own - {"options", "size"}) | settable) or ["none"]
+                raise ValueError(f"{field}: {name} takes no argument {key!r} (it takes: {', '.join(takes_too)})")
+            _check_type(fields[key].default, value, f"{field}: {name}: argument {key}")
+            if key in (ranges or {}):
+                ranges[key].check(value, f"{field}: {name}: argument {key}")
+        bound = bind_kwargs(obj, mine, field, name, takes, arity) if mine else obj
+        return OptionsBound(bound, options) if options else bound
+    return binds
 
 
 class _KeyTwice(Exception):
