@@ -214,9 +214,9 @@ def test_loss_type_takes_trls_values_that_podsrl_implements():
     from podsrl.trainer.setup import update_options
 
     assert make_config().loss_type == "grpo"  # the paper's: token mean per sequence, then mean
-    for loss_type, aggregation in (("grpo", sequence_mean), ("dapo", token_mean)):
+    for loss_type, reduce in (("grpo", sequence_mean), ("dapo", token_mean)):
         cfg = make_config(overrides={"loss_type": loss_type})
-        assert LOSSES[cfg.loss_type] is update_options(cfg).loss_aggregation.fn is aggregation
+        assert LOSSES[cfg.loss_type] is update_options(cfg).loss_type.fn is reduce
 
 
 def test_a_key_given_twice_in_yaml_is_an_error_naming_file_key_and_lines(tmp_path):

@@ -90,8 +90,8 @@ def test_every_method_runs(random_model_dir, tmp_path, method):
     assert record["kept_completion_len"] > 0
 
 
-@pytest.mark.parametrize("aggregation", ["grpo", "dapo"])
-def test_micro_batching_equals_one_big_batch(random_model_dir, aggregation):
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_micro_batching_equals_one_big_batch(random_model_dir, loss_type):
     """The gradient accumulated over micro-batches is the one-batch gradient (SGD with lr 1
     makes the parameter change the gradient itself; Adam's first step is sign(g) and would
     turn float noise on near-zero entries into lr-sized differences)."""
@@ -100,7 +100,7 @@ def test_micro_batching_equals_one_big_batch(random_model_dir, aggregation):
     rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "7", "What is 10 - 3 + 4?", "9 + 9"], 3,
                         max_new_tokens=6, temperature=1.0)
     batch = flatten_for_update(rollouts, torch.randn(4, 3))  # [B = 12, ...]
-    options = UpdateOptions(max_grad_norm=0, loss_aggregation=aggregation)
+    options = UpdateOptions(max_grad_norm=0, loss_type=loss_type)
     changes = {}
     for size in (12, 5, 1):
         model = copy.deepcopy(bundle.model)

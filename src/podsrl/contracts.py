@@ -12,14 +12,19 @@ declare the ranges of its keyword arguments (:func:`argument_ranges`), checked a
 when a spec binds them (``eps`` -1 would run, flipping every advantage's sign).
 
 The trainer stops on a :class:`UserCodeError` as it does on a failed reward: the unfinished
-step is undone and the last finished step checkpointed.
+step is undone and the last finished step checkpointed. User code itself is loaded here too
+(:func:`load_object`: ``module:function`` or ``file.py:function``, a failure at import one line).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
 import inspect
 import json
 import math
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -205,3 +210,61 @@ def number_record(value: Any, field: str, spec: str, taken: Callable[[str], bool
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
             raise broken(field, spec, f"{key}={number!r} from record(), expected a finite number")
     return value
+
+
+# --- loading user code: module:function and file.py:function ------------------------------------
+def load_object(spec: str, field: str):
+    """The callable ``module:attr`` or ``path/to/file.py:attr`` names. A module that fails to
+    import, for whatever reason, is a one-line ValueError naming it and ``field``."""
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{field}: {spec!r} is not 'module:function' or 'file.py:function'")
+    module = _load_file(module_name, field) if module_name.endswith(".py") else _import(module_name, field)
+    obj = getattr(module, attr, None)
+    if not callable(obj):
+        raise ValueError(f"{field}: {module_name!r} has no function {attr!r}")
+    return obj
+
+
+def _import(name: str, field: str):
+    try:
+        return importlib.import_module(name)
+    except (Exception, SystemExit) as err:  # whatever the module raises at import (not a Ctrl-C)
+        raise ValueError(f"{field}: cannot import module {name!r} ({error_line(err)})") from None
+
+
+def _load_file(given: str, field: str):
+    """The module of a user file, loaded once (as import does: the same file gives the same
+    functions) under a private name, ``podsrl_user_file_<stem>_<hash of its path>``: a file
+    named like a module (``json.py``) must not replace that module in ``sys.modules``."""
+    path = Path(given).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{field}: file not found: {path}")
+    stem = re.sub(r"\W", "_", path.stem)
+    name = f"podsrl_user_file_{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs, as import does: dataclasses and pickle look it up there
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as err:  # whatever the file raises at import (not a Ctrl-C)
+        del sys.modules[name]
+        raise ValueError(f"{field}: cannot load {given} ({error_line(err)}{_line_in(err, path)})") from None
+    return module
+
+
+def _line_in(err: BaseException, path: Path) -> str:
+    """``, line N``: the last line of ``path`` the error passed through (a SyntaxError names
+    its own line in its message)."""
+    if isinstance(err, SyntaxError):
+        return ""
+    lines = [tb.tb_lineno for tb in _frames(err.__traceback__) if tb.tb_frame.f_code.co_filename == str(path)]
+    return f", line {lines[-1]}" if lines else ""
+
+
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next

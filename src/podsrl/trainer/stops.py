@@ -81,6 +81,7 @@ class Stops:
                 signal.signal(sig, handler)
 
     def watch(self, run: Run) -> None:
+        """The run whose stops this decides, once it is set up."""
         self.run = run
 
     def _agreed_signal(self) -> int:
@@ -98,6 +99,7 @@ class Stops:
                                   signum=signum)
 
     def first_step_begins(self) -> None:
+        """The last stop before the steps; from here a signal waits for the step to end."""
         self.before_steps()
         self.setting_up = False
 
