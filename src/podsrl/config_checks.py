@@ -43,6 +43,11 @@ COMPONENTS = {registry.field: registry for registry in (RULES, ADVANTAGES, LOSSE
                                                         PROMPT_SELECTORS)}
 
 
+def _engine_capability(cfg, name: str):
+    """What the run's engine declares it can do (podsrl.rollout.base.CAPABILITIES), never its name."""
+    return capability(ENGINES.resolve(cfg.generation_engine), name)
+
+
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -83,7 +88,7 @@ def _check_names(cfg) -> None:
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
     if SCHEDULES.resolve(cfg.generation_schedule).plans_lanes:
-        require(capability(ENGINES.resolve(cfg.generation_engine), "runs_schedules")
+        require(_engine_capability(cfg, "runs_schedules")
                 and cfg.generation_refill == "continuous",
                 f"generation_schedule length_aware: plans lanes for continuous refill on the slots engine (got "
                 f"generation_engine {cfg.generation_engine}, generation_refill {cfg.generation_refill})")
@@ -145,7 +150,7 @@ def _check_combinations(cfg) -> None:
             f"step, more than the {cfg.max_train_prompts} train prompts kept")
     if cfg.group_early_stop:
         _check_early_stop(cfg)
-    require(not cfg.generation_memory_mb or capability(ENGINES.resolve(cfg.generation_engine), "memory_capped"),
+    require(not cfg.generation_memory_mb or _engine_capability(cfg, "memory_capped"),
             f"generation_memory_mb: caps what the hf and slots engines decode at once; generation_engine "
             f"{cfg.generation_engine} sizes its own memory (the vllm engine: vllm_kv_cache_memory_mb, "
             f"vllm_gpu_memory_utilization)")
@@ -175,7 +180,7 @@ def _check_early_stop(cfg) -> None:
     require(METHODS[cfg.method].selects and cfg.downsampling_rule == "max_variance",
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    for refusal in (capability(ENGINES.resolve(cfg.generation_engine), "early_stop_refusal"),
+    for refusal in (_engine_capability(cfg, "early_stop_refusal"),
                     SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal):
         require(not refusal, f"group_early_stop: {refusal}")
     require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
@@ -199,7 +204,7 @@ def _check_vllm(cfg) -> None:
 def _check_generation_copy(cfg) -> None:
     require(cfg.generation_dtype in ("", "auto", *COPY_DTYPES),
             f"generation_dtype: expected '', 'auto', {' or '.join(COPY_DTYPES)}, got {cfg.generation_dtype!r}")
-    require(capability(ENGINES.resolve(cfg.generation_engine), "makes_generation_copy")
+    require(_engine_capability(cfg, "makes_generation_copy")
             or cfg.generation_dtype in ("", "auto"),
             f"generation_dtype: the generation copy is the hf engine's (got generation_engine "
             f"{cfg.generation_engine}; vllm computes in its own dtype, the slots engine generates from the policy)")

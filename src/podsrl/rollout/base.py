@@ -68,6 +68,23 @@ class GenerationEngine(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+class Stateless:
+    """The state methods of an engine that learns nothing across steps (``name``: in the
+    refusal of a checkpoint that holds state for it)."""
+
+    name = "?"
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def check_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"generation engine '{self.name}' keeps no state, the checkpoint has {sorted(state)}")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
+
+
 def refuse_early_stop(engine, stopper: Stopper | None) -> None:
     """The one refusal of a stopper by an engine that cannot stop groups early (the config
     check refuses the combination first; this guards a direct call)."""

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from podsrl.rollout.base import MB, Stopper, longest_prompt, refuse_early_stop, rows_within, to_rollouts
+from podsrl.rollout.base import (
+    MB,
+    Stateless,
+    Stopper,
+    longest_prompt,
+    refuse_early_stop,
+    rows_within,
+    to_rollouts,
+)
 from podsrl.rollout.generation_copy import GenerationCopy
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.types import Rollouts
@@ -96,11 +104,12 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     return rollouts
 
 
-class HFEngine:
+class HFEngine(Stateless):
     """transformers ``generate`` on whole prompt groups; learns nothing across steps. With
     ``copy_dtype`` it generates (and evaluates, through :meth:`generate`) from a
     :class:`GenerationCopy` of the policy, refreshed when the policy changed."""
 
+    name = "hf"
     early_stop_refusal = "needs generation_engine slots (the hf engine generates whole groups at once)"
     memory_capped = True  # the cap bounds how many whole groups are decoded together
     runs_schedules = False
@@ -138,13 +147,3 @@ class HFEngine:
             return generate(model, tokenizer, prompts, num_samples, **sampling)
         return generate(self.copy(model), tokenizer, prompts, num_samples, static_cache=self.options.static_cache,
                         compile_config=self.options.compile_config, **sampling)
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def check_state(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"generation engine 'hf' keeps no state, the checkpoint has {sorted(state)}")
-
-    def load_state_dict(self, state: dict) -> None:
-        self.check_state(state)

@@ -41,7 +41,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from podsrl.rollout.base import Stopper, refuse_early_stop, to_rollouts
+from podsrl.rollout.base import Stateless, Stopper, refuse_early_stop, to_rollouts
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
 
@@ -100,11 +100,12 @@ def kv_bytes_per_token(config, dtype: str) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
-class VLLMEngine:
+class VLLMEngine(Stateless):
     """Generation on a colocated vLLM engine (see the module docstring); learns nothing across
     steps. ``generate`` has the signature of :func:`podsrl.rollout.generate`, so evaluation
     runs on the same engine."""
 
+    name = "vllm"
     early_stop_refusal = "needs generation_engine slots (the vllm engine schedules its own samples)"
     memory_capped = False  # vLLM sizes its own KV cache (vllm_kv_cache_memory_mb, vllm_gpu_memory_utilization)
     runs_schedules = False
@@ -254,16 +255,6 @@ class VLLMEngine:
         if self.config_dir:
             shutil.rmtree(self.config_dir, ignore_errors=True)
             self.config_dir = None
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def check_state(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"generation engine 'vllm' keeps no state, the checkpoint has {sorted(state)}")
-
-    def load_state_dict(self, state: dict) -> None:
-        self.check_state(state)
 
 
 class _ExpectedWarnings(logging.Filter):
