@@ -40,6 +40,10 @@ def smollm2_path() -> Path:
         from podsrl.build.smollm2 import convert_smollm2  # asset-building code: only on a cache miss
 
         convert_smollm2(target)
+    else:
+        from podsrl.build.smollm2 import repair_special_tokens  # a cache converted before the EOS fix
+
+        repair_special_tokens(target)
     return target
 
 
