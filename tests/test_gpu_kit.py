@@ -102,3 +102,21 @@ def test_the_kit_runs_end_to_end_at_a_tiny_size(tmp_path):
     rows = json.loads((out / "compare.json").read_text())["rows"]
     assert {r["arm"] for r in rows} == {"grpo 4/4", "grpo-ga 16", "pods 16->4 max_variance"}
     assert f"--first_seed {5 + record['seeds']}" in result.stdout
+
+
+def test_stage_refuses_a_folder_without_pieces(tmp_path):
+    with pytest.raises(SystemExit, match="holds no gguf.part"):
+        gpu_kit.stage(tmp_path / "no" / "such" / "dir", tmp_path / "stage")
+    assert not (tmp_path / "stage").exists()
+
+
+def test_run_without_a_gpu_or_the_carried_folder_is_refused_before_any_work(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no GPU here"):
+        gpu_kit.run(tmp_path / "out", tmp_path / "work", 1.0, 0, 2.0, False, tmp_path / "carried")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit, match="gguf.sha256 is missing"):
+        gpu_kit.run(tmp_path / "out", tmp_path / "work", 1.0, 0, 2.0, False, tmp_path / "carried")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
