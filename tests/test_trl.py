@@ -5,6 +5,7 @@ passes on the kept rows only, TRL's reward functions unchanged, two processes.""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -214,6 +215,15 @@ def test_the_example_script_runs_offline(tmp_path):
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_example_with_use_vllm_but_no_vllm_says_so_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_pods.py"), "--offline", "--use_vllm",
+                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "vLLM is not installed" in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 LAUNCHED = '''
