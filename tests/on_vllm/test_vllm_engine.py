@@ -1,7 +1,8 @@
 """The vllm engine on the real vLLM (vLLM's CPU backend here): run by scripts/test_vllm.sh in
 .venv-vllm, skipped where vLLM is not installed (the main suite).
 
-The engine's greedy output equals transformers' on the same weights, and on the *updated*
+The engine's greedy output agrees with transformers' (equal through each row's first EOS, or
+parted only at a near tie: tests/greedy_oracle.py) on the same weights, and on the *updated*
 weights after an optimizer step (the test that fails if weights never reach vLLM), with and
 without LoRA; its log-probs are the policy's; seeded calls repeat and building the engine
 leaves the trainer's random streams alone."""
@@ -14,6 +15,8 @@ import pytest
 import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: scripts/test_vllm.sh runs these in .venv-vllm")
+
+from greedy_oracle import assert_greedy_agrees  # noqa: E402
 
 from podsrl.models import load_model  # noqa: E402
 from podsrl.models.logprobs import token_logprobs  # noqa: E402
@@ -47,6 +50,17 @@ def greedy(engine, bundle, prompts=PROMPTS):
     return completions(hf), completions(ours)
 
 
+# vLLM's float32 CPU kernels and transformers' round differently: two next tokens this close in
+# transformers' log-probs may be picked either way (tests/greedy_oracle.py); a broken engine's
+# picks are nats apart (tests/test_greedy_oracle.py)
+TIE_NATS = 0.01
+
+
+def assert_engine_agrees(bundle, ours, hf, prompts=PROMPTS):
+    prompt_ids = [bundle.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert_greedy_agrees(bundle.model, prompt_ids, ours, hf, bundle.tokenizer.eos_token_id, TIE_NATS)
+
+
 def sgd_steps(model, prompts, tokenizer, steps=3, lr=0.5):
     """A few real optimizer steps (SGD on the prompts' next-token loss): the weights move the
     way training moves them, in place."""
@@ -59,9 +73,9 @@ def sgd_steps(model, prompts, tokenizer, steps=3, lr=0.5):
         optimizer.zero_grad()
 
 
-def test_greedy_output_equals_transformers_on_the_same_weights(engine, tiny):
+def test_greedy_output_agrees_with_transformers_on_the_same_weights(engine, tiny):
     hf, ours = greedy(engine, tiny)
-    assert ours == hf
+    assert_engine_agrees(tiny, ours, hf)
 
 
 def test_after_an_update_the_engine_generates_from_the_updated_weights(engine):
@@ -70,7 +84,7 @@ def test_after_an_update_the_engine_generates_from_the_updated_weights(engine):
     sgd_steps(bundle.model, PROMPTS[:8], bundle.tokenizer)
     hf, ours = greedy(engine, bundle)
     assert hf != before, "the update must change transformers' greedy output, or this test shows nothing"
-    assert ours == hf
+    assert_engine_agrees(bundle, ours, hf)
 
 
 def test_lora_is_merged_into_what_the_engine_gets(engine):
@@ -79,7 +93,7 @@ def test_lora_is_merged_into_what_the_engine_gets(engine):
     sgd_steps(bundle.model, PROMPTS[:8], bundle.tokenizer, steps=4, lr=2.0)
     hf, ours = greedy(engine, bundle)
     assert hf != before
-    assert ours == hf
+    assert_engine_agrees(bundle, ours, hf)
     assert not any(getattr(m, "merged", False) for m in bundle.model.modules())  # the policy stays unmerged
 
 
@@ -152,7 +166,7 @@ def test_the_model_is_not_changed_by_generating(engine):
     assert all(torch.equal(before[k], v) for k, v in bundle.model.state_dict().items())
 
 
-def test_smollm2_greedy_output_equals_transformers():
+def test_smollm2_greedy_output_agrees_with_transformers():
     """A pretrained model (SmolLM2-135M-Instruct, from the GGUF file scripts/test_vllm.sh
     installs; ~1 min): chat-templated prompts, completions that end on their own EOS."""
     from podsrl.tasks import prepare_split
@@ -161,11 +175,14 @@ def test_smollm2_greedy_output_equals_transformers():
     task = build_arithmetic(level=2, num_train=10, num_test=12, seed=0)
     prompts = list(prepare_split(task.test, bundle.tokenizer, system_prompt="", use_chat_template=True,
                                  max_prompt_tokens=512).prompts)
-    engine = make_engine(max_new_tokens=12, max_model_length=256)
+    engine = make_engine(max_new_tokens=24, max_model_length=256)
     try:
-        ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=12, temperature=0)
+        ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=24, temperature=0)
     finally:
         engine.close()
-    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=12, temperature=0)
-    assert completions(ours) == completions(hf)
-    assert any(row[-1] == bundle.tokenizer.eos_token_id for row in completions(hf))  # some stop on EOS
+    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=24, temperature=0)
+    assert_engine_agrees(bundle, completions(ours), completions(hf), prompts)
+    assert bundle.tokenizer.eos_token_id == 2  # <|im_end|>: the converted tokenizer ends turns where the GGUF does
+    rows = completions(hf) + completions(ours)
+    assert all(row[-1] == 2 or len(row) == 24 for row in rows) and not any(1 in row for row in rows)
+    assert sum(row[-1] == 2 for row in rows) >= len(rows) // 2  # most answers end their turn, at <|im_end|>
