@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from podsrl.config import make_config
+from podsrl.distributed import LaunchRefused
 from podsrl.metrics import read_metrics
 from podsrl.trainer import train
 
@@ -269,15 +270,15 @@ class FakeAccelerator:
 
 
 @pytest.mark.parametrize("env, kind, message", [
-    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, NotImplementedError, "fsdp_version: 1"),
-    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "true"}, NotImplementedError,
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, LaunchRefused, "fsdp_version: 1"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "true"}, LaunchRefused,
      "fsdp_offload_params: true is not supported"),
-    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "sometimes"}, ValueError,
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "sometimes"}, LaunchRefused,
      "fsdp_reshard_after_forward: 'sometimes'"),
-    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "TRANSFORMERS": "5.22.2"}, NotImplementedError,
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "TRANSFORMERS": "5.22.2"}, LaunchRefused,
      r"FSDP: sharded training needs transformers >= 5.23.0 \(found 5.22.2"),
-    ({"DEEPSPEED": "1"}, NotImplementedError, "DeepSpeed: not supported"),
-    ({"PROCESSES": "1"}, RuntimeError, "WORLD_SIZE=2 but accelerate formed 1 process"),
+    ({"DEEPSPEED": "1"}, LaunchRefused, "DeepSpeed: not supported"),
+    ({"PROCESSES": "1"}, LaunchRefused, "WORLD_SIZE=2 but accelerate formed 1 process"),
 ])
 def test_unsupported_distributed_modes_are_refused(monkeypatch, env, kind, message):
     import accelerate

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 from podsrl.config import Config, load_yaml, make_config, parse_value, split_list
+from podsrl.distributed import LaunchRefused
 from podsrl.experiments.compare import analyze, arm_configs, arm_specs, run_comparison, write_report
 from podsrl.experiments.plots import plot_accuracy
 from podsrl.provenance import environment_report
@@ -63,7 +65,8 @@ def cmd_train(argv: list[str]) -> int:
         print(f"podsrl train: {stopped}", file=sys.stderr)
         return 128 + stopped.signum if stopped.signum else 1
     except (ValueError, OSError, MemoryError) as err:  # data, model or memory-cap problems
-        print(f"podsrl train: error: {err}", file=sys.stderr)
+        if not isinstance(err, LaunchRefused) or os.environ.get("RANK", "0") == "0":  # refused alike by every process
+            print(f"podsrl train: error: {err}", file=sys.stderr)
         return 2
     if not result.is_main:
         return 1 if result.failure else 0

@@ -43,6 +43,11 @@ from packaging.version import Version
 SHARDING_MIN_TRANSFORMERS = "5.23.0"
 
 
+class LaunchRefused(ValueError):
+    """A launcher's setting (or a model under it) that podsrl does not run: every process reads
+    the same settings and refuses alike, so the CLI lets one of them say so."""
+
+
 def transformers_version() -> str:
     return importlib.metadata.version("transformers")
 
@@ -68,29 +73,29 @@ class Processes:
         # without a GPU accelerate only forms a process group when told to use the CPU (gloo)
         accelerator = Accelerator(cpu=not torch.cuda.is_available())
         if accelerator.num_processes != world_size:
-            raise RuntimeError(f"WORLD_SIZE={world_size} but accelerate formed {accelerator.num_processes} "
+            raise LaunchRefused(f"WORLD_SIZE={world_size} but accelerate formed {accelerator.num_processes} "
                                f"process(es) ({accelerator.distributed_type}); launch with `accelerate launch "
                                f"--config_file configs/accelerate/ddp.yaml` or torchrun")
         if "DEEPSPEED" in str(accelerator.distributed_type):  # its engine steps the optimizer in backward
-            raise NotImplementedError("DeepSpeed: not supported; for ZeRO-2's memory layout (sharded gradients "
+            raise LaunchRefused("DeepSpeed: not supported; for ZeRO-2's memory layout (sharded gradients "
                                       "and optimizer state) use configs/accelerate/fsdp-zero2.yaml, for ZeRO-3's "
                                       "configs/accelerate/fsdp.yaml")
         if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
             return cls(accelerator)
         version = os.environ.get("FSDP_VERSION", "1")
         if version != "2":
-            raise NotImplementedError(f"fsdp_version: {version}; podsrl shards with FSDP2 only (fsdp_version: 2 "
+            raise LaunchRefused(f"fsdp_version: {version}; podsrl shards with FSDP2 only (fsdp_version: 2 "
                                       f"in the accelerate config, see configs/accelerate/fsdp.yaml)")
         found = transformers_version()
         if Version(found) < Version(SHARDING_MIN_TRANSFORMERS):
-            raise NotImplementedError(f"FSDP: sharded training needs transformers >= {SHARDING_MIN_TRANSFORMERS} "
+            raise LaunchRefused(f"FSDP: sharded training needs transformers >= {SHARDING_MIN_TRANSFORMERS} "
                                       f"(found {found}: its sharded decoding differs from the whole model's); "
                                       f"upgrade transformers, or replicate with configs/accelerate/ddp.yaml")
         if os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true":
-            raise NotImplementedError("fsdp_offload_params: true is not supported; set it to false")
+            raise LaunchRefused("fsdp_offload_params: true is not supported; set it to false")
         reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
         if reshard not in ("true", "false"):
-            raise ValueError(f"fsdp_reshard_after_forward: {reshard!r}; FSDP2 takes true (ZeRO-3) or false (ZeRO-2)")
+            raise LaunchRefused(f"fsdp_reshard_after_forward: {reshard!r}; FSDP2 takes true (ZeRO-3) or false (ZeRO-2)")
         return cls(accelerator, sharded=True, reshard_after_forward=reshard == "true")
 
     def device(self, requested: str = "auto") -> torch.device:
@@ -136,7 +141,7 @@ class Processes:
         layer_types = set(getattr(base, "_no_split_modules", None) or ())
         layers = [m for m in model.modules() if type(m).__name__ in layer_types]
         if not layers:
-            raise NotImplementedError(f"FSDP: {type(base).__name__} names no decoder layer class "
+            raise LaunchRefused(f"FSDP: {type(base).__name__} names no decoder layer class "
                                       f"(_no_split_modules) to shard by")
         mesh = init_device_mesh(self.accelerator.device.type, (self.world_size,))
         before = dict(model.named_parameters())
