@@ -54,6 +54,22 @@ class Case:
     command: str = "train"  # the podsrl subcommand run: train (after QUICK's options), export, eval, compare
     file_size_limit: int = 0  # bytes any file may grow to (RLIMIT_FSIZE): a full disk as writes see it; 0 = none
     venv: str = ""  # the environment whose podsrl runs the case, in the repository ('' = this one's)
+    # a program other than podsrl: its argv before args (scripts in the repository, run with the
+    # case's Python; "accelerate" = that environment's launcher), and how its clean error begins
+    program: tuple[str, ...] = ()
+    error_prefix: str = ""
+
+    def clean_error_prefix(self) -> str:
+        return self.error_prefix or f"podsrl {self.command}:"
+
+    def argv(self, work: Path) -> list[str]:
+        if not self.program:
+            options = [*QUICK, *self.args(work)] if self.command == "train" else self.args(work)
+            return [*podsrl_command(self.venv), self.command, *options]
+        python = REPO / self.venv / "bin" / "python" if self.venv else Path(sys.executable)
+        head = [str(python.parent / "accelerate") if part == "accelerate" else str(REPO / part)
+                if part.endswith(".py") else part for part in self.program]
+        return [*([] if head[0].endswith("accelerate") else [str(python)]), *head, *self.args(work)]
 
 
 def podsrl_command(venv: str = "") -> list[str]:
@@ -381,6 +397,19 @@ CASES = [
          reward_file("import os, signal\nfrom podsrl.rollout import HFEngine\nclass component(HFEngine):\n"
                      "    def __init__(self, *args, **kwargs):\n        os.kill(os.getpid(), signal.SIGINT)\n"
                      "        super().__init__(*args, **kwargs)\n", "ext.py")),
+    # #57: the GPU kit where there is no GPU, the TRL example without vLLM, FSDP where transformers is too old
+    Case("GPU kit: stage a folder with no piece", "gpu kit", "refuse", lambda w: ["stage", str(w / "no" / "such")],
+         program=("benchmarks/gpu_kit.py",), error_prefix="stage:"),
+    Case("GPU kit: run with nothing carried, no GPU", "gpu kit", "refuse",
+         lambda w: ["run", str(w / "out"), "--carried", str(w / "carried"), "--work", str(w / "work")],
+         program=("benchmarks/gpu_kit.py",), error_prefix="run:"),
+    Case("TRL example --use_vllm without vLLM", "advice", "refuse",
+         lambda w: ["--offline", "--use_vllm", "--output_dir", str(w / "trl")], program=("examples/trl_pods.py",),
+         error_prefix="trl_pods.py:"),
+    Case("FSDP with transformers 5.17 (.venv-vllm)", "launcher", "refuse",
+         lambda w: ["launch", "--config_file", str(REPO / "configs/accelerate/fsdp.yaml"), "--num_processes", "2",
+                    "-m", "podsrl.cli", "train", *QUICK, *out(w)],
+         program=("accelerate",), venv=".venv-vllm"),
 ]
 
 
@@ -388,16 +417,29 @@ def fingerprint(paths: list[Path]) -> dict[str, str]:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else "gone" for p in paths}
 
 
+LAUNCHER_REPORT = "torch/distributed/elastic/multiprocessing/api.py"  # where accelerate's own failure report begins
+
+
+def said(case: Case, stderr: str) -> str:
+    """What the case's program said: under accelerate's launcher, podsrl's processes' lines
+    before the launcher's own report of the failed processes."""
+    if "accelerate" not in case.program:
+        return stderr
+    lines = stderr.split("\n")
+    return "\n".join(lines[:next((k for k, line in enumerate(lines) if LAUNCHER_REPORT in line), None)])
+
+
 def judge(case: Case, code: int | None, stderr: str, lost: list[str]) -> str:
     if lost:
         return "data lost"
     if code is None:
         return "hang"
+    stderr = said(case, stderr)
     if "Traceback (most recent call last)" in stderr:
         return "traceback"
     if case.expect == "refuse":
         last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-        return "clean error" if code != 0 and last.startswith(f"podsrl {case.command}:") else "silent"
+        return "clean error" if code != 0 and last.startswith(case.clean_error_prefix()) else "silent"
     return "handled" if code == 0 else "traceback"
 
 
@@ -415,8 +457,7 @@ def run_case(case: Case, deadline: float) -> dict:
                                       text=True)
             holder.stdout.readline()
         try:
-            options = [*QUICK, *case.args(work)] if case.command == "train" else case.args(work)
-            done = subprocess.run([*podsrl_command(case.venv), case.command, *options], cwd=work, capture_output=True,
+            done = subprocess.run(case.argv(work), cwd=work, capture_output=True,
                                   text=True, timeout=deadline, preexec_fn=file_size_limit(case.file_size_limit))
             code, stderr = done.returncode, done.stderr
         except subprocess.TimeoutExpired as expired:
@@ -427,7 +468,7 @@ def run_case(case: Case, deadline: float) -> dict:
                 holder.wait()
         after = fingerprint([Path(p) for p in before])
         lost = [p for p in before if before[p] != after[p]]
-    last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    last = said(case, stderr).strip().splitlines()[-1] if said(case, stderr).strip() else ""
     return {"case": case.name, "class": case.fault, "exit": "none (killed)" if code is None else code,
             "verdict": judge(case, code, stderr, lost), "last line": last[:160]}
 
