@@ -4,7 +4,8 @@ catalogue of bad inputs and faults, each in a fresh process with a deadline, and
 Verdicts: `clean error` (non-zero exit, a one-line `podsrl train: ...` message, no traceback),
 `handled` (the run went on or finished as documented), `traceback`, `hang` (killed at the
 deadline), `silent` (exit 0 where the input should have been refused), `data lost` (a file
-that existed before the case changed or vanished). Target: only the first two.
+that existed before the case changed or vanished), `wrong: ...` (it ended as expected but
+left something other than what the case checks afterwards). Target: only the first two.
 
     python benchmarks/fault_catalogue.py [--only SUBSTRING] [--deadline 120] [--record NAME]
 
@@ -20,6 +21,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,7 @@ class Case:
     command: str = "train"  # the podsrl subcommand run: train (after QUICK's options), export, eval, compare
     file_size_limit: int = 0  # bytes any file may grow to (RLIMIT_FSIZE): a full disk as writes see it; 0 = none
     venv: str = ""  # the environment whose podsrl runs the case, in the repository ('' = this one's)
+    after: Callable[[Path], str] = lambda work: ""  # what is wrong with what the case left, in words ('' = nothing)
 
 
 def podsrl_command(venv: str = "") -> list[str]:
@@ -84,6 +87,33 @@ def exported_run(work: Path) -> None:
     finished_run(work)
     subprocess.run([*podsrl_command(), "export", str(work / "run"), str(work / "hf")], check=True,
                    capture_output=True, text=True, timeout=600)
+
+
+def linked_export(work: Path) -> None:
+    """An export in work/hf holding a user's my_eval.csv, and a link work/lnk to it."""
+    exported_run(work)
+    (work / "hf" / "my_eval.csv").write_text("prompt,correct\n")
+    (work / "lnk").symlink_to("hf")
+
+
+def link_kept(work: Path) -> str:
+    """What is wrong after an export onto work/lnk: the link replaced, or a hidden leftover beside it."""
+    hidden = sorted(p.name for p in work.iterdir() if p.name.startswith("."))
+    return ("lnk is no longer a link" if not (work / "lnk").is_symlink() else
+            f"left {', '.join(hidden)}" if hidden else "")
+
+
+def umask_modes(folder_mode: int = 0):
+    """What is wrong with work/hf's permissions: the folder not ``folder_mode`` (0: the umask's),
+    an exported file not the umask's."""
+    def check(work: Path) -> str:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [work / "hf", *(work / "hf").iterdir()]}
+        wanted = {name: 0o666 & ~mask for name in modes} | {"hf": folder_mode or 0o777 & ~mask}
+        return ", ".join(f"{name} {oct(modes[name])}, not {oct(wanted[name])}" for name in modes
+                         if modes[name] != wanted[name])
+    return check
 
 
 def file_size_limit(limit: int):
@@ -352,6 +382,15 @@ CASES = [
          lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"],
          lambda w: (exported_run(w), (w / "hf" / "README.md").write_text("# my notes\n")),
          lambda w: list((w / "hf").iterdir()), command="export"),
+    # #57: exports onto links, and their permissions
+    Case("export --overwrite onto a link to an earlier export", "data loss", "succeed",
+         lambda w: [str(w / "run"), str(w / "lnk"), "--overwrite"], linked_export,
+         lambda w: [w / "hf" / "my_eval.csv"], command="export", after=link_kept),
+    Case("export gets the umask's permissions", "files", "succeed", lambda w: [str(w / "run"), str(w / "hf")],
+         finished_run, command="export", after=umask_modes()),
+    Case("export --overwrite keeps the folder's permissions", "files", "succeed",
+         lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"], lambda w: (exported_run(w), (w / "hf").chmod(0o750)),
+         command="export", after=umask_modes(0o750)),
     Case("export to a full disk (file size limit)", "full disk", "refuse", lambda w: [str(w / "run"), str(w / "hf")],
          finished_run, command="export", file_size_limit=1_000_000),
     Case("a full disk while logging the steps (file size limit)", "full disk", "refuse",
@@ -388,9 +427,11 @@ def fingerprint(paths: list[Path]) -> dict[str, str]:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else "gone" for p in paths}
 
 
-def judge(case: Case, code: int | None, stderr: str, lost: list[str]) -> str:
+def judge(case: Case, code: int | None, stderr: str, lost: list[str], wrong: str = "") -> str:
     if lost:
         return "data lost"
+    if wrong:
+        return f"wrong: {wrong}"
     if code is None:
         return "hang"
     if "Traceback (most recent call last)" in stderr:
@@ -427,9 +468,10 @@ def run_case(case: Case, deadline: float) -> dict:
                 holder.wait()
         after = fingerprint([Path(p) for p in before])
         lost = [p for p in before if before[p] != after[p]]
+        wrong = case.after(work)
     last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
     return {"case": case.name, "class": case.fault, "exit": "none (killed)" if code is None else code,
-            "verdict": judge(case, code, stderr, lost), "last line": last[:160]}
+            "verdict": judge(case, code, stderr, lost, wrong), "last line": last[:160]}
 
 
 def main() -> int:

@@ -270,6 +270,56 @@ def test_overwrite_refuses_before_loading_a_model_when_a_file_it_keeps_has_a_nam
     assert before == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
 
 
+def test_an_export_onto_a_link_writes_into_its_folder_and_keeps_the_link(full_run, tmp_path, capsys):
+    """#57: --overwrite onto a link renamed the link away, emptied its folder, made the link a
+    real folder and left a hidden .lnk.export-*.old link behind."""
+    target, link = tmp_path / "disk" / "hf", tmp_path / "hf"
+    target.mkdir(parents=True)
+    link.symlink_to(target)
+    export(full_run, link)  # an empty folder behind a link: the first export goes into it
+    (target / "my_eval.csv").write_text("prompt,correct\n")
+    export(full_run, link, "--overwrite")
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert (target / "my_eval.csv").read_text() == "prompt,correct\n"
+    assert AutoModelForCausalLM.from_pretrained(link) and (target / EXPORT_MARKER).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "hf"]  # no hidden leftover
+    assert sorted(p.name for p in target.parent.iterdir()) == ["hf"]
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "unmounted" / "hf")
+    capsys.readouterr()
+    assert main(["export", str(full_run), str(dangling)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"podsrl export: error: {dangling}: a link to {tmp_path / 'unmounted' / 'hf'}, which "
+                          f"does not exist") and "\n" not in err
+    assert not (tmp_path / "unmounted").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask022", "umask027"])
+def test_an_export_gets_the_permissions_of_the_umask_and_an_overwrite_keeps_the_folders(full_run, tmp_path, umask):
+    """#57: the export folder was private (mkdtemp's 0700) and so was model.safetensors."""
+    import os
+    import stat
+
+    def mode(path):
+        return stat.S_IMODE(path.stat().st_mode)
+
+    before = os.umask(umask)
+    try:
+        export(full_run, tmp_path / "hf")
+        assert mode(tmp_path / "hf") == 0o777 & ~umask
+        assert {p.name: mode(p) for p in (tmp_path / "hf").iterdir()} == \
+            {p.name: 0o666 & ~umask for p in (tmp_path / "hf").iterdir()}
+        (tmp_path / "hf").chmod(0o750)
+        (tmp_path / "hf" / "notes.txt").write_text("mine")
+        (tmp_path / "hf" / "notes.txt").chmod(0o600)
+        export(full_run, tmp_path / "hf", "--overwrite")
+        assert mode(tmp_path / "hf") == 0o750
+        assert mode(tmp_path / "hf" / "notes.txt") == 0o600  # the user's file as it was
+        assert mode(tmp_path / "hf" / "model.safetensors") == 0o666 & ~umask
+    finally:
+        os.umask(before)
+
+
 def test_a_full_disk_during_an_export_is_one_line_and_leaves_no_staging_folder(full_run, tmp_path, monkeypatch,
                                                                                capsys):
     """#50: safetensors' own error on a full disk came out as a 28-line traceback."""
