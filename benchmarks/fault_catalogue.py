@@ -194,6 +194,8 @@ SELECTOR = ("from podsrl.prompt_selection import ShuffledPass\nclass component(S
             "    def take(self, count, step=0, group_size=0):\n        taken = super().take(count, step, group_size)\n")
 ENGINE = ("from podsrl.rollout import HFEngine\nclass component(HFEngine):\n"
           "    def __call__(self, *args, **kwargs):\n        made = super().__call__(*args, **kwargs)\n")
+REQUIRED_ALPHA = ("from podsrl.algorithms.select import max_variance\n"
+                  "def rule(rewards, m, generator=None, *, alpha):\n    return max_variance(rewards, m)\n")
 EXTENSION_CASES = [
     extension_case("rule returns [P, 1]", "downsampling_rule", RULE + "    return max_variance(rewards, m)[:, :1]\n"),
     extension_case("rule returns [P, m + 2]", "downsampling_rule",
@@ -348,6 +350,11 @@ CASES = [
          reward_file("from podsrl.algorithms.select import max_variance\n"
                      "def rule(rewards, m, generator=None, *, alpha=1.0):\n    return max_variance(rewards, m)\n",
                      "kw.py")),
+    Case("a keyword-only argument without a default of a user rule, set", "components", "succeed",
+         lambda w: out(w, "--downsampling_rule", json.dumps({"name": f"{w / 'kw.py'}:rule", "alpha": 2})),
+         reward_file(REQUIRED_ALPHA, "kw.py")),
+    Case("a keyword-only argument without a default of a user rule, not set", "components", "refuse",
+         lambda w: out(w, "--downsampling_rule", f"{w / 'kw.py'}:rule"), reward_file(REQUIRED_ALPHA, "kw.py")),
     Case("test prompts a reordered subset of the train prompts", "warning", "succeed",
          lambda w: out(w, *JSONL, "--train_data", str(EXAMPLES / "sums_train.jsonl"), "--test_data",
                        str(w / "subset.jsonl")),

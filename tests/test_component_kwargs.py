@@ -294,6 +294,37 @@ def test_a_keyword_only_argument_is_bound_for_every_kind_and_a_wrong_name_still_
     assert make_config(overrides={"downsampling_rule": json.dumps({"name": f"{path}:ranked", "keep": "highest"})})
 
 
+KEYWORD_ONLY = {'keep="lowest"': "*, keep", "factor=1.0": "*, factor", "scale=1.0": "*, scale",
+                'label="plain"': "*, label", "back=0": "*, back", "num_train=100": "*, num_train",
+                "bonus=1.0, **columns": "*, bonus, **columns", "offset=0": "*, offset"}
+
+
+def test_a_keyword_only_argument_without_a_default_is_accepted_bound_and_refused_unbound_naming_it(tmp_path):
+    """#57: the signature was checked before the spec's arguments were bound, so a required
+    keyword-only argument was refused even when the config set it."""
+    source = USER_CODE
+    for old, new in KEYWORD_ONLY.items():
+        source = source.replace(old, new)
+    path = tmp_path / "required.py"
+    path.write_text(source)
+    for field, name, key, value, _ in KINDS:
+        spec = f"{path}:{name}"
+        assert bound_arguments(COMPONENTS[field].resolve({"name": spec, key: value})) == {key: value}
+        if COMPONENTS[field].arity is None:  # a schedule's pick is called by the engine; a reward's are columns
+            continue
+        with pytest.raises(ValueError) as refused:
+            COMPONENTS[field].resolve(spec)
+        assert str(refused.value) == (f"{field}: {spec}: keyword-only argument '{key}' has no default and no value "
+                                      f"in the config: set it ({{\"name\": \"{spec}\", \"{key}\": ...}}) or "
+                                      f"give it a default")
+    rule = json.dumps({"name": f"{path}:ranked", "keep": "highest"})
+    assert make_config(overrides={"downsampling_rule": rule, "prompt_selector": json.dumps(
+        {"name": f"{path}:Offset", "offset": 1}), "reward_funcs": json.dumps([{"name": f"{path}:parity_bonus",
+                                                                              "bonus": 0.5}])})
+    rewards = torch.tensor([[0.0, 1.0, 0.5, 0.25]])
+    assert select(json.loads(rule), rewards, 2).tolist() == [[1, 2]]
+
+
 def test_a_built_in_components_argument_out_of_range_is_refused_at_set_up(monkeypatch, capsys):
     """group's eps is added to the group's std: eps -1 would flip every advantage's sign
     (and 0 divide by a std near 0); refused in one line naming the field and the argument."""

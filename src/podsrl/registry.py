@@ -86,8 +86,16 @@ class Registry(dict):
         (:meth:`bind`)."""
         if not isinstance(spec, str):
             name, kwargs = spec_parts(spec, self.field)
-            obj = self.resolve(name)
-            return self.bind(obj, kwargs, name) if kwargs else obj
+            # with arguments, the signature is checked once they are bound: a keyword-only one
+            # without a default is fine when the spec sets it
+            return self.bind(self._named(name), kwargs, name) if kwargs else self.resolve(name)
+        obj = self._named(spec)
+        if self.arity is not None:
+            check_signature(obj, self.field, spec, self.takes, self.arity)
+        return obj
+
+    def _named(self, spec: str):
+        """The registered object named ``spec``, else the one ``module:attr`` / ``file.py:attr`` names."""
         if spec in self:
             obj = self[spec]
         elif ":" not in spec:
@@ -95,8 +103,6 @@ class Registry(dict):
                              f"({', '.join(sorted(self))}) nor 'module:function' / 'file.py:function'")
         else:
             obj = load_object(spec, self.field)
-        if self.arity is not None:
-            check_signature(obj, self.field, spec, self.takes, self.arity)
         return obj
 
     def bind(self, obj, kwargs: dict[str, Any], name: str):
@@ -249,6 +255,8 @@ def bind_options(options_type, run_fields: frozenset[str], field: str, takes: st
             _check_type(fields[key].default, value, f"{field}: {name}: argument {key}")
             if key in (ranges or {}):
                 ranges[key].check(value, f"{field}: {name}: argument {key}")
+        if not mine:  # bind_kwargs checks the signature with the arguments bound
+            check_signature(obj, field, name, takes, arity)
         bound = bind_kwargs(obj, mine, field, name, takes, arity) if mine else obj
         return OptionsBound(bound, options) if options else bound
     return binds
