@@ -355,6 +355,10 @@ CASES = [
          reward_file(REQUIRED_ALPHA, "kw.py")),
     Case("a keyword-only argument without a default of a user rule, not set", "components", "refuse",
          lambda w: out(w, "--downsampling_rule", f"{w / 'kw.py'}:rule"), reward_file(REQUIRED_ALPHA, "kw.py")),
+    Case("reward_funcs: a name, then a JSON mapping with arguments", "components", "succeed",
+         lambda w: out(w, "--reward_funcs", f'arithmetic_correct,{{"name": "{w / "kw.py"}:reward", "bonus": 2}}'),
+         reward_file("def reward(prompts, completions, bonus=1.0, **kw):\n    return [bonus * len(c) / 10 for c in "
+                     "completions]\n", "kw.py")),
     Case("test prompts a reordered subset of the train prompts", "warning", "succeed",
          lambda w: out(w, *JSONL, "--train_data", str(EXAMPLES / "sums_train.jsonl"), "--test_data",
                        str(w / "subset.jsonl")),

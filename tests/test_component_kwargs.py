@@ -211,6 +211,23 @@ def test_reward_funcs_take_a_list_of_names_and_mappings(user):
         parse_value("downsampling_rule", [{"name": "a", "k": 1}])
 
 
+def test_reward_funcs_take_a_comma_list_of_names_and_json_mappings_as_compares_rules_do(user, monkeypatch, capsys):
+    """#57: 'arithmetic_correct,{"name": ...}' was split at every comma: 'file not found: {"name"...'."""
+    mapping = {"name": user("parity_bonus"), "bonus": 2.0}
+    text = f'arithmetic_format, {json.dumps(mapping)},arithmetic_correct'
+    assert parse_value("reward_funcs", text) == ["arithmetic_format", mapping, "arithmetic_correct"]
+    assert parse_value("reward_funcs", '{"name": "a", "s": "x,{y"}, b') == [{"name": "a", "s": "x,{y"}, "b"]
+    cfg = make_config(overrides={"reward_funcs": text, "reward_weights": "1,0.5,1"})
+    assert isinstance(load_reward_fn(cfg.reward_specs[1]), Bound)
+    with pytest.raises(ValueError, match=r"^reward_funcs: key 'bonus' given twice in "):
+        parse_value("reward_funcs", 'arithmetic_format,{"name": "a", "bonus": 1, "bonus": 2}')
+    monkeypatch.setattr(cli, "train", lambda cfg: pytest.fail("training started"))
+    assert cli.main(["train", "--reward_funcs", 'arithmetic_format,{"name": "a.py:f", "x": oops}']) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "podsrl train: error: reward_funcs: not valid JSON (Expecting value: line 1 column 25 (char 24)): "
+        "'{\"name\": \"a.py:f\", \"x\": oops}'"]
+
+
 def test_config_json_round_trips_and_a_resume_compares_the_arguments(user, tmp_path):
     """config.json (JSON) keeps a mapping spec as a mapping; the config read back and its
     command-line form are equal, so a resume with the same arguments passes and one with
