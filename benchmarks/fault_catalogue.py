@@ -163,6 +163,11 @@ def reward_case(name: str, body: str, policy: str = "raise", file: str = "my_rew
                 reward_file(source, file))
 
 
+def train_file(work: Path, name: str) -> list[str]:
+    """Options of a jsonl-task run training on work/NAME, held out on the examples' test file."""
+    return out(work, *JSONL, "--train_data", str(work / name), "--test_data", str(EXAMPLES / "sums_test.jsonl"))
+
+
 def ctrl_c_after(seconds: float) -> list[str]:
     """A background process that sends the case's podsrl process (found by its working folder)
     a SIGINT, as a Ctrl-C does, ``seconds`` after it started."""
@@ -393,6 +398,20 @@ CASES = [
          lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"],
          lambda w: (exported_run(w), (w / "hf" / "README.md").write_text("# my notes\n")),
          lambda w: list((w / "hf").iterdir()), command="export"),
+    # #57: files that are not UTF-8 or not their format, named with their line
+    Case("train data: bytes not UTF-8 in JSON Lines without a .jsonl suffix", "files", "refuse",
+         lambda w: train_file(w, "rows.txt"),
+         lambda w: (w / "rows.txt").write_bytes((EXAMPLES / "sums_train.jsonl").read_bytes().replace(b"What",
+                                                                                                   b"Wh\xe4t"))),
+    Case("train data: bytes not UTF-8 in a CSV file", "files", "refuse", lambda w: train_file(w, "rows.csv"),
+         lambda w: (w / "rows.csv").write_bytes(b'question,answer\n"What is 1 + 1?",2\n"caf\xe9",3\n')),
+    Case("train data: a corrupt parquet file", "files", "refuse", lambda w: train_file(w, "rows.parquet"),
+         lambda w: (w / "rows.parquet").write_bytes(b"PAR1" + b"\0garbage" * 50)),
+    Case("a config YAML not in UTF-8", "config", "refuse", lambda w: out(w, "--config", str(w / "latin.yaml")),
+         lambda w: (w / "latin.yaml").write_bytes(b"learning_rate: 1.0e-3  # caf\xe9\n")),
+    Case("export of a run whose config.json is cut off", "files", "refuse", lambda w: [str(w / "run"), str(w / "hf")],
+         lambda w: (finished_run(w), (w / "run" / "config.json").write_text('{\n  "model": "ti')), run_files,
+         command="export"),
     # #57: exports onto links, and their permissions
     Case("export --overwrite onto a link to an earlier export", "data loss", "succeed",
          lambda w: [str(w / "run"), str(w / "lnk"), "--overwrite"], linked_export,

@@ -128,7 +128,11 @@ def test_yaml_errors_name_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"bad.yaml line 3: learning_rate: expected float"):
         make_config(path)
     path.write_text("method: pods\nmax_steps: [1\n")
-    with pytest.raises(ValueError, match=r"bad.yaml line \d+: invalid YAML"):
+    with pytest.raises(ValueError, match=r"bad.yaml line \d+: invalid YAML: while parsing a flow sequence; expected "
+                                         r"',' or '\]', but got '<stream end>'$"):  # one line (#57)
+        make_config(path)
+    path.write_bytes(b"method: pods\n# caf\xe9\n")  # #57: Python's decode error named no file
+    with pytest.raises(ValueError, match=r"^.*bad.yaml line 2: not valid UTF-8 \(byte b'\\xe9'\); save it as UTF-8$"):
         make_config(path)
     with pytest.raises(FileNotFoundError, match="config: file not found"):
         make_config(tmp_path / "nope.yaml")

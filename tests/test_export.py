@@ -189,6 +189,31 @@ def test_refusals_name_the_path(full_run, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("config.json", b'{\n  "model": "ti', "config.json: not valid JSON (Unterminated string starting at: line 2"),
+    ("config.json", b"[1, 2]\n", "config.json: expected a JSON object, got list"),
+    ("data.json", b'{"task": "caf\xe9"}', "data.json line 1: not valid UTF-8 (byte b'\\xe9')"),
+    ("environment.json", b"{oops", "environment.json: not valid JSON (Expecting property name"),
+    ("summary.json", b"\xff\xfe{}", "summary.json line 1: not valid UTF-8"),
+    ("summary.json", b'{"steps": 1}', "summary.json: has no 'steps' and 'train_seconds' numbers"),
+    ("metrics.jsonl", b'{"step": 1}\n{"step": "caf\xe9"}\n', "metrics.jsonl, line 2: not valid UTF-8"),
+    ("checkpoints/step_0000001/trainer_state.json", b'{"step": ', "trainer_state.json: not valid JSON (Expecting"),
+])
+def test_a_damaged_json_file_of_the_run_is_one_line_naming_it(full_run, tmp_path, monkeypatch, capsys, name, content,
+                                                               message):
+    """#57: a run's damaged config.json (and the like) came out as Python's message, naming no file."""
+    import podsrl.trainer.export as export_module
+
+    run = shutil.copytree(full_run, tmp_path / "run")
+    (run / name).write_bytes(content)
+    monkeypatch.setattr(export_module, "load_model", lambda *a, **k: pytest.fail("loaded a model before refusing"))
+    flags = ["--checkpoint", "step_0000001"] if "checkpoints" in name else []
+    assert main(["export", str(run), str(tmp_path / "hf"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"podsrl export: error: {run / name.rpartition('/')[0]}") and message in err, err
+    assert "\n" not in err and not (tmp_path / "hf").exists()
+
+
 def test_overwrite_replaces_only_what_podsrl_exported(full_run, tmp_path, capsys):
     """#38: --overwrite deleted any destination holding a config.json: a run, a user's model
     or project folder. Now only a folder carrying podsrl's export marker is replaced."""

@@ -46,7 +46,7 @@ from podsrl.trainer.logging import say
 from podsrl.trainer.model_card import model_card
 from podsrl.trainer.ownership import digests, unproven_exported
 from podsrl.trainer.run_dir import MODEL_FILES, is_model_folder, is_run_folder
-from podsrl.trainer.run_info import RunInfo, Source, read_run_info
+from podsrl.trainer.run_info import RunInfo, Source, read_json, read_run_info
 
 EXPORT_MARKER = "podsrl_export.json"  # what was exported, from where, each file's digest; --overwrite requires it
 # names every export writes, whatever the model: a file podsrl cannot prove is its own under one
@@ -90,8 +90,7 @@ def _final_source(info: RunInfo) -> Source:
         available = ", ".join(p.name for p in list_checkpoints(info.run_dir / "checkpoints")) or "none"
         raise FileNotFoundError(f"{model_dir}: no finished model (the run has not finished); export a "
                                 f"checkpoint with --checkpoint instead (checkpoints: {available})")
-    done = json.loads(summary.read_text())
-    return Source(model_dir, "final model", done["steps"], done["train_seconds"])
+    return Source(model_dir, "final model", *_step_and_seconds(read_json(summary), summary, "steps"))
 
 
 def _checkpoint_source(info: RunInfo, checkpoint: str | Path) -> Source:
@@ -103,8 +102,14 @@ def _checkpoint_source(info: RunInfo, checkpoint: str | Path) -> Source:
         available = ", ".join(p.name for p in list_checkpoints(info.run_dir / "checkpoints")) or "none"
         raise FileNotFoundError(f"{path}: not a podsrl checkpoint (no {WEIGHTS_FILE} and {STATE_FILE}); "
                                 f"checkpoints of {info.run_dir}: {available}")
-    state = json.loads((path / STATE_FILE).read_text())
-    return Source(path, f"checkpoint {path.name}", state["step"], state["train_seconds"])
+    return Source(path, f"checkpoint {path.name}", *_step_and_seconds(read_json(path / STATE_FILE), path / STATE_FILE))
+
+
+def _step_and_seconds(saved: dict, path: Path, step: str = "step") -> tuple[int, float]:
+    """What the model card says of the exported step: its number and the training time to it."""
+    if not (isinstance(saved.get(step), int) and isinstance(saved.get("train_seconds"), (int, float))):
+        raise ValueError(f"{path}: has no {step!r} and 'train_seconds' numbers; not podsrl's (or damaged)")
+    return saved[step], saved["train_seconds"]
 
 
 def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) -> None:
