@@ -398,6 +398,15 @@ CASES = [
          lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"],
          lambda w: (exported_run(w), (w / "hf" / "README.md").write_text("# my notes\n")),
          lambda w: list((w / "hf").iterdir()), command="export"),
+    # #57: engines: early stop with one that declares nothing
+    Case("group_early_stop with a user engine that declares no capabilities", "components", "refuse",
+         lambda w: out(w, "--generation_engine", f"{w / 'ext.py'}:Plain", "--group_early_stop", "true",
+                       "--generation_micro_group", "4", "--generation_schedule", "round_robin"),
+         reward_file("from podsrl.rollout import SlotsEngine\nclass Plain:\n    def __init__(self, options):\n"
+                     "        self.inner = SlotsEngine(options)\n    def __call__(self, *args, **kwargs):\n"
+                     "        return self.inner(*args, **kwargs)\n    def state_dict(self):\n        return {}\n"
+                     "    def check_state(self, state):\n        pass\n    def load_state_dict(self, state):\n"
+                     "        pass\n", "ext.py")),
     # #57: files that are not UTF-8 or not their format, named with their line
     Case("train data: bytes not UTF-8 in JSON Lines without a .jsonl suffix", "files", "refuse",
          lambda w: train_file(w, "rows.txt"),

@@ -19,9 +19,9 @@ from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
 from podsrl.prompt_selection import PROMPT_SELECTORS
-from podsrl.registry import NAME_KEY, spec_parts
+from podsrl.registry import NAME_KEY, component_label, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
-from podsrl.rollout import ENGINES, REFILLS, SCHEDULES, capability
+from podsrl.rollout import ENGINES, REFILLS, SCHEDULES, capability, early_stop_refusal
 from podsrl.rollout.generation_copy import COPY_DTYPES
 from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
 from podsrl.tasks import TASKS, check_task_spec, is_known_task
@@ -180,9 +180,10 @@ def _check_early_stop(cfg) -> None:
     require(METHODS[cfg.method].selects and cfg.downsampling_rule == "max_variance",
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    for refusal in (_engine_capability(cfg, "early_stop_refusal"),
-                    SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal):
-        require(not refusal, f"group_early_stop: {refusal}")
+    refusal = early_stop_refusal(ENGINES.resolve(cfg.generation_engine), component_label(cfg.generation_engine))
+    require(not refusal, refusal)
+    refusal = SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal
+    require(not refusal, f"group_early_stop: {refusal}")
     require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
             "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
             "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")

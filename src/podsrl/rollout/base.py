@@ -22,7 +22,7 @@ Stopper = Callable[[list[int], list[list[int]]], list[int]]
 # what an engine that does not declare a capability is taken to have: config checks read these
 # from the engine's class, so a capability is tested, never an engine's name
 CAPABILITIES = {
-    "early_stop_refusal": "it does not declare early_stop_refusal = '' (the stopper it would be given)",
+    "early_stop_refusal": "declares no early_stop_refusal ('' = it takes the stopper group_early_stop passes)",
     "memory_capped": False,  # honours generation_memory_mb
     "runs_schedules": False,  # runs generation_schedule and generation_refill (SCHEDULES)
     "makes_generation_copy": False,  # generates from a generation copy (generation_dtype)
@@ -85,12 +85,21 @@ class Stateless:
         self.check_state(state)
 
 
+def early_stop_refusal(engine, name: str) -> str:
+    """The one line refusing group_early_stop with ``engine`` (``name``: as the config names it),
+    "" when it takes a stopper. An engine that declares nothing is named: the line is about it."""
+    refusal = capability(engine, "early_stop_refusal")
+    if refusal and not hasattr(engine, "early_stop_refusal"):
+        return f"generation_engine: {name} {refusal}; group_early_stop needs an engine that stops groups early"
+    return f"group_early_stop: {refusal}" if refusal else ""
+
+
 def refuse_early_stop(engine, stopper: Stopper | None) -> None:
     """The one refusal of a stopper by an engine that cannot stop groups early (the config
     check refuses the combination first; this guards a direct call)."""
-    refusal = capability(engine, "early_stop_refusal")
+    refusal = early_stop_refusal(engine, getattr(engine, "name", type(engine).__name__))
     if stopper is not None and refusal:
-        raise ValueError(f"group_early_stop: {refusal}")
+        raise ValueError(refusal)
 
 
 def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
