@@ -3,7 +3,8 @@ catalogue of bad inputs and faults, each in a fresh process with a deadline, and
 
 Verdicts: `clean error` (non-zero exit, a one-line `podsrl train: ...` message, no traceback),
 `handled` (the run went on or finished as documented), `traceback`, `hang` (killed at the
-deadline), `silent` (exit 0 where the input should have been refused), `data lost` (a file
+deadline), `silent` (exit 0 where the input should have been refused, or without the warning
+the case expects), `data lost` (a file
 that existed before the case changed or vanished), `wrong: ...` (it ended as expected but
 left something other than what the case checks afterwards). Target: only the first two.
 
@@ -57,6 +58,7 @@ class Case:
     file_size_limit: int = 0  # bytes any file may grow to (RLIMIT_FSIZE): a full disk as writes see it; 0 = none
     venv: str = ""  # the environment whose podsrl runs the case, in the repository ('' = this one's)
     after: Callable[[Path], str] = lambda work: ""  # what is wrong with what the case left, in words ('' = nothing)
+    says: str = ""  # text stderr must hold when the case succeeds (its warning), else it was silent
 
 
 def podsrl_command(venv: str = "") -> list[str]:
@@ -407,6 +409,20 @@ CASES = [
                      "        return self.inner(*args, **kwargs)\n    def state_dict(self):\n        return {}\n"
                      "    def check_state(self, state):\n        pass\n    def load_state_dict(self, state):\n"
                      "        pass\n", "ext.py")),
+    # #57: options the run does not read: warned (a config copied between engines is common), the run goes on
+    Case("vllm options given to the hf engine", "warning", "succeed",
+         lambda w: out(w, "--vllm_enforce_eager", "true", "--vllm_gpu_memory_utilization", "0.5"),
+         says="warning: generation_engine hf does not read vllm_gpu_memory_utilization = 0.5 (read by vllm)"),
+    Case("generation_micro_group given to the hf engine", "warning", "succeed",
+         lambda w: out(w, "--generation_micro_group", "4"),
+         says="warning: generation_engine hf does not read generation_micro_group = 4 (read by slots)"),
+    Case("generation_micro_group given to the vllm engine", "warning", "succeed",
+         lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--generation_micro_group",
+                       "4"), venv=".venv-vllm",
+         says="warning: generation_engine vllm does not read generation_micro_group = 4 (read by slots)"),
+    Case("dynamic_sampling_rounds without dynamic_sampling", "warning", "succeed",
+         lambda w: out(w, "--dynamic_sampling_rounds", "5"),
+         says="warning: dynamic_sampling_rounds = 5: read only with dynamic_sampling true"),
     # #57: files that are not UTF-8 or not their format, named with their line
     Case("train data: bytes not UTF-8 in JSON Lines without a .jsonl suffix", "files", "refuse",
          lambda w: train_file(w, "rows.txt"),
@@ -478,6 +494,8 @@ def judge(case: Case, code: int | None, stderr: str, lost: list[str], wrong: str
     if case.expect == "refuse":
         last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
         return "clean error" if code != 0 and last.startswith(f"podsrl {case.command}:") else "silent"
+    if code == 0 and case.says not in stderr:
+        return "silent"
     return "handled" if code == 0 else "traceback"
 
 

@@ -27,7 +27,13 @@ CAPABILITIES = {
     "runs_schedules": False,  # runs generation_schedule and generation_refill (SCHEDULES)
     "makes_generation_copy": False,  # generates from a generation copy (generation_dtype)
     "needs_whole_weights": False,  # each process's engine needs the whole weights (refused under FSDP)
+    # the GenerationOptions fields it reads; the config warns about another engine's options set for it
+    # (None: undeclared, a user's engine may read any, so nothing is warned about)
+    "reads_options": None,
 }
+
+
+SAMPLING = frozenset({"max_new_tokens", "temperature", "top_p"})  # GenerationOptions every engine reads
 
 
 def capability(engine, name: str):
@@ -42,7 +48,8 @@ class GenerationEngine(Protocol):
 
     Capabilities, class attributes (:data:`CAPABILITIES`: what an engine that does not declare
     one is taken to have): ``early_stop_refusal`` (why it cannot take a ``stopper``; "" = it
-    can), ``memory_capped``, ``runs_schedules``, ``makes_generation_copy``, ``needs_whole_weights``.
+    can), ``memory_capped``, ``runs_schedules``, ``makes_generation_copy``, ``needs_whole_weights``,
+    ``reads_options``.
 
     Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples,
     **sampling)`` with the signature of :func:`podsrl.rollout.generate` (evaluation then runs on
@@ -54,6 +61,7 @@ class GenerationEngine(Protocol):
     runs_schedules: bool
     makes_generation_copy: bool
     needs_whole_weights: bool
+    reads_options: frozenset[str] | None
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
