@@ -3,8 +3,10 @@ catalogue of bad inputs and faults, each in a fresh process with a deadline, and
 
 Verdicts: `clean error` (non-zero exit, a one-line `podsrl train: ...` message, no traceback),
 `handled` (the run went on or finished as documented), `traceback`, `hang` (killed at the
-deadline), `silent` (exit 0 where the input should have been refused), `data lost` (a file
-that existed before the case changed or vanished). Target: only the first two.
+deadline), `silent` (exit 0 where the input should have been refused, or without the warning
+the case expects), `data lost` (a file
+that existed before the case changed or vanished), `wrong: ...` (it ended as expected but
+left something other than what the case checks afterwards). Target: only the first two.
 
     python benchmarks/fault_catalogue.py [--only SUBSTRING] [--deadline 120] [--record NAME]
 
@@ -20,6 +22,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -54,6 +57,8 @@ class Case:
     command: str = "train"  # the podsrl subcommand run: train (after QUICK's options), export, eval, compare
     file_size_limit: int = 0  # bytes any file may grow to (RLIMIT_FSIZE): a full disk as writes see it; 0 = none
     venv: str = ""  # the environment whose podsrl runs the case, in the repository ('' = this one's)
+    after: Callable[[Path], str] = lambda work: ""  # what is wrong with what the case left, in words ('' = nothing)
+    says: str = ""  # text stderr must hold when the case succeeds (its warning), else it was silent
     # a program other than podsrl: its argv before args (scripts in the repository, run with the
     # case's Python; "accelerate" = that environment's launcher), and how its clean error begins
     program: tuple[str, ...] = ()
@@ -100,6 +105,33 @@ def exported_run(work: Path) -> None:
     finished_run(work)
     subprocess.run([*podsrl_command(), "export", str(work / "run"), str(work / "hf")], check=True,
                    capture_output=True, text=True, timeout=600)
+
+
+def linked_export(work: Path) -> None:
+    """An export in work/hf holding a user's my_eval.csv, and a link work/lnk to it."""
+    exported_run(work)
+    (work / "hf" / "my_eval.csv").write_text("prompt,correct\n")
+    (work / "lnk").symlink_to("hf")
+
+
+def link_kept(work: Path) -> str:
+    """What is wrong after an export onto work/lnk: the link replaced, or a hidden leftover beside it."""
+    hidden = sorted(p.name for p in work.iterdir() if p.name.startswith("."))
+    return ("lnk is no longer a link" if not (work / "lnk").is_symlink() else
+            f"left {', '.join(hidden)}" if hidden else "")
+
+
+def umask_modes(folder_mode: int = 0):
+    """What is wrong with work/hf's permissions: the folder not ``folder_mode`` (0: the umask's),
+    an exported file not the umask's."""
+    def check(work: Path) -> str:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [work / "hf", *(work / "hf").iterdir()]}
+        wanted = {name: 0o666 & ~mask for name in modes} | {"hf": folder_mode or 0o777 & ~mask}
+        return ", ".join(f"{name} {oct(modes[name])}, not {oct(wanted[name])}" for name in modes
+                         if modes[name] != wanted[name])
+    return check
 
 
 def file_size_limit(limit: int):
@@ -149,6 +181,11 @@ def reward_case(name: str, body: str, policy: str = "raise", file: str = "my_rew
                 reward_file(source, file))
 
 
+def train_file(work: Path, name: str) -> list[str]:
+    """Options of a jsonl-task run training on work/NAME, held out on the examples' test file."""
+    return out(work, *JSONL, "--train_data", str(work / name), "--test_data", str(EXAMPLES / "sums_test.jsonl"))
+
+
 def ctrl_c_after(seconds: float) -> list[str]:
     """A background process that sends the case's podsrl process (found by its working folder)
     a SIGINT, as a Ctrl-C does, ``seconds`` after it started."""
@@ -180,6 +217,8 @@ SELECTOR = ("from podsrl.prompt_selection import ShuffledPass\nclass component(S
             "    def take(self, count, step=0, group_size=0):\n        taken = super().take(count, step, group_size)\n")
 ENGINE = ("from podsrl.rollout import HFEngine\nclass component(HFEngine):\n"
           "    def __call__(self, *args, **kwargs):\n        made = super().__call__(*args, **kwargs)\n")
+REQUIRED_ALPHA = ("from podsrl.algorithms.select import max_variance\n"
+                  "def rule(rewards, m, generator=None, *, alpha):\n    return max_variance(rewards, m)\n")
 EXTENSION_CASES = [
     extension_case("rule returns [P, 1]", "downsampling_rule", RULE + "    return max_variance(rewards, m)[:, :1]\n"),
     extension_case("rule returns [P, m + 2]", "downsampling_rule",
@@ -334,6 +373,15 @@ CASES = [
          reward_file("from podsrl.algorithms.select import max_variance\n"
                      "def rule(rewards, m, generator=None, *, alpha=1.0):\n    return max_variance(rewards, m)\n",
                      "kw.py")),
+    Case("a keyword-only argument without a default of a user rule, set", "components", "succeed",
+         lambda w: out(w, "--downsampling_rule", json.dumps({"name": f"{w / 'kw.py'}:rule", "alpha": 2})),
+         reward_file(REQUIRED_ALPHA, "kw.py")),
+    Case("a keyword-only argument without a default of a user rule, not set", "components", "refuse",
+         lambda w: out(w, "--downsampling_rule", f"{w / 'kw.py'}:rule"), reward_file(REQUIRED_ALPHA, "kw.py")),
+    Case("reward_funcs: a name, then a JSON mapping with arguments", "components", "succeed",
+         lambda w: out(w, "--reward_funcs", f'arithmetic_correct,{{"name": "{w / "kw.py"}:reward", "bonus": 2}}'),
+         reward_file("def reward(prompts, completions, bonus=1.0, **kw):\n    return [bonus * len(c) / 10 for c in "
+                     "completions]\n", "kw.py")),
     Case("test prompts a reordered subset of the train prompts", "warning", "succeed",
          lambda w: out(w, *JSONL, "--train_data", str(EXAMPLES / "sums_train.jsonl"), "--test_data",
                        str(w / "subset.jsonl")),
@@ -368,6 +416,52 @@ CASES = [
          lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"],
          lambda w: (exported_run(w), (w / "hf" / "README.md").write_text("# my notes\n")),
          lambda w: list((w / "hf").iterdir()), command="export"),
+    # #57: engines: early stop with one that declares nothing
+    Case("group_early_stop with a user engine that declares no capabilities", "components", "refuse",
+         lambda w: out(w, "--generation_engine", f"{w / 'ext.py'}:Plain", "--group_early_stop", "true",
+                       "--generation_micro_group", "4", "--generation_schedule", "round_robin"),
+         reward_file("from podsrl.rollout import SlotsEngine\nclass Plain:\n    def __init__(self, options):\n"
+                     "        self.inner = SlotsEngine(options)\n    def __call__(self, *args, **kwargs):\n"
+                     "        return self.inner(*args, **kwargs)\n    def state_dict(self):\n        return {}\n"
+                     "    def check_state(self, state):\n        pass\n    def load_state_dict(self, state):\n"
+                     "        pass\n", "ext.py")),
+    # #57: options the run does not read: warned (a config copied between engines is common), the run goes on
+    Case("vllm options given to the hf engine", "warning", "succeed",
+         lambda w: out(w, "--vllm_enforce_eager", "true", "--vllm_gpu_memory_utilization", "0.5"),
+         says="warning: generation_engine hf does not read vllm_gpu_memory_utilization = 0.5 (read by vllm)"),
+    Case("generation_micro_group given to the hf engine", "warning", "succeed",
+         lambda w: out(w, "--generation_micro_group", "4"),
+         says="warning: generation_engine hf does not read generation_micro_group = 4 (read by slots)"),
+    Case("generation_micro_group given to the vllm engine", "warning", "succeed",
+         lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--generation_micro_group",
+                       "4"), venv=".venv-vllm",
+         says="warning: generation_engine vllm does not read generation_micro_group = 4 (read by slots)"),
+    Case("dynamic_sampling_rounds without dynamic_sampling", "warning", "succeed",
+         lambda w: out(w, "--dynamic_sampling_rounds", "5"),
+         says="warning: dynamic_sampling_rounds = 5: read only with dynamic_sampling true"),
+    # #57: files that are not UTF-8 or not their format, named with their line
+    Case("train data: bytes not UTF-8 in JSON Lines without a .jsonl suffix", "files", "refuse",
+         lambda w: train_file(w, "rows.txt"),
+         lambda w: (w / "rows.txt").write_bytes((EXAMPLES / "sums_train.jsonl").read_bytes().replace(b"What",
+                                                                                                   b"Wh\xe4t"))),
+    Case("train data: bytes not UTF-8 in a CSV file", "files", "refuse", lambda w: train_file(w, "rows.csv"),
+         lambda w: (w / "rows.csv").write_bytes(b'question,answer\n"What is 1 + 1?",2\n"caf\xe9",3\n')),
+    Case("train data: a corrupt parquet file", "files", "refuse", lambda w: train_file(w, "rows.parquet"),
+         lambda w: (w / "rows.parquet").write_bytes(b"PAR1" + b"\0garbage" * 50)),
+    Case("a config YAML not in UTF-8", "config", "refuse", lambda w: out(w, "--config", str(w / "latin.yaml")),
+         lambda w: (w / "latin.yaml").write_bytes(b"learning_rate: 1.0e-3  # caf\xe9\n")),
+    Case("export of a run whose config.json is cut off", "files", "refuse", lambda w: [str(w / "run"), str(w / "hf")],
+         lambda w: (finished_run(w), (w / "run" / "config.json").write_text('{\n  "model": "ti')), run_files,
+         command="export"),
+    # #57: exports onto links, and their permissions
+    Case("export --overwrite onto a link to an earlier export", "data loss", "succeed",
+         lambda w: [str(w / "run"), str(w / "lnk"), "--overwrite"], linked_export,
+         lambda w: [w / "hf" / "my_eval.csv"], command="export", after=link_kept),
+    Case("export gets the umask's permissions", "files", "succeed", lambda w: [str(w / "run"), str(w / "hf")],
+         finished_run, command="export", after=umask_modes()),
+    Case("export --overwrite keeps the folder's permissions", "files", "succeed",
+         lambda w: [str(w / "run"), str(w / "hf"), "--overwrite"], lambda w: (exported_run(w), (w / "hf").chmod(0o750)),
+         command="export", after=umask_modes(0o750)),
     Case("export to a full disk (file size limit)", "full disk", "refuse", lambda w: [str(w / "run"), str(w / "hf")],
          finished_run, command="export", file_size_limit=1_000_000),
     Case("a full disk while logging the steps (file size limit)", "full disk", "refuse",
@@ -429,9 +523,11 @@ def said(case: Case, stderr: str) -> str:
     return "\n".join(lines[:next((k for k, line in enumerate(lines) if LAUNCHER_REPORT in line), None)])
 
 
-def judge(case: Case, code: int | None, stderr: str, lost: list[str]) -> str:
+def judge(case: Case, code: int | None, stderr: str, lost: list[str], wrong: str = "") -> str:
     if lost:
         return "data lost"
+    if wrong:
+        return f"wrong: {wrong}"
     if code is None:
         return "hang"
     stderr = said(case, stderr)
@@ -440,6 +536,8 @@ def judge(case: Case, code: int | None, stderr: str, lost: list[str]) -> str:
     if case.expect == "refuse":
         last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
         return "clean error" if code != 0 and last.startswith(case.clean_error_prefix()) else "silent"
+    if code == 0 and case.says not in stderr:
+        return "silent"
     return "handled" if code == 0 else "traceback"
 
 
@@ -468,9 +566,10 @@ def run_case(case: Case, deadline: float) -> dict:
                 holder.wait()
         after = fingerprint([Path(p) for p in before])
         lost = [p for p in before if before[p] != after[p]]
+        wrong = case.after(work)
     last = said(case, stderr).strip().splitlines()[-1] if said(case, stderr).strip() else ""
     return {"case": case.name, "class": case.fault, "exit": "none (killed)" if code is None else code,
-            "verdict": judge(case, code, stderr, lost), "last line": last[:160]}
+            "verdict": judge(case, code, stderr, lost, wrong), "last line": last[:160]}
 
 
 def main() -> int:

@@ -211,6 +211,23 @@ def test_reward_funcs_take_a_list_of_names_and_mappings(user):
         parse_value("downsampling_rule", [{"name": "a", "k": 1}])
 
 
+def test_reward_funcs_take_a_comma_list_of_names_and_json_mappings_as_compares_rules_do(user, monkeypatch, capsys):
+    """#57: 'arithmetic_correct,{"name": ...}' was split at every comma: 'file not found: {"name"...'."""
+    mapping = {"name": user("parity_bonus"), "bonus": 2.0}
+    text = f'arithmetic_format, {json.dumps(mapping)},arithmetic_correct'
+    assert parse_value("reward_funcs", text) == ["arithmetic_format", mapping, "arithmetic_correct"]
+    assert parse_value("reward_funcs", '{"name": "a", "s": "x,{y"}, b') == [{"name": "a", "s": "x,{y"}, "b"]
+    cfg = make_config(overrides={"reward_funcs": text, "reward_weights": "1,0.5,1"})
+    assert isinstance(load_reward_fn(cfg.reward_specs[1]), Bound)
+    with pytest.raises(ValueError, match=r"^reward_funcs: key 'bonus' given twice in "):
+        parse_value("reward_funcs", 'arithmetic_format,{"name": "a", "bonus": 1, "bonus": 2}')
+    monkeypatch.setattr(cli, "train", lambda cfg: pytest.fail("training started"))
+    assert cli.main(["train", "--reward_funcs", 'arithmetic_format,{"name": "a.py:f", "x": oops}']) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "podsrl train: error: reward_funcs: not valid JSON (Expecting value: line 1 column 25 (char 24)): "
+        "'{\"name\": \"a.py:f\", \"x\": oops}'"]
+
+
 def test_config_json_round_trips_and_a_resume_compares_the_arguments(user, tmp_path):
     """config.json (JSON) keeps a mapping spec as a mapping; the config read back and its
     command-line form are equal, so a resume with the same arguments passes and one with
@@ -292,6 +309,37 @@ def test_a_keyword_only_argument_is_bound_for_every_kind_and_a_wrong_name_still_
     rewards = torch.tensor([[0.0, 1.0, 0.5, 0.25]])
     assert select({"name": f"{path}:ranked", "keep": "highest"}, rewards, 2).tolist() == [[1, 2]]
     assert make_config(overrides={"downsampling_rule": json.dumps({"name": f"{path}:ranked", "keep": "highest"})})
+
+
+KEYWORD_ONLY = {'keep="lowest"': "*, keep", "factor=1.0": "*, factor", "scale=1.0": "*, scale",
+                'label="plain"': "*, label", "back=0": "*, back", "num_train=100": "*, num_train",
+                "bonus=1.0, **columns": "*, bonus, **columns", "offset=0": "*, offset"}
+
+
+def test_a_keyword_only_argument_without_a_default_is_accepted_bound_and_refused_unbound_naming_it(tmp_path):
+    """#57: the signature was checked before the spec's arguments were bound, so a required
+    keyword-only argument was refused even when the config set it."""
+    source = USER_CODE
+    for old, new in KEYWORD_ONLY.items():
+        source = source.replace(old, new)
+    path = tmp_path / "required.py"
+    path.write_text(source)
+    for field, name, key, value, _ in KINDS:
+        spec = f"{path}:{name}"
+        assert bound_arguments(COMPONENTS[field].resolve({"name": spec, key: value})) == {key: value}
+        if COMPONENTS[field].arity is None:  # a schedule's pick is called by the engine; a reward's are columns
+            continue
+        with pytest.raises(ValueError) as refused:
+            COMPONENTS[field].resolve(spec)
+        assert str(refused.value) == (f"{field}: {spec}: keyword-only argument '{key}' has no default and no value "
+                                      f"in the config: set it ({{\"name\": \"{spec}\", \"{key}\": ...}}) or "
+                                      f"give it a default")
+    rule = json.dumps({"name": f"{path}:ranked", "keep": "highest"})
+    assert make_config(overrides={"downsampling_rule": rule, "prompt_selector": json.dumps(
+        {"name": f"{path}:Offset", "offset": 1}), "reward_funcs": json.dumps([{"name": f"{path}:parity_bonus",
+                                                                              "bonus": 0.5}])})
+    rewards = torch.tensor([[0.0, 1.0, 0.5, 0.25]])
+    assert select(json.loads(rule), rewards, 2).tolist() == [[1, 2]]
 
 
 def test_a_built_in_components_argument_out_of_range_is_refused_at_set_up(monkeypatch, capsys):

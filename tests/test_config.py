@@ -128,7 +128,11 @@ def test_yaml_errors_name_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"bad.yaml line 3: learning_rate: expected float"):
         make_config(path)
     path.write_text("method: pods\nmax_steps: [1\n")
-    with pytest.raises(ValueError, match=r"bad.yaml line \d+: invalid YAML"):
+    with pytest.raises(ValueError, match=r"bad.yaml line \d+: invalid YAML: while parsing a flow sequence; expected "
+                                         r"',' or '\]', but got '<stream end>'$"):  # one line (#57)
+        make_config(path)
+    path.write_bytes(b"method: pods\n# caf\xe9\n")  # #57: Python's decode error named no file
+    with pytest.raises(ValueError, match=r"^.*bad.yaml line 2: not valid UTF-8 \(byte b'\\xe9'\); save it as UTF-8$"):
         make_config(path)
     with pytest.raises(FileNotFoundError, match="config: file not found"):
         make_config(tmp_path / "nope.yaml")
@@ -241,3 +245,59 @@ def test_a_key_given_twice_in_a_yaml_flow_mapping_is_an_error_too(tmp_path):
     path.write_text("max_steps: 3\nadvantage_estimator: {name: group, eps: 1.0e-3}\nreward_funcs: [{name: "
                     "arithmetic_format}, {name: arithmetic_correct}]\n")  # one key per mapping: loads
     assert make_config(path).advantage_estimator == {"name": "group", "eps": 1e-3}
+
+
+IGNORED = [  # (overrides, the warning's lines): #57, options an engine does not read were accepted in silence
+    ({"vllm_enforce_eager": "true", "vllm_max_model_length": "64"},
+     ["generation_engine hf does not read vllm_max_model_length = 64 (read by vllm), vllm_enforce_eager = true (read "
+      "by vllm): they have no effect in this run"]),
+    ({"generation_micro_group": "8"},
+     ["generation_engine hf does not read generation_micro_group = 8 (read by slots): it has no effect in this run"]),
+    ({"generation_engine": "slots", "share_prefill": "false", "vllm_importance_sampling_mode": "token_mask"},
+     ["generation_engine slots does not read share_prefill = false (read by hf), vllm_importance_sampling_mode = "
+      "\"token_mask\" (read by vllm): they have no effect in this run"]),
+    ({"dynamic_sampling_rounds": "5"},
+     ["dynamic_sampling_rounds = 5: read only with dynamic_sampling true; it has no effect in this run"]),
+    ({"dynamic_sampling_rounds": "5", "dynamic_sampling": "true"}, []),
+    ({"generation_engine": "slots", "generation_micro_group": "8", "generation_schedule": "round_robin"}, []),
+    ({"vllm_enforce_eager": "false", "generation_micro_group": "0", "dynamic_sampling_rounds": "3"}, []),  # defaults
+]
+
+
+@pytest.mark.parametrize("overrides, lines", IGNORED)
+def test_options_the_run_does_not_read_are_warned_about_unless_left_at_their_default(overrides, lines):
+    from podsrl.config_checks import ignored_fields
+
+    assert ignored_fields(make_config(overrides=overrides)) == lines
+
+
+def test_an_engine_is_judged_by_the_options_it_declares_and_one_that_declares_none_by_none(tmp_path):
+    from podsrl.config_checks import ignored_fields
+
+    path = tmp_path / "engines.py"
+    path.write_text("from podsrl.rollout import VLLMEngine\nclass Mine:\n    def __init__(self, options):\n"
+                    "        self.options = options\nclass LikeVllm(VLLMEngine):\n    pass\n")
+    # the vllm engine (not validated here: vLLM need not be installed)
+    assert ignored_fields(Config(generation_engine="vllm", generation_micro_group=8, share_prefill=False)) == [
+        "generation_engine vllm does not read share_prefill = false (read by hf), generation_micro_group = 8 (read by "
+        "slots): they have no effect in this run"]
+    options = {"vllm_enforce_eager": "true", "generation_micro_group": "8"}
+    assert ignored_fields(make_config(overrides={"generation_engine": f"{path}:Mine", **options})) == []
+    assert ignored_fields(make_config(overrides={"generation_engine": f"{path}:LikeVllm", **options})) == [
+        f"generation_engine {path}:LikeVllm does not read generation_micro_group = 8 (read by slots): it has no effect "
+        f"in this run"]
+
+
+def test_the_warning_is_said_once_before_anything_loads_and_the_run_goes_on(monkeypatch, capsys):
+    from podsrl import cli
+    from podsrl.trainer import setup
+
+    def stop_at_building(*args, **kwargs):
+        raise ValueError("stopped before the data and model")
+
+    monkeypatch.setattr(setup, "_build_run", stop_at_building)
+    monkeypatch.setattr(setup, "claim_run_dir", lambda cfg, procs: (Path(cfg.output_dir), None))
+    assert cli.main(["train", "--vllm_enforce_eager", "true", "--output_dir", "unused"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: generation_engine hf does not read vllm_enforce_eager = true (read by vllm): it has no effect in "
+        "this run", "podsrl train: error: stopped before the data and model"]

@@ -279,8 +279,11 @@ def test_what_an_engine_can_do_is_read_from_its_capabilities_not_its_name(tmp_pa
                       generation_schedule="shortest_first")
     validate(make_config(overrides={"generation_engine": f"{path}:MySlots", "generation_memory_mb": "100",
                                     **early_stop}))
-    with pytest.raises(ValueError, match=r"^group_early_stop: it does not declare early_stop_refusal = ''"):
+    with pytest.raises(ValueError) as refused:  # #57: the line did not name the engine
         make_config(overrides={"generation_engine": f"{path}:Bare", **early_stop})
+    assert str(refused.value) == (f"generation_engine: {path}:Bare declares no early_stop_refusal ('' = it takes the "
+                                  f"stopper group_early_stop passes); group_early_stop needs an engine that stops "
+                                  f"groups early")
     with pytest.raises(ValueError, match=r"^generation_memory_mb: caps what the hf and slots engines decode at once; "
                                          r"generation_engine .*:Bare sizes its own memory"):
         make_config(overrides={"generation_engine": f"{path}:Bare", "generation_memory_mb": "100"})

@@ -154,6 +154,27 @@ def test_parquet_rows(tmp_path):
     assert [ex.answer for ex in build_gsm8k(str(path), str(path)).test] == ["12"]
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("rows.txt", b'{"question": "a", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "1"}\n',
+     "line 2: not valid UTF-8 (byte 17: b'\\xe9')"),  # no .jsonl suffix: read as JSON Lines all the same
+    ("rows.csv", b'question,answer\nok,#### 1\n"caf\xe9",#### 2\n', "line 3: not valid UTF-8 (byte 4: b'\\xe9')"),
+    ("rows.json", b'[{"question": "a", "answer": "1"},\n {"question": "caf\xe9", "answer": "1"}]',
+     "line 2: not valid UTF-8"),
+    ("rows.json", b'[{"question": "a", "answer": "1"},\n {"question": oops}]', "line 2: not a valid JSON file"),
+    ("rows.parquet", b"PAR1" + b"\0not a parquet file" * 20, ": not a readable parquet file (ArrowInvalid: "),
+    ("rows.csv", b'question,answer\n"open,#### 1\n', ": not a readable csv file (ParserError: "),
+])
+def test_a_file_that_is_not_utf8_or_not_its_format_is_one_line_naming_it(tmp_path, name, content, message):
+    """#57: bytes that are not UTF-8 in a file without a .jsonl suffix or in a CSV, and a corrupt
+    parquet file, came out as the reader's own error, naming no file (a CSV's as a traceback)."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as err:
+        build_gsm8k(str(path), str(path))
+    assert str(err.value).startswith(f"train_data: {path}") and message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_hub_dataset_failure_names_field_and_offline_fix(monkeypatch):
     import datasets
 

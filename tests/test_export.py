@@ -189,6 +189,31 @@ def test_refusals_name_the_path(full_run, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("config.json", b'{\n  "model": "ti', "config.json: not valid JSON (Unterminated string starting at: line 2"),
+    ("config.json", b"[1, 2]\n", "config.json: expected a JSON object, got list"),
+    ("data.json", b'{"task": "caf\xe9"}', "data.json line 1: not valid UTF-8 (byte b'\\xe9')"),
+    ("environment.json", b"{oops", "environment.json: not valid JSON (Expecting property name"),
+    ("summary.json", b"\xff\xfe{}", "summary.json line 1: not valid UTF-8"),
+    ("summary.json", b'{"steps": 1}', "summary.json: has no 'steps' and 'train_seconds' numbers"),
+    ("metrics.jsonl", b'{"step": 1}\n{"step": "caf\xe9"}\n', "metrics.jsonl, line 2: not valid UTF-8"),
+    ("checkpoints/step_0000001/trainer_state.json", b'{"step": ', "trainer_state.json: not valid JSON (Expecting"),
+])
+def test_a_damaged_json_file_of_the_run_is_one_line_naming_it(full_run, tmp_path, monkeypatch, capsys, name, content,
+                                                               message):
+    """#57: a run's damaged config.json (and the like) came out as Python's message, naming no file."""
+    import podsrl.trainer.export as export_module
+
+    run = shutil.copytree(full_run, tmp_path / "run")
+    (run / name).write_bytes(content)
+    monkeypatch.setattr(export_module, "load_model", lambda *a, **k: pytest.fail("loaded a model before refusing"))
+    flags = ["--checkpoint", "step_0000001"] if "checkpoints" in name else []
+    assert main(["export", str(run), str(tmp_path / "hf"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"podsrl export: error: {run / name.rpartition('/')[0]}") and message in err, err
+    assert "\n" not in err and not (tmp_path / "hf").exists()
+
+
 def test_overwrite_replaces_only_what_podsrl_exported(full_run, tmp_path, capsys):
     """#38: --overwrite deleted any destination holding a config.json: a run, a user's model
     or project folder. Now only a folder carrying podsrl's export marker is replaced."""
@@ -268,6 +293,56 @@ def test_overwrite_refuses_before_loading_a_model_when_a_file_it_keeps_has_a_nam
     assert named in err.split("writes (")[1].split(")")[0].split(", ") and "my_eval.csv" not in err
     assert "move them out" in err
     assert before == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+
+
+def test_an_export_onto_a_link_writes_into_its_folder_and_keeps_the_link(full_run, tmp_path, capsys):
+    """#57: --overwrite onto a link renamed the link away, emptied its folder, made the link a
+    real folder and left a hidden .lnk.export-*.old link behind."""
+    target, link = tmp_path / "disk" / "hf", tmp_path / "hf"
+    target.mkdir(parents=True)
+    link.symlink_to(target)
+    export(full_run, link)  # an empty folder behind a link: the first export goes into it
+    (target / "my_eval.csv").write_text("prompt,correct\n")
+    export(full_run, link, "--overwrite")
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert (target / "my_eval.csv").read_text() == "prompt,correct\n"
+    assert AutoModelForCausalLM.from_pretrained(link) and (target / EXPORT_MARKER).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "hf"]  # no hidden leftover
+    assert sorted(p.name for p in target.parent.iterdir()) == ["hf"]
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "unmounted" / "hf")
+    capsys.readouterr()
+    assert main(["export", str(full_run), str(dangling)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"podsrl export: error: {dangling}: a link to {tmp_path / 'unmounted' / 'hf'}, which "
+                          f"does not exist") and "\n" not in err
+    assert not (tmp_path / "unmounted").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask022", "umask027"])
+def test_an_export_gets_the_permissions_of_the_umask_and_an_overwrite_keeps_the_folders(full_run, tmp_path, umask):
+    """#57: the export folder was private (mkdtemp's 0700) and so was model.safetensors."""
+    import os
+    import stat
+
+    def mode(path):
+        return stat.S_IMODE(path.stat().st_mode)
+
+    before = os.umask(umask)
+    try:
+        export(full_run, tmp_path / "hf")
+        assert mode(tmp_path / "hf") == 0o777 & ~umask
+        assert {p.name: mode(p) for p in (tmp_path / "hf").iterdir()} == \
+            {p.name: 0o666 & ~umask for p in (tmp_path / "hf").iterdir()}
+        (tmp_path / "hf").chmod(0o750)
+        (tmp_path / "hf" / "notes.txt").write_text("mine")
+        (tmp_path / "hf" / "notes.txt").chmod(0o600)
+        export(full_run, tmp_path / "hf", "--overwrite")
+        assert mode(tmp_path / "hf") == 0o750
+        assert mode(tmp_path / "hf" / "notes.txt") == 0o600  # the user's file as it was
+        assert mode(tmp_path / "hf" / "model.safetensors") == 0o666 & ~umask
+    finally:
+        os.umask(before)
 
 
 def test_a_full_disk_during_an_export_is_one_line_and_leaves_no_staging_folder(full_run, tmp_path, monkeypatch,

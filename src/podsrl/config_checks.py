@@ -7,6 +7,8 @@ imports this module and re-exports ``validate``; kept apart so the field list st
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -19,9 +21,9 @@ from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
 from podsrl.prompt_selection import PROMPT_SELECTORS
-from podsrl.registry import NAME_KEY, spec_parts
+from podsrl.registry import NAME_KEY, component_label, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
-from podsrl.rollout import ENGINES, REFILLS, SCHEDULES, capability
+from podsrl.rollout import ENGINES, REFILLS, SCHEDULES, capability, early_stop_refusal
 from podsrl.rollout.generation_copy import COPY_DTYPES
 from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
 from podsrl.tasks import TASKS, check_task_spec, is_known_task
@@ -41,6 +43,17 @@ OLD_NAMES = {"prompt_selector": {
 # {name: ..., argument: value} whose arguments are bound (podsrl.registry; docs/algorithms.md)
 COMPONENTS = {registry.field: registry for registry in (RULES, ADVANTAGES, LOSSES, ENGINES, SCHEDULES, TASKS, REWARDS,
                                                         PROMPT_SELECTORS)}
+
+
+# config fields one engine reads and another does not, by the GenerationOptions field that carries
+# them (an engine's reads_options); vLLM's importance-sampling correction applies to what vLLM sampled
+VLLM_FIELDS = ("vllm_gpu_memory_utilization", "vllm_kv_cache_memory_mb", "vllm_max_model_length",
+               "vllm_enable_sleep_mode", "vllm_enforce_eager", "vllm_importance_sampling_correction",
+               "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+               "vllm_importance_sampling_clip_min")
+ENGINE_FIELDS = {"share_prefill": "share_prefill", "generation_micro_group": "micro_group",
+                 "generation_refill": "refill", "generation_schedule": "schedule",
+                 "generation_probe_tokens": "probe_tokens", **dict.fromkeys(VLLM_FIELDS, "vllm")}
 
 
 def _engine_capability(cfg, name: str):
@@ -180,9 +193,10 @@ def _check_early_stop(cfg) -> None:
     require(METHODS[cfg.method].selects and cfg.downsampling_rule == "max_variance",
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    for refusal in (_engine_capability(cfg, "early_stop_refusal"),
-                    SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal):
-        require(not refusal, f"group_early_stop: {refusal}")
+    refusal = early_stop_refusal(ENGINES.resolve(cfg.generation_engine), component_label(cfg.generation_engine))
+    require(not refusal, refusal)
+    refusal = SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal
+    require(not refusal, f"group_early_stop: {refusal}")
     require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
             "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
             "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")
@@ -211,3 +225,31 @@ def _check_generation_copy(cfg) -> None:
     require(bool(cfg.generation_copy_dtype) or not cfg.generation_static_cache,
             "generation_static_cache: needs a generation copy (generation_dtype bfloat16 or float32, or auto with "
             "bf16): the static cache is compiled over the copy, whose weights are refreshed in place")
+
+
+# --- warnings: fields set that change nothing in this run (set_up says them once; the run goes on)
+def ignored_fields(cfg) -> list[str]:
+    """Warnings, one line each, about fields set away from their default that change nothing in
+    this run: another engine's options (a config copied between engines is common: warned, not
+    refused; read from the engine's declared reads_options, none for one that declares none),
+    dynamic_sampling_rounds without dynamic_sampling."""
+    changed = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
+    warnings = []
+    reads = _engine_capability(cfg, "reads_options")
+    unread = [name for name in ENGINE_FIELDS if name in changed and reads is not None
+              and ENGINE_FIELDS[name] not in reads]
+    if unread:
+        shown = ", ".join(f"{name} = {json.dumps(getattr(cfg, name))} (read by {_readers(ENGINE_FIELDS[name])})"
+                          for name in unread)
+        warnings.append(f"generation_engine {component_label(cfg.generation_engine)} does not read {shown}: "
+                        f"{'it has' if len(unread) == 1 else 'they have'} no effect in this run")
+    if "dynamic_sampling_rounds" in changed and not cfg.dynamic_sampling:
+        warnings.append(f"dynamic_sampling_rounds = {cfg.dynamic_sampling_rounds}: read only with dynamic_sampling "
+                        f"true; it has no effect in this run")
+    return warnings
+
+
+def _readers(option: str) -> str:
+    """The built-in engines that read a GenerationOptions field, by name: 'slots', 'hf or slots'."""
+    return " or ".join(name for name, engine in ENGINES.items() if option in (capability(engine, "reads_options")
+                                                                              or ()))

@@ -41,16 +41,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_yaml(path: Path) -> Any:
     """The document of the YAML file ``path`` ({} when empty); invalid YAML or a duplicate key
     is a one-line ValueError naming the file and line."""
-    with path.open(encoding="utf-8") as fh:
-        try:
-            return yaml.load(fh, Loader=_UniqueKeyLoader) or {}
-        except _DuplicateKey as err:  # an error, not a warning: which value was meant is unknown
-            raise ValueError(f"{path} line {err.line}: duplicate key {err.key!r} (first set on line {err.first}); "
-                             f"YAML keeps only the last: remove one") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ValueError(f"{path}{where}: invalid YAML: {err}") from None
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:  # Python's message names neither the file nor the line
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path} line {line}: not valid UTF-8 (byte {raw[err.start:err.start + 1]!r}); save it as "
+                         f"UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except _DuplicateKey as err:  # an error, not a warning: which value was meant is unknown
+        raise ValueError(f"{path} line {err.line}: duplicate key {err.key!r} (first set on line {err.first}); "
+                         f"YAML keeps only the last: remove one") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        said = "; ".join(filter(None, (getattr(err, "context", None), getattr(err, "problem", None)))) or err
+        raise ValueError(f"{path}{where}: invalid YAML: {' '.join(str(said).split())}") from None  # one line
 
 
 def as_text(name: str, raw: Any, source: str) -> str:

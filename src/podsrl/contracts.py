@@ -73,15 +73,22 @@ def _user_line(err: BaseException) -> str:
 
 
 def check_signature(obj: Any, field: str, spec: str, takes: str, arity: int) -> None:
-    """``obj`` must accept ``arity`` positional arguments (``takes`` says which, in words)."""
+    """``obj`` must accept ``arity`` positional arguments (``takes`` says which, in words), and
+    have no keyword-only argument left without a value (a spec's bound ones have theirs)."""
     try:
         signature = inspect.signature(obj)
     except (TypeError, ValueError):  # a builtin without a signature: the first call tells
         return
+    unset = [p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
     try:
-        signature.bind(*([None] * arity))
+        signature.bind(*([None] * arity), **dict.fromkeys(unset))
     except TypeError:
         raise ValueError(f"{field}: {spec} must accept {takes}; it takes {signature}") from None
+    if unset:
+        names = ", ".join(map(repr, unset))
+        raise ValueError(f"{field}: {spec}: keyword-only argument{'s' if len(unset) > 1 else ''} {names} "
+                         f"{'have' if len(unset) > 1 else 'has'} no default and no value in the config: set it "
+                         f"({{\"name\": {json.dumps(spec)}, \"{unset[0]}\": ...}}) or give it a default")
 
 
 # --- the ranges of components' keyword arguments, checked when a spec binds them at set-up

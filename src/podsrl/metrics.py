@@ -70,7 +70,12 @@ def read_metrics(path: Path) -> list[dict]:
     """The records of a JSONL log. A cut-off last line (a crash mid-write) is dropped with a
     warning naming the file and line; a bad line before the last is corruption: an error
     naming them."""
-    lines = Path(path).read_text().splitlines()
+    raw = Path(path).read_bytes()
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:  # podsrl writes ASCII: damage, not a cut-off record
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte {raw[err.start:err.start + 1]!r})") from None
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -43,7 +43,7 @@ from podsrl.contracts import (
 
 __all__ = ["NAME_KEY", "Bound", "Checked", "OptionsBound", "Range", "Registry", "Spec", "argument_ranges",
            "bind_kwargs", "bind_options", "component_label", "error_line", "load_object", "non_negative", "positive",
-           "probability", "spec_parts"]
+           "probability", "spec_parts", "split_specs"]
 
 NAME_KEY = "name"  # the component's key in a mapping spec: {name: my.py:rule, temperature: 0.5}
 Spec = Union[str, Mapping[str, Any]]  # a name / module:function, or a mapping of one and keyword arguments
@@ -86,8 +86,16 @@ class Registry(dict):
         (:meth:`bind`)."""
         if not isinstance(spec, str):
             name, kwargs = spec_parts(spec, self.field)
-            obj = self.resolve(name)
-            return self.bind(obj, kwargs, name) if kwargs else obj
+            # with arguments, the signature is checked once they are bound: a keyword-only one
+            # without a default is fine when the spec sets it
+            return self.bind(self._named(name), kwargs, name) if kwargs else self.resolve(name)
+        obj = self._named(spec)
+        if self.arity is not None:
+            check_signature(obj, self.field, spec, self.takes, self.arity)
+        return obj
+
+    def _named(self, spec: str):
+        """The registered object named ``spec``, else the one ``module:attr`` / ``file.py:attr`` names."""
         if spec in self:
             obj = self[spec]
         elif ":" not in spec:
@@ -95,8 +103,6 @@ class Registry(dict):
                              f"({', '.join(sorted(self))}) nor 'module:function' / 'file.py:function'")
         else:
             obj = load_object(spec, self.field)
-        if self.arity is not None:
-            check_signature(obj, self.field, spec, self.takes, self.arity)
         return obj
 
     def bind(self, obj, kwargs: dict[str, Any], name: str):
@@ -110,14 +116,11 @@ class Registry(dict):
         command line's form; for a ``many`` field also a list of names and mappings, or its JSON
         text), as the config stores it (:func:`stored_spec`). None for any other value: a name,
         or a list of names, is text as before."""
+        if isinstance(raw, str) and self.many and "{" in raw and raw.strip()[:1] != "[":  # 'a,{"name": ...}'
+            return self._stored_list([self._json(item, source) if item[:1] == "{" else item
+                                      for item in split_specs(raw)], source)
         if isinstance(raw, str) and raw.strip()[:1] in (("{", "[") if self.many else ("{",)):
-            try:
-                raw = json.loads(raw, object_pairs_hook=_unique_keys)
-            except _KeyTwice as err:  # json keeps the last silently: which one was meant is unknown
-                raise ValueError(f"{source}{self.field}: key {err.key!r} given twice in {raw!r}; JSON keeps only "
-                                 f"the last: remove one") from None
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{source}{self.field}: not valid JSON ({err}): {raw!r}") from None
+            raw = self._json(raw, source)
             if self.many and isinstance(raw, list):
                 return self._stored_list(raw, source)
         if isinstance(raw, Mapping):
@@ -127,6 +130,15 @@ class Registry(dict):
                 raise ValueError(f"{source}{self.field}: expected one {self.kind}, got a list {raw!r}")
             return self._stored_list(raw, source)
         return None
+
+    def _json(self, text: str, source: str) -> Any:
+        try:
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        except _KeyTwice as err:  # json keeps the last silently: which one was meant is unknown
+            raise ValueError(f"{source}{self.field}: key {err.key!r} given twice in {text!r}; JSON keeps only the "
+                             f"last: remove one") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{source}{self.field}: not valid JSON ({err}): {text!r}") from None
 
     def _stored_list(self, items, source: str):
         """A ``many`` field's specs: the comma-separated text when all are names, else a list."""
@@ -249,6 +261,8 @@ def bind_options(options_type, run_fields: frozenset[str], field: str, takes: st
             _check_type(fields[key].default, value, f"{field}: {name}: argument {key}")
             if key in (ranges or {}):
                 ranges[key].check(value, f"{field}: {name}: argument {key}")
+        if not mine:  # bind_kwargs checks the signature with the arguments bound
+            check_signature(obj, field, name, takes, arity)
         bound = bind_kwargs(obj, mine, field, name, takes, arity) if mine else obj
         return OptionsBound(bound, options) if options else bound
     return binds
@@ -294,6 +308,26 @@ def spec_parts(spec: Spec, field: str = "component") -> tuple[str, dict[str, Any
             raise ValueError(f"{field}: {name}: argument {key} = {value!r} must be JSON data (numbers, text, "
                              f"true/false, null, lists, mappings): the run's config.json keeps it")
     return name.strip(), kwargs
+
+
+def split_specs(text: str) -> list[str]:
+    """Comma-separated component specs, stripped, empty ones dropped: split only at commas outside
+    brackets, braces and double-quoted strings, so a JSON mapping with arguments is one item."""
+    items, depth, start, quoted, escaped = [], 0, 0, False, False
+    for i, char in enumerate(text):
+        if quoted:
+            escaped, quoted = (False, quoted) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
 
 
 def stored_spec(spec: Mapping, field: str, source: str = "") -> Spec:

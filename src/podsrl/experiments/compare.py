@@ -35,6 +35,7 @@ from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
+from podsrl.registry import split_specs
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
 
@@ -275,26 +276,6 @@ def format_table(result: dict) -> str:
     if notes:
         lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
     return "\n".join(lines + headline_lines(result) + noise_lines(result["rows"]))
-
-
-def split_specs(text: str) -> list[str]:
-    """Comma-separated component specs, stripped, empty ones dropped: split only at commas outside
-    brackets, braces and double-quoted strings, so a JSON mapping with arguments is one item."""
-    items, depth, start, quoted, escaped = [], 0, 0, False, False
-    for i, char in enumerate(text):
-        if quoted:
-            escaped, quoted = (False, quoted) if escaped else (char == "\\", char != '"')
-        elif char == '"':
-            quoted = True
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth = max(0, depth - 1)
-        elif char == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    return [item.strip() for item in items if item.strip()]
 
 
 def arm_specs(field: str, text: str) -> list:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from podsrl.contracts import broken, calling
 from podsrl.registry import Registry
-from podsrl.rollout.base import GenerationEngine, Stopper, capability, to_rollouts
+from podsrl.rollout.base import GenerationEngine, Stopper, capability, early_stop_refusal, to_rollouts
 from podsrl.rollout.generation_copy import GenerationCopy
 from podsrl.rollout.hf import HFEngine, generate
 from podsrl.rollout.memory import generation_memory_bytes
@@ -101,4 +101,5 @@ ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": Slot
 
 __all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationCopy", "GenerationEngine", "GenerationOptions", "HFEngine",
            "LengthPredictor", "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "VLLMEngine",
-           "VLLMOptions", "capability", "generate", "generate_in_slots", "generation_memory_bytes", "to_rollouts"]
+           "VLLMOptions", "capability", "early_stop_refusal", "generate", "generate_in_slots",
+           "generation_memory_bytes", "to_rollouts"]

@@ -22,12 +22,18 @@ Stopper = Callable[[list[int], list[list[int]]], list[int]]
 # what an engine that does not declare a capability is taken to have: config checks read these
 # from the engine's class, so a capability is tested, never an engine's name
 CAPABILITIES = {
-    "early_stop_refusal": "it does not declare early_stop_refusal = '' (the stopper it would be given)",
+    "early_stop_refusal": "declares no early_stop_refusal ('' = it takes the stopper group_early_stop passes)",
     "memory_capped": False,  # honours generation_memory_mb
     "runs_schedules": False,  # runs generation_schedule and generation_refill (SCHEDULES)
     "makes_generation_copy": False,  # generates from a generation copy (generation_dtype)
     "needs_whole_weights": False,  # each process's engine needs the whole weights (refused under FSDP)
+    # the GenerationOptions fields it reads; the config warns about another engine's options set for it
+    # (None: undeclared, a user's engine may read any, so nothing is warned about)
+    "reads_options": None,
 }
+
+
+SAMPLING = frozenset({"max_new_tokens", "temperature", "top_p"})  # GenerationOptions every engine reads
 
 
 def capability(engine, name: str):
@@ -42,7 +48,8 @@ class GenerationEngine(Protocol):
 
     Capabilities, class attributes (:data:`CAPABILITIES`: what an engine that does not declare
     one is taken to have): ``early_stop_refusal`` (why it cannot take a ``stopper``; "" = it
-    can), ``memory_capped``, ``runs_schedules``, ``makes_generation_copy``, ``needs_whole_weights``.
+    can), ``memory_capped``, ``runs_schedules``, ``makes_generation_copy``, ``needs_whole_weights``,
+    ``reads_options``.
 
     Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples,
     **sampling)`` with the signature of :func:`podsrl.rollout.generate` (evaluation then runs on
@@ -54,6 +61,7 @@ class GenerationEngine(Protocol):
     runs_schedules: bool
     makes_generation_copy: bool
     needs_whole_weights: bool
+    reads_options: frozenset[str] | None
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
@@ -85,12 +93,21 @@ class Stateless:
         self.check_state(state)
 
 
+def early_stop_refusal(engine, name: str) -> str:
+    """The one line refusing group_early_stop with ``engine`` (``name``: as the config names it),
+    "" when it takes a stopper. An engine that declares nothing is named: the line is about it."""
+    refusal = capability(engine, "early_stop_refusal")
+    if refusal and not hasattr(engine, "early_stop_refusal"):
+        return f"generation_engine: {name} {refusal}; group_early_stop needs an engine that stops groups early"
+    return f"group_early_stop: {refusal}" if refusal else ""
+
+
 def refuse_early_stop(engine, stopper: Stopper | None) -> None:
     """The one refusal of a stopper by an engine that cannot stop groups early (the config
     check refuses the combination first; this guards a direct call)."""
-    refusal = capability(engine, "early_stop_refusal")
+    refusal = early_stop_refusal(engine, getattr(engine, "name", type(engine).__name__))
     if stopper is not None and refusal:
-        raise ValueError(f"group_early_stop: {refusal}")
+        raise ValueError(refusal)
 
 
 def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 from podsrl.rollout.base import (
     MB,
+    SAMPLING,
     Stateless,
     Stopper,
     longest_prompt,
@@ -115,6 +116,8 @@ class HFEngine(Stateless):
     runs_schedules = False
     makes_generation_copy = True
     needs_whole_weights = False
+    reads_options = SAMPLING | {"memory_mb", "batch_size", "share_prefill", "copy_dtype", "static_cache",
+                                "compile_config"}
 
     def __init__(self, options: GenerationOptions) -> None:
         self.options = options

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from podsrl.rollout.base import Stopper, longest_prompt, rows_within, to_rollouts
+from podsrl.rollout.base import SAMPLING, Stopper, longest_prompt, rows_within, to_rollouts
 from podsrl.rollout.schedule import (
     SCHEDULES,
     LengthPredictor,
@@ -140,6 +140,7 @@ class SlotsEngine:
     runs_schedules = True
     makes_generation_copy = False
     needs_whole_weights = False
+    reads_options = SAMPLING | {"memory_mb", "micro_group", "refill", "schedule", "probe_tokens"}  # prefill: shared
 
     def __init__(self, options: GenerationOptions) -> None:
         self.options = options

@@ -41,7 +41,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from podsrl.rollout.base import Stateless, Stopper, refuse_early_stop, to_rollouts
+from podsrl.rollout.base import SAMPLING, Stateless, Stopper, refuse_early_stop, to_rollouts
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
 
@@ -111,6 +111,7 @@ class VLLMEngine(Stateless):
     runs_schedules = False
     makes_generation_copy = False  # it computes in its own dtype
     needs_whole_weights = True  # each process's engine is fed whole weights
+    reads_options = SAMPLING | {"vllm"}
 
     def __init__(self, options) -> None:  # options: podsrl.rollout.GenerationOptions
         require_vllm()

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podsrl.registry import error_line
+
 # file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 LOCAL_SUFFIXES = tuple(BUILDERS)
@@ -52,8 +54,8 @@ def read_rows(spec: str, *, split: str, field_name: str) -> Rows:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{field_name}: file not found: {path}")
-    if BUILDERS.get(path.suffix) != "json":
-        return Rows(spec, field_name, _load_local(path, field_name))
+    if BUILDERS.get(path.suffix, "json") != "json":  # a file of another suffix is read as JSON (Lines), as below
+        return Rows(spec, field_name, _load_table(path, field_name))
     try:
         rows = _load_local(path, field_name)
     except Exception as err:  # find the bad line ourselves: datasets' errors name neither file nor line
@@ -66,6 +68,20 @@ def _load_local(path: Path, field_name: str) -> list[dict[str, Any]]:
 
     builder = BUILDERS.get(path.suffix, "json")
     return datasets.load_dataset(builder, data_files=str(path), split="train").to_list()
+
+
+def _load_table(path: Path, field_name: str) -> list[dict[str, Any]]:
+    """The rows of a CSV or parquet file; one ``datasets`` cannot read is a one-line error naming
+    it (and, for a CSV not in UTF-8, the line): its own errors name neither."""
+    try:
+        return _load_local(path, field_name)
+    except Exception as err:  # datasets wraps the reader's error (DatasetGenerationError): report the reader's
+        if path.suffix == ".csv":
+            _check_utf8_lines(path.read_bytes(), f"{field_name}: {path}")
+        while err.__cause__ is not None:
+            err = err.__cause__
+        raise ValueError(f"{field_name}: {path}: not a readable {BUILDERS[path.suffix]} file ({error_line(err)})"
+                         ) from None
 
 
 def _json_lines_numbers(path: Path, count: int) -> list[int] | None:
@@ -84,10 +100,12 @@ def _read_json_lines(path: Path, field_name: str, load_error: Exception) -> list
     mix ``datasets`` cannot type) the rows read line by line."""
     raw = path.read_bytes()
     if path.suffix == ".json" and raw.lstrip()[:1] == b"[":
+        _check_utf8_lines(raw, f"{field_name}: {path}")
         try:
             rows = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{field_name}: {path}: not a valid JSON file ({err})") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{field_name}: {path} line {err.lineno}: not a valid JSON file ({err.msg}, column "
+                             f"{err.colno})") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ValueError(f"{field_name}: {path}: expected a list of objects")
         return rows
@@ -100,11 +118,21 @@ def _read_json_lines(path: Path, field_name: str, load_error: Exception) -> list
     return rows
 
 
-def _json_line(line: bytes, where: str) -> dict[str, Any]:
+def _utf8(line: bytes, where: str) -> str:
     try:
-        text = line.decode("utf-8")
+        return line.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{where}: not valid UTF-8 (byte {err.start}: {line[err.start:err.start + 1]!r})") from None
+
+
+def _check_utf8_lines(raw: bytes, where: str) -> None:
+    """The first line of ``raw`` that is not UTF-8, as an error naming it (``where``: field and file)."""
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        _utf8(line, f"{where} line {number}")
+
+
+def _json_line(line: bytes, where: str) -> dict[str, Any]:
+    text = _utf8(line, where)
     try:
         row = json.loads(text)
     except json.JSONDecodeError as err:

@@ -9,6 +9,13 @@ carries EXPORT_MARKER with the sha256 digest of every file it wrote, and ``--ove
 replaces only a folder that does, and of it only the files whose content still has their
 digest: whatever else is there (a user's results, an edited file) is kept, moved into the new
 export, and listed (:mod:`podsrl.trainer.ownership`). podsrl deletes nothing it did not write.
+
+An ``OUTPUT_DIR`` that is a link to a folder is exported into that folder and stays a link:
+users link an export folder to another disk (``hf -> /scratch/hf``) and expect the files
+there, and replacing the link by a folder would strand whatever it pointed to. A link to
+nothing (a disk not mounted) is refused: creating its target could fill the wrong disk. The
+export gets the permissions the user's umask gives new files (an overwrite keeps the folder's
+own), not the private ones of its staging folder.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -38,7 +46,7 @@ from podsrl.trainer.logging import say
 from podsrl.trainer.model_card import model_card
 from podsrl.trainer.ownership import digests, unproven_exported
 from podsrl.trainer.run_dir import MODEL_FILES, is_model_folder, is_run_folder
-from podsrl.trainer.run_info import RunInfo, Source, read_run_info
+from podsrl.trainer.run_info import RunInfo, Source, read_json, read_run_info
 
 EXPORT_MARKER = "podsrl_export.json"  # what was exported, from where, each file's digest; --overwrite requires it
 # names every export writes, whatever the model: a file podsrl cannot prove is its own under one
@@ -82,8 +90,7 @@ def _final_source(info: RunInfo) -> Source:
         available = ", ".join(p.name for p in list_checkpoints(info.run_dir / "checkpoints")) or "none"
         raise FileNotFoundError(f"{model_dir}: no finished model (the run has not finished); export a "
                                 f"checkpoint with --checkpoint instead (checkpoints: {available})")
-    done = json.loads(summary.read_text())
-    return Source(model_dir, "final model", done["steps"], done["train_seconds"])
+    return Source(model_dir, "final model", *_step_and_seconds(read_json(summary), summary, "steps"))
 
 
 def _checkpoint_source(info: RunInfo, checkpoint: str | Path) -> Source:
@@ -95,11 +102,21 @@ def _checkpoint_source(info: RunInfo, checkpoint: str | Path) -> Source:
         available = ", ".join(p.name for p in list_checkpoints(info.run_dir / "checkpoints")) or "none"
         raise FileNotFoundError(f"{path}: not a podsrl checkpoint (no {WEIGHTS_FILE} and {STATE_FILE}); "
                                 f"checkpoints of {info.run_dir}: {available}")
-    state = json.loads((path / STATE_FILE).read_text())
-    return Source(path, f"checkpoint {path.name}", state["step"], state["train_seconds"])
+    return Source(path, f"checkpoint {path.name}", *_step_and_seconds(read_json(path / STATE_FILE), path / STATE_FILE))
+
+
+def _step_and_seconds(saved: dict, path: Path, step: str = "step") -> tuple[int, float]:
+    """What the model card says of the exported step: its number and the training time to it."""
+    if not (isinstance(saved.get(step), int) and isinstance(saved.get("train_seconds"), (int, float))):
+        raise ValueError(f"{path}: has no {step!r} and 'train_seconds' numbers; not podsrl's (or damaged)")
+    return saved[step], saved["train_seconds"]
 
 
 def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) -> None:
+    if output.is_symlink() and not output.exists():  # a link to nothing, or a loop of links
+        raise FileNotFoundError(f"{output}: a link to {os.readlink(output)}, which does not exist; podsrl exports "
+                                f"into a link's folder but does not create it (a disk not mounted?): create it, "
+                                f"or choose another folder")
     out, run, src = output.resolve(), run_dir.resolve(), source.resolve()
     # replacing the run or a folder holding it would destroy it; writing into what is
     # exported would change it (a folder inside the run, e.g. RUN_DIR/hf, is fine)
@@ -183,26 +200,32 @@ def _merged(model: torch.nn.Module) -> torch.nn.Module:
 
 # --- writing ---------------------------------------------------------------------------------
 def _write_atomically(output: Path, write) -> None:
-    """``write(folder)`` into a temporary sibling of ``output``, then rename it into place. An
-    earlier export there is replaced: its provable files are removed, the rest is kept (moved
-    into the new folder, listed). On any failure the temporary folder is removed and ``output``
-    is left as it was; a write error (a full disk) is one line saying so."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.export-", suffix=".tmp", dir=output.parent))  # a new name
+    """``write(folder)`` into a temporary sibling of ``output`` (of its folder, for a link), then
+    rename it into place. An earlier export there is replaced: its provable files are removed,
+    the rest is kept (moved into the new folder, listed). On any failure the temporary folder is
+    removed and ``output`` is left as it was; a write error (a full disk) is one line saying so."""
+    folder = Path(os.path.realpath(output)) if output.is_symlink() else output  # the link stays, its folder changes
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    mask = _umask()
+    mode = _folder_mode(folder, mask)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", suffix=".tmp", dir=folder.parent))  # a new name
     old = tmp.with_suffix(".old")
     try:
         try:
             write(tmp)
             for path in tmp.iterdir():  # on disk before the rename makes the folder visible as complete
+                if path.is_file() and not path.is_symlink():  # some writers (safetensors) make theirs private
+                    os.chmod(path, 0o666 & ~mask)
                 fsync(path)
         except WRITE_ERRORS as err:
             left = "is as it was" if output.exists() else "was not created"
             raise OSError(f"{output}: could not write the export ({error_line(err)}); removed the staging folder "
                           f"{tmp.name}, {output} {left}; free space, then run the same command again") from None
-        kept = _kept(output) if output.exists() else []
+        kept = _kept(folder) if folder.exists() else []
         # checked before the model loaded too; the names this export wrote are known only now
         _refuse_kept_files_in_the_way(output, kept, {p.name for p in tmp.iterdir()})
-        _swap_in(tmp, output, old, kept)
+        os.chmod(tmp, mode)
+        _swap_in(tmp, folder, old, kept)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -210,11 +233,24 @@ def _write_atomically(output: Path, write) -> None:
         for path in old.iterdir() if old.exists() else ():
             path.unlink()
         old.rmdir()
-    fsync(output.parent)
+    fsync(folder.parent)
     if kept:
         shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
         entries = "entry" if len(kept) == 1 else "entries"
         say(f"{output}: kept {len(kept)} {entries} podsrl did not export ({shown}), moved into the new export")
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set back at once; nothing else runs then)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _folder_mode(folder: Path, mask: int) -> int:
+    """The export folder's permissions: an earlier export's own (an overwrite keeps them), else
+    what the umask gives a new folder (mkdtemp's staging folder is private, 0700)."""
+    return stat.S_IMODE(folder.stat().st_mode) if folder.is_dir() else 0o777 & ~mask
 
 
 def _swap_in(tmp: Path, output: Path, old: Path, kept: list[str]) -> None:

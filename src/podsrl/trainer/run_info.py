@@ -14,7 +14,6 @@ from pathlib import Path
 
 from podsrl.config import RENAMED
 from podsrl.metrics import read_metrics
-from podsrl.provenance import read_environment
 
 
 def config_names(key: str) -> tuple[str, ...]:
@@ -63,14 +62,30 @@ class Source:
     train_seconds: float
 
 
+def read_json(path: Path, kind: type = dict):
+    """The JSON document of ``path``, of ``kind`` (an object, a list); anything else (not UTF-8,
+    not JSON, cut off, another kind) is a one-line ValueError naming the file and line."""
+    raw = path.read_bytes()
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path} line {line}: not valid UTF-8 (byte {raw[err.start:err.start + 1]!r})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None  # its line and column
+    if not isinstance(value, kind):
+        raise ValueError(f"{path}: expected a JSON {'object' if kind is dict else kind.__name__}, got "
+                         f"{type(value).__name__}")
+    return value
+
+
 def read_run_info(run_dir: Path) -> RunInfo:
     run_dir = Path(run_dir)
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{run_dir}: not a podsrl run directory (no config.json)")
-    metrics = run_dir / "metrics.jsonl"
-    data = run_dir / "data.json"
-    return RunInfo(run_dir=run_dir, config=json.loads(config_path.read_text()),
+    metrics, data, environment = run_dir / "metrics.jsonl", run_dir / "data.json", run_dir / "environment.json"
+    return RunInfo(run_dir=run_dir, config=read_json(config_path),
                    records=read_metrics(metrics) if metrics.is_file() else [],
-                   environment=read_environment(run_dir),
-                   data=json.loads(data.read_text()) if data.is_file() else {})
+                   environment=read_json(environment, list) if environment.exists() else [],
+                   data=read_json(data) if data.is_file() else {})

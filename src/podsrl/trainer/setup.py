@@ -19,6 +19,7 @@ from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.algorithms.select import RULES
 from podsrl.config import Config, validate
+from podsrl.config_checks import ignored_fields
 from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
 from podsrl.methods import METHODS
@@ -169,6 +170,8 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     validate(cfg)  # a Config built in Python is checked as the command line's is
     fns = reward_functions(cfg, reward_funcs)  # before any work: a mistake here should cost no time
     procs = Processes.from_env()
+    for warning in ignored_fields(cfg) if procs.is_main else ():
+        say(f"warning: {warning}")  # once, before anything loads; the run goes on
     run_dir, lock = claim_run_dir(cfg, procs)
     try:
         run = _build_run(cfg, fns, procs, run_dir)
