@@ -86,13 +86,19 @@ def exported_run(work: Path) -> None:
                    capture_output=True, text=True, timeout=600)
 
 
-def file_size_limit(limit: int):
-    """For subprocess's preexec_fn: files stop growing at ``limit`` bytes (writes fail with
-    EFBIG, as with ENOSPC on a full disk; SIGXFSZ ignored, so it is an error, not a kill)."""
+def child_setup(limit: int):
+    """For subprocess's preexec_fn: SIGINT and SIGTERM at their default dispositions (the cases'
+    Ctrl-C and SIGTERM must arrive even when the catalogue runs as a background job, which a
+    shell starts with SIGINT ignored, kept so across exec); with ``limit``, files stop growing at
+    ``limit`` bytes (writes fail with EFBIG, as with ENOSPC on a full disk; SIGXFSZ ignored, so
+    it is an error, not a kill)."""
     def apply() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply if limit else None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        if limit:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
 
 
 def _train(options: list[str]) -> None:
@@ -417,7 +423,7 @@ def run_case(case: Case, deadline: float) -> dict:
         try:
             options = [*QUICK, *case.args(work)] if case.command == "train" else case.args(work)
             done = subprocess.run([*podsrl_command(case.venv), case.command, *options], cwd=work, capture_output=True,
-                                  text=True, timeout=deadline, preexec_fn=file_size_limit(case.file_size_limit))
+                                  text=True, timeout=deadline, preexec_fn=child_setup(case.file_size_limit))
             code, stderr = done.returncode, done.stderr
         except subprocess.TimeoutExpired as expired:
             code, stderr = None, (expired.stderr or b"").decode(errors="replace")

@@ -20,6 +20,7 @@ from podsrl.models import load_model
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.stops import Stops, TrainingStopped
+from tests.conftest import default_signals
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,8 +36,9 @@ CHILD = "import sys, tests.conftest; from podsrl.cli import main; raise SystemEx
 
 
 def start(args):
+    """``podsrl`` with ``args`` in a child that the tests' signals reach (:func:`default_signals`)."""
     return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
 def wait_for_step(run_dir, step, process, timeout=300):
@@ -174,7 +176,7 @@ def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped
     out = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT if moment == "importing" else SLOW_LOAD,
                                 *run_args(random_model_dir, out, 2)], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     assert process.stdout.readline().strip() == moment
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
@@ -190,6 +192,26 @@ def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped
     assert stopped_before_first_checkpoint(out) and not (out / "metrics.jsonl").exists()
     assert train(quick(random_model_dir, out, max_steps=1)).steps == 1
 
+
+
+def ignoring_sigint() -> None:
+    """For preexec_fn: the child starts as a shell script's ``podsrl train ... &`` does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_a_run_started_ignoring_sigint_still_stops_on_one_while_it_starts(random_model_dir, tmp_path):
+    """Python keeps an inherited SIG_IGN, so a background job's podsrl lost a SIGINT during its
+    imports, though the trainer takes one as a clean stop from set-up on: podsrl takes SIGINT
+    from its start (podsrl.entry.take_sigint)."""
+    process = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT, *run_args(random_model_dir, tmp_path / "run", 2)],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=ignoring_sigint)
+    assert process.stdout.readline().strip() == "importing"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["podsrl train: stopped by SIGINT while starting; nothing was written"]
 
 def quick(model_dir, out, **overrides):
     values = dict(model=model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=6, num_kept=3,
