@@ -120,6 +120,59 @@ def test_signal_stops_cleanly_with_a_checkpoint_then_resumes_exactly(random_mode
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def kill_mid_run(process):
+    """SIGKILL, as a preempted machine ends a job, known to land before the run's end."""
+    process.send_signal(signal.SIGSTOP)  # freeze it, then check the kill lands mid-run
+    assert process.poll() is None, "the run finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    return process.communicate()[1]
+
+
+@pytest.mark.slow
+def test_resume_auto_starts_a_new_run_then_after_a_kill_resumes_it_exactly(random_model_dir, tmp_path,
+                                                                           uninterrupted):
+    """A job script that always passes --resume auto (preemptible machines; verl's resume_mode
+    auto): the first start finds no run and starts one; killed after a checkpoint, the same
+    command resumes it and ends as the uninterrupted run."""
+    out = tmp_path / "run"
+    args = run_args(random_model_dir, out, 6, "--resume", "auto")
+    process = start(args)
+    wait_for_step(out, 3, process)
+    first = kill_mid_run(process)
+    assert f"resume auto: {out} holds no run yet (nothing to resume); starting a new run there" in first
+    assert list_checkpoints(out / "checkpoints") and not (out / "summary.json").exists()
+    again = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"resume auto: {out} holds a checkpoint; resuming the run from the newest that loads" in again.stderr
+    assert "resumed from" in again.stderr and json.loads((out / "config.json").read_text())["resume"] is False
+    assert training_records(out) == training_records(uninterrupted)
+    a, b = weights(out), weights(uninterrupted)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_resume_auto_after_a_kill_before_the_first_checkpoint_starts_the_run_afresh(random_model_dir, tmp_path,
+                                                                                     uninterrupted):
+    """--resume true refuses a run killed before its first checkpoint (nothing to resume), so a
+    job script that always passes it failed there; --resume auto starts it afresh in its folder."""
+    from podsrl.trainer.run_dir import stopped_before_first_checkpoint
+
+    out = tmp_path / "run"
+    args = run_args(random_model_dir, out, 6, "--save_steps", "0", "--resume", "auto")
+    process = start(args)
+    wait_for_step(out, 1, process)
+    kill_mid_run(process)
+    assert stopped_before_first_checkpoint(out) and not list_checkpoints(out / "checkpoints")
+    again = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert (f"resume auto: {out} holds a run that stopped before its first checkpoint (nothing to resume); "
+            f"starting it afresh") in again.stderr and "resumed from" not in again.stderr
+    assert training_records(out) == training_records(uninterrupted)
+    a, b = weights(out), weights(uninterrupted)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
 def test_a_second_ctrl_c_interrupts_at_once():
     """The first SIGINT asks for a clean stop after the step; the second raises
     KeyboardInterrupt immediately; the previous handlers come back afterwards."""
@@ -212,6 +265,7 @@ def test_a_run_started_ignoring_sigint_still_stops_on_one_while_it_starts(random
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["podsrl train: stopped by SIGINT while starting; nothing was written"]
+
 
 def quick(model_dir, out, **overrides):
     values = dict(model=model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=6, num_kept=3,

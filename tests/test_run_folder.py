@@ -91,7 +91,7 @@ def folder_with_a_users_lock_file(tmp_path):
 
 
 @pytest.mark.parametrize("make", [model_folder, adapter_folder, a_file, busy_folder, folder_with_a_users_lock_file])
-@pytest.mark.parametrize("resume", [False, True])
+@pytest.mark.parametrize("resume", [False, True, "auto"])
 def test_a_folder_that_is_not_a_new_run_is_refused_before_anything_loads_and_stays_untouched(
         random_model_dir, tmp_path, nothing_loads, make, resume):
     target = make(tmp_path)

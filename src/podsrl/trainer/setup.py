@@ -4,6 +4,7 @@ stages' option objects (the stages themselves never see the Config)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import filecmp
 import json
 import random
@@ -169,7 +170,8 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     validate(cfg)  # a Config built in Python is checked as the command line's is
     fns = reward_functions(cfg, reward_funcs)  # before any work: a mistake here should cost no time
     procs = Processes.from_env()
-    run_dir, lock = claim_run_dir(cfg, procs)
+    run_dir, lock, resume = claim_run_dir(cfg, procs)
+    cfg = dataclasses.replace(cfg, resume=resume)  # `auto` decided: config.json and the run read true or false
     try:
         run = _build_run(cfg, fns, procs, run_dir)
     except BaseException:
