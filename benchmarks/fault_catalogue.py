@@ -100,6 +100,22 @@ def stopped_run(work: Path) -> None:
         (work / "run" / name).unlink()
 
 
+def killed_run(work: Path) -> None:
+    """What a run killed after its last checkpoint leaves: a finished run without its model,
+    summary and plot."""
+    finished_run(work)
+    shutil.rmtree(work / "run" / "model")
+    for name in ("summary.json", "accuracy.png"):
+        (work / "run" / name).unlink()
+
+
+def older_checkpoints(work: Path) -> None:
+    """A finished run whose checkpoints an older podsrl wrote: no parts.pt (before 2026-11-28)."""
+    finished_run(work)
+    for parts in (work / "run" / "checkpoints").glob("step_*/parts.pt"):
+        parts.unlink()
+
+
 def exported_run(work: Path) -> None:
     """A finished run and its export in work/hf."""
     finished_run(work)
@@ -134,13 +150,19 @@ def umask_modes(folder_mode: int = 0):
     return check
 
 
-def file_size_limit(limit: int):
-    """For subprocess's preexec_fn: files stop growing at ``limit`` bytes (writes fail with
-    EFBIG, as with ENOSPC on a full disk; SIGXFSZ ignored, so it is an error, not a kill)."""
+def child_setup(limit: int):
+    """For subprocess's preexec_fn: SIGINT and SIGTERM at their default dispositions (the cases'
+    Ctrl-C and SIGTERM must arrive even when the catalogue runs as a background job, which a
+    shell starts with SIGINT ignored, kept so across exec); with ``limit``, files stop growing at
+    ``limit`` bytes (writes fail with EFBIG, as with ENOSPC on a full disk; SIGXFSZ ignored, so
+    it is an error, not a kill)."""
     def apply() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply if limit else None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        if limit:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
 
 
 def _train(options: list[str]) -> None:
@@ -206,6 +228,21 @@ def extension_case(name: str, field: str, source: str, attr: str = "component", 
                "def hang(pid=None):\n    os.kill(pid or os.getpid(), signal.SIGTERM)\n    time.sleep(10**6)\n")
     return Case(name, "extension", expect, lambda w: out(w, f"--{field}", f"{w / 'ext.py'}:{attr}"),
                 reward_file(helpers + textwrap.dedent(source), "ext.py"))
+
+
+CAPPED_ENGINE = "from podsrl.rollout import HFEngine\nclass MyEngine(HFEngine):\n    pass\n"
+
+
+def capped_engine(work: Path, cap: str) -> list[str]:
+    """A run generating with a user's engine (a subclass of HFEngine) under a memory cap."""
+    return out(work, "--generation_engine", f"{work / 'ext.py'}:MyEngine", "--generation_memory_mb", cap)
+
+
+def engine_over_its_cap(work: Path) -> None:
+    """A run whose user engine went over its memory cap in step 1, as the advice then finds it."""
+    reward_file(CAPPED_ENGINE, "ext.py")(work)
+    subprocess.run([*podsrl_command(), "train", *QUICK, *capped_engine(work, "0.001")], cwd=work,
+                   capture_output=True, text=True, timeout=600, preexec_fn=child_setup(0))
 
 
 RULE = "from podsrl.algorithms.select import max_variance\ndef component(rewards, m, generator=None):\n"
@@ -477,6 +514,24 @@ CASES = [
          lambda w: out(w, "--loss_type", f"{w / 'boom.py'}:boom", "--save_steps", "5"),
          reward_file("def boom(per_token, mask, num_sequences, num_tokens):\n    raise RuntimeError('boom')\n",
                      "boom.py")),
+    # #57: resume auto, as job scripts on preemptible machines pass it at every start
+    Case("resume auto of a new folder", "resume", "succeed", lambda w: out(w, "--resume", "auto")),
+    Case("resume auto of a run killed after a checkpoint", "resume", "succeed",
+         lambda w: out(w, "--resume", "auto", "--max_steps", "3"), killed_run),
+    Case("resume auto of a run that stopped before its first checkpoint", "resume", "succeed",
+         lambda w: out(w, "--resume", "auto"), stopped_run),
+    Case("resume auto in a folder holding a user's file", "resume", "refuse", lambda w: out(w, "--resume", "auto"),
+         lambda w: ((w / "run").mkdir(), (w / "run" / "notes.txt").write_text("mine\n")), run_files),
+    # #57: advice that was a dead end
+    Case("a user's engine over the memory cap in step 1", "advice", "refuse", lambda w: capped_engine(w, "0.001"),
+         reward_file(CAPPED_ENGINE, "ext.py")),
+    Case("its advice followed: the same command, the cap raised", "advice", "succeed",
+         lambda w: capped_engine(w, "10"), engine_over_its_cap),
+    Case("resume of checkpoints from before parts.pt", "advice", "refuse",
+         lambda w: out(w, "--resume", "true", "--max_steps", "3"), older_checkpoints, run_files),
+    Case("export of a checkpoint from before parts.pt", "advice", "succeed",
+         lambda w: [str(w / "run"), str(w / "hf"), "--checkpoint", "step_0000002"], older_checkpoints,
+         command="export"),
     # #50: runs that end as successes but learned nothing, and Ctrl-C before the first step
     reward_case("constant reward (every advantage 0)", "return [1.0] * len(completions)"),
     Case("SIGINT while the libraries import", "interrupt", "refuse", out, background=ctrl_c_after(1.0)),
@@ -556,7 +611,7 @@ def run_case(case: Case, deadline: float) -> dict:
             holder.stdout.readline()
         try:
             done = subprocess.run(case.argv(work), cwd=work, capture_output=True,
-                                  text=True, timeout=deadline, preexec_fn=file_size_limit(case.file_size_limit))
+                                  text=True, timeout=deadline, preexec_fn=child_setup(case.file_size_limit))
             code, stderr = done.returncode, done.stderr
         except subprocess.TimeoutExpired as expired:
             code, stderr = None, (expired.stderr or b"").decode(errors="replace")

@@ -1,6 +1,7 @@
 """Shared fixtures: the shipped tiny model, and a tiny *random* model (built in seconds,
 saved as an HF folder)."""
 
+import signal
 import zlib
 
 import pytest
@@ -70,3 +71,13 @@ def quick(model_dir, output_dir, **overrides):
                   progress=False, output_dir=str(output_dir), learning_rate=1e-3, warmup_steps=0, task="parity")
     values.update(overrides)
     return make_config(overrides={k: str(v) for k, v in values.items()})
+
+
+def default_signals() -> None:
+    """For subprocess's ``preexec_fn`` in a test that signals its child: the child starts with
+    SIGINT and SIGTERM at their default dispositions, whatever this process inherited. A shell
+    starts a background job (``pytest ... &`` in a script) with SIGINT ignored, and an ignored
+    signal stays ignored across exec, so the test's Ctrl-C would never arrive (subprocess's
+    ``restore_signals`` restores only SIGPIPE, SIGXFZ and SIGXFSZ)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)

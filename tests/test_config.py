@@ -213,6 +213,24 @@ def test_scale_rewards_takes_trls_values(value, scale):
     assert make_config(overrides={"scale_rewards": value}).scale_rewards is scale
 
 
+
+def test_resume_takes_true_false_and_auto_from_the_command_line_yaml_and_python(tmp_path):
+    from podsrl.cli import _parse_config
+    from podsrl.config import validate
+
+    assert [make_config(overrides={"resume": v}).resume for v in ("true", "false", "auto", "AUTO")] == [
+        True, False, "auto", "auto"]
+    assert _parse_config(["--resume"], "podsrl train", "").resume is True  # the flag alone, as before
+    assert _parse_config(["--resume", "auto"], "podsrl train", "").resume == "auto"
+    for text, value in (("true", True), ("false", False), ("auto", "auto")):
+        (tmp_path / "c.yaml").write_text(f"resume: {text}\n")
+        assert make_config(str(tmp_path / "c.yaml")).resume == value
+    with pytest.raises(ValueError, match="^resume: expected true/false/auto, got 'sometimes'"):
+        make_config(overrides={"resume": "sometimes"})
+    validate(Config(resume="auto"))
+    with pytest.raises(ValueError, match="^resume: expected true, false or auto, got 'yes'"):
+        validate(Config(resume="yes"))
+
 def test_loss_type_takes_trls_values_that_podsrl_implements():
     from podsrl.algorithms.loss import LOSSES, sequence_mean, token_mean
     from podsrl.trainer.setup import update_options

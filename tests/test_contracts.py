@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import textwrap
 import time
@@ -394,6 +395,65 @@ def test_a_loss_that_fails_before_the_first_checkpoint_says_to_run_the_command_a
                             "(podsrl reuses the folder)"), message
     assert "--resume" not in message and not list_checkpoints(tmp_path / "run" / "checkpoints")
 
+
+def engine_run(tmp_path, random_model_dir, source, **overrides):
+    """A 3-step run generating with the user's engine ``ext.py:MyEngine`` (``source``)."""
+    spec = user_file(tmp_path, source, "ext.py") + ":MyEngine"
+    values = dict(model=random_model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=4,
+                  num_kept=2, max_completion_length=6, eval_prompts=4, eval_samples=1, eval_steps=0, save_steps=1,
+                  progress=False, output_dir=str(tmp_path / "run"), generation_engine=spec, **overrides)
+    return make_config(overrides={k: str(v) for k, v in values.items()})
+
+
+@pytest.mark.slow
+def test_a_user_engine_over_the_memory_cap_in_step_1_says_what_works_and_it_does(tmp_path, random_model_dir):
+    """#57: the advice was 'fix it, then continue with --resume true', and that resume refused
+    the raised cap; the estimate read '~0 MB'. Nothing is trained before step 1, so no step-0
+    checkpoint holds the run to a resume: the same command, cap raised, starts afresh."""
+    source = "from podsrl.rollout import HFEngine\nclass MyEngine(HFEngine):\n    pass\n"
+    with pytest.raises(TrainingStopped) as stopped:
+        train(engine_run(tmp_path, random_model_dir, source, generation_memory_mb=0.001))
+    message = str(stopped.value)
+    assert message.startswith("stopped in step 1: generation_engine: ") and "\n" not in message
+    assert re.search(r"needs ~0\.\d+ MB to decode at once, over the cap of 0\.001 MB", message), message
+    assert message.endswith("; no checkpoint yet: fix it, then run the same command again to start afresh (podsrl "
+                            "reuses the folder)"), message
+    assert not list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert train(engine_run(tmp_path, random_model_dir, source, generation_memory_mb=10)).steps == 3
+
+
+FAILS_OVER_A_SETTING = """
+from pathlib import Path
+from podsrl.rollout import HFEngine
+class MyEngine(HFEngine):
+    calls = 0
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 2 and Path(__file__).with_name("bug").exists():  # the bug: fixed once removed
+            raise MemoryError("generation_memory_mb: this step's group needs more than the cap")
+        return super().__call__(*args, **kwargs)
+"""
+
+
+@pytest.mark.slow
+def test_a_user_engine_failing_over_a_setting_a_resume_keeps_says_a_change_means_a_new_run(tmp_path,
+                                                                                         random_model_dir):
+    """After a checkpoint, a component whose error names a setting a resume may not change
+    says so: a resume with it changed is refused (as said), the same command resumes."""
+    from podsrl.trainer.run_dir import RunDirError
+
+    (tmp_path / "bug").touch()
+    with pytest.raises(TrainingStopped) as stopped:
+        train(engine_run(tmp_path, random_model_dir, FAILS_OVER_A_SETTING, generation_memory_mb=10))
+    assert str(stopped.value).endswith(
+        f"checkpoint of step 1 in {tmp_path / 'run' / 'checkpoints'}: fix it (a resume keeps the run's "
+        f"generation_memory_mb: with another generation_memory_mb, start a new run in another --output_dir), then "
+        f"continue with the same command plus --resume true"), str(stopped.value)
+    with pytest.raises(RunDirError, match="in generation_memory_mb: run 10.0, now 20.0"):
+        train(engine_run(tmp_path, random_model_dir, FAILS_OVER_A_SETTING, generation_memory_mb=20, resume=True))
+    (tmp_path / "bug").unlink()
+    assert train(engine_run(tmp_path, random_model_dir, FAILS_OVER_A_SETTING, generation_memory_mb=10,
+                            resume=True)).steps == 3
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))

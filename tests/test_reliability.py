@@ -20,6 +20,7 @@ from podsrl.models import load_model
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.stops import Stops, TrainingStopped
+from tests.conftest import default_signals
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,8 +36,9 @@ CHILD = "import sys, tests.conftest; from podsrl.cli import main; raise SystemEx
 
 
 def start(args):
+    """``podsrl`` with ``args`` in a child that the tests' signals reach (:func:`default_signals`)."""
     return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
 def wait_for_step(run_dir, step, process, timeout=300):
@@ -118,6 +120,59 @@ def test_signal_stops_cleanly_with_a_checkpoint_then_resumes_exactly(random_mode
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def kill_mid_run(process):
+    """SIGKILL, as a preempted machine ends a job, known to land before the run's end."""
+    process.send_signal(signal.SIGSTOP)  # freeze it, then check the kill lands mid-run
+    assert process.poll() is None, "the run finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    return process.communicate()[1]
+
+
+@pytest.mark.slow
+def test_resume_auto_starts_a_new_run_then_after_a_kill_resumes_it_exactly(random_model_dir, tmp_path,
+                                                                           uninterrupted):
+    """A job script that always passes --resume auto (preemptible machines; verl's resume_mode
+    auto): the first start finds no run and starts one; killed after a checkpoint, the same
+    command resumes it and ends as the uninterrupted run."""
+    out = tmp_path / "run"
+    args = run_args(random_model_dir, out, 6, "--resume", "auto")
+    process = start(args)
+    wait_for_step(out, 3, process)
+    first = kill_mid_run(process)
+    assert f"resume auto: {out} holds no run yet (nothing to resume); starting a new run there" in first
+    assert list_checkpoints(out / "checkpoints") and not (out / "summary.json").exists()
+    again = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"resume auto: {out} holds a checkpoint; resuming the run from the newest that loads" in again.stderr
+    assert "resumed from" in again.stderr and json.loads((out / "config.json").read_text())["resume"] is False
+    assert training_records(out) == training_records(uninterrupted)
+    a, b = weights(out), weights(uninterrupted)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_resume_auto_after_a_kill_before_the_first_checkpoint_starts_the_run_afresh(random_model_dir, tmp_path,
+                                                                                     uninterrupted):
+    """--resume true refuses a run killed before its first checkpoint (nothing to resume), so a
+    job script that always passes it failed there; --resume auto starts it afresh in its folder."""
+    from podsrl.trainer.run_dir import stopped_before_first_checkpoint
+
+    out = tmp_path / "run"
+    args = run_args(random_model_dir, out, 6, "--save_steps", "0", "--resume", "auto")
+    process = start(args)
+    wait_for_step(out, 1, process)
+    kill_mid_run(process)
+    assert stopped_before_first_checkpoint(out) and not list_checkpoints(out / "checkpoints")
+    again = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert (f"resume auto: {out} holds a run that stopped before its first checkpoint (nothing to resume); "
+            f"starting it afresh") in again.stderr and "resumed from" not in again.stderr
+    assert training_records(out) == training_records(uninterrupted)
+    a, b = weights(out), weights(uninterrupted)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
 def test_a_second_ctrl_c_interrupts_at_once():
     """The first SIGINT asks for a clean stop after the step; the second raises
     KeyboardInterrupt immediately; the previous handlers come back afterwards."""
@@ -174,7 +229,7 @@ def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped
     out = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT if moment == "importing" else SLOW_LOAD,
                                 *run_args(random_model_dir, out, 2)], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     assert process.stdout.readline().strip() == moment
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
@@ -189,6 +244,27 @@ def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped
                           "run the same command again to start afresh (podsrl reuses the folder)"]
     assert stopped_before_first_checkpoint(out) and not (out / "metrics.jsonl").exists()
     assert train(quick(random_model_dir, out, max_steps=1)).steps == 1
+
+
+
+def ignoring_sigint() -> None:
+    """For preexec_fn: the child starts as a shell script's ``podsrl train ... &`` does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_a_run_started_ignoring_sigint_still_stops_on_one_while_it_starts(random_model_dir, tmp_path):
+    """Python keeps an inherited SIG_IGN, so a background job's podsrl lost a SIGINT during its
+    imports, though the trainer takes one as a clean stop from set-up on: podsrl takes SIGINT
+    from its start (podsrl.entry.take_sigint)."""
+    process = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT, *run_args(random_model_dir, tmp_path / "run", 2)],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=ignoring_sigint)
+    assert process.stdout.readline().strip() == "importing"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["podsrl train: stopped by SIGINT while starting; nothing was written"]
 
 
 def quick(model_dir, out, **overrides):

@@ -91,7 +91,7 @@ def folder_with_a_users_lock_file(tmp_path):
 
 
 @pytest.mark.parametrize("make", [model_folder, adapter_folder, a_file, busy_folder, folder_with_a_users_lock_file])
-@pytest.mark.parametrize("resume", [False, True])
+@pytest.mark.parametrize("resume", [False, True, "auto"])
 def test_a_folder_that_is_not_a_new_run_is_refused_before_anything_loads_and_stays_untouched(
         random_model_dir, tmp_path, nothing_loads, make, resume):
     target = make(tmp_path)
@@ -394,6 +394,30 @@ def test_resume_with_every_checkpoint_unreadable_refuses_and_changes_nothing(ran
         train(quick(random_model_dir, run, max_steps=4, resume=True))
     assert snapshot(run) == before
 
+
+def test_checkpoints_from_before_parts_pt_are_called_an_older_format_that_still_exports(random_model_dir,
+                                                                                        finished_run, tmp_path, capfd):
+    """#57: an older podsrl's checkpoints (no parts.pt) were 'unreadable (FileNotFoundError ...)'
+    with 'resume with the settings that wrote it', which no settings do; podsrl export does."""
+    from podsrl.trainer.export import export_run
+
+    run = copy_of(finished_run, tmp_path)
+    found = list_checkpoints(run / "checkpoints")
+    for checkpoint in found:
+        (checkpoint / "parts.pt").unlink()
+    before = snapshot(run)
+    with pytest.raises(RunDirError) as refused:
+        train(quick(random_model_dir, run, max_steps=4, resume=True))
+    assert str(refused.value) == (
+        f"resume: the 2 checkpoint(s) in {run / 'checkpoints'} are in an older podsrl's format (no parts.pt), which "
+        f"this podsrl cannot resume; nothing was changed. `podsrl export {run} OUTPUT_DIR --checkpoint "
+        f"{found[-1].name}` still exports the model, or start a new run in another --output_dir")
+    err = capfd.readouterr().err
+    assert f"warning: checkpoint {found[-1]} is in an older podsrl's format (no parts.pt), which this podsrl " \
+           f"cannot resume; trying the previous one" in err and "FileNotFoundError" not in err
+    assert snapshot(run) == before
+    export_run(run, tmp_path / "hf", checkpoint=found[-1].name)
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 @pytest.mark.parametrize("changed", [{"learning_rate": 0.5}, {"lora_rank": 4}, {"num_kept": 2},
                                      {"method": "grpo"}, {"seed": 7}])

@@ -23,8 +23,8 @@ from podsrl.methods import METHODS
 from podsrl.registry import Spec
 from podsrl.rollout.generation_copy import copy_dtype
 
-__all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RENAMED", "load_yaml", "make_config", "parse_value",
-           "split_list", "validate"]
+__all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RENAMED", "RESUME_AUTO", "load_yaml", "make_config",
+           "parse_value", "split_list", "validate"]
 
 
 def _f(default, help: str):
@@ -237,7 +237,9 @@ class Config:
     save_total_limit: int = _f(2, "How many most recent checkpoints to keep (TRL's field; here >= 1).")
     max_consecutive_skips: int = _f(5, "Stop the run after this many consecutive steps skipped for a "
                                        "non-finite loss or gradient.")
-    resume: bool = _f(False, "Resume from the latest checkpoint in output_dir.")
+    resume: bool | str = _f(False, "Resume from the latest checkpoint in output_dir: true, false, or auto (resume "
+                                   "where output_dir holds a checkpoint, else start the run afresh there as false "
+                                   "does, for job scripts that always pass it; says in one line which it did).")
     progress: bool = _f(True, "Show a progress bar.")
     report_to: str = _f("none", "Experiment trackers that also get every metrics record (its numbers, at its step), "
                                 "the config and the rollout samples, as TRL's report_to: 'none', 'tensorboard', "
@@ -300,6 +302,7 @@ def split_list(text: str) -> list[str]:
 
 
 FIELDS = {f.name: f for f in fields(Config)}
+RESUME_AUTO = "auto"  # resume where output_dir holds a checkpoint, else start afresh (podsrl.trainer.run_dir)
 # Where and how a run is written, logged and checkpointed, not what it trains: a resume may
 # change these (podsrl.trainer.run_dir), and seeds of one arm may differ in them
 # (podsrl.experiments.seeds)
@@ -329,8 +332,10 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
             return True
         if text in ("0", "false", "no", "off") or (name, text) == ("scale_rewards", "none"):
             return False
+        if (name, text) == ("resume", RESUME_AUTO):  # resume's third value: decided by the run folder
+            return RESUME_AUTO
         require((name, text) != ("scale_rewards", "batch"), f"{source}scale_rewards: TRL's 'batch' is not implemented")
-        raise ValueError(f"{source}{name}: expected true/false, got {raw!r}")
+        raise ValueError(f"{source}{name}: expected true/false{'/auto' if name == 'resume' else ''}, got {raw!r}")
     if isinstance(raw, bool) and kind is not bool:
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
     if kind is str:  # a component's mapping {name: ..., argument: value} is kept (podsrl.registry), else text

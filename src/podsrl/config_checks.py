@@ -85,6 +85,8 @@ def validate(cfg) -> None:
 
 def _check_names(cfg) -> None:
     """Fields that name something registered: each against its registry."""
+    require(isinstance(cfg.resume, bool) or cfg.resume == "auto",
+            f"resume: expected true, false or auto, got {cfg.resume!r}")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
              f"device: expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     require(cfg.method in METHODS, f"method: unknown method {cfg.method!r}; known: {', '.join(METHODS)}")

@@ -4,6 +4,7 @@ instead of a traceback."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 # distributions of the `train` extra, by import name
@@ -11,7 +12,21 @@ TRAIN_STACK = {"transformers", "tokenizers", "peft", "accelerate", "safetensors"
                "math_verify", "datasets", "pyarrow"}
 
 
+def take_sigint() -> None:
+    """SIGINT is a stop request for podsrl's whole life, also when it was started ignoring it
+    (a shell script's ``podsrl train ... &`` does: a background job ignores Ctrl-C). Python
+    keeps an ignored SIGINT ignored, so without this a SIGINT during the seconds of imports
+    would be lost, while the trainer takes SIGINT as a clean stop from set-up on whatever it
+    inherited (podsrl.trainer.stops): ``kill -INT`` of a background run stops it with a
+    checkpoint, as documented, at any moment. A Ctrl-C meant for the script that reaches the
+    run costs a clean stop, which ``--resume`` continues; an ignored one would cost a SIGKILL
+    later and the steps since the last checkpoint. SIGHUP (``nohup``) is left as it is."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
+    take_sigint()
     try:
         from podsrl.cli import main as run_command
     except ModuleNotFoundError as err:

@@ -18,6 +18,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: scripts/test_vll
 from podsrl.config import make_config  # noqa: E402
 from podsrl.metrics import read_metrics  # noqa: E402
 from podsrl.trainer import train  # noqa: E402
+from tests.conftest import default_signals  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,7 +136,7 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_leaves_no_engine_process(tm
         [sys.executable, "-c", CHILD, "train", "--generation_engine", "vllm", "--vllm_enforce_eager", "true",
          "--max_steps", "200", "--save_steps",
          "0", "--eval_prompts", "16", "--eval_steps", "0", "--progress", "false", "--output_dir", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 3:
         assert process.poll() is None, process.communicate()

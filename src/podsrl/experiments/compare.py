@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podsrl.config import parse_value, validate
+from podsrl.config import RESUME_AUTO, parse_value, validate
 from podsrl.experiments.levels import headline, headline_lines
 from podsrl.experiments.noise import evaluation_noise, noise_lines
 from podsrl.experiments.plots import save_accuracy_figure
@@ -37,7 +37,6 @@ from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import split_specs
 from podsrl.trainer import train
-from podsrl.trainer.checkpoints import list_checkpoints
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
@@ -364,7 +363,6 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
 
 def _run_config(base, arm: dict, seed: int, budget_minutes: float, run_dir: Path, budget_steps: int = 0):
     """The config of one run of a comparison: the arm's overrides of the shared ``base``, its
-    seed and budget; it resumes where it has a checkpoint."""
+    seed and budget; it resumes where it has a checkpoint (``resume auto``, whatever ``base`` says)."""
     return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=budget_steps or 10**9,
-                               output_dir=str(run_dir), progress=False,
-                               resume=bool(list_checkpoints(run_dir / "checkpoints")))
+                               output_dir=str(run_dir), progress=False, resume=RESUME_AUTO)

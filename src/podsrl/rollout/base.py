@@ -130,6 +130,11 @@ def longest_prompt(tokenizer, prompts: list[str]) -> int:
     return max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
 
 
+def megabytes(value: float) -> str:
+    """A memory estimate in MB readable at any size: '1234 MB', '12.3 MB', '0.0119 MB' (never '0 MB')."""
+    return f"{value:.0f} MB" if value >= 100 else f"{value:.3g} MB"
+
+
 def rows_within(options, model, prompt_len: int, prompts: int = 0, stored_prompt_len: int = 0,
                 stored_tokens: int = 0) -> int:
     """Most sequences decoded at once whose estimated memory fits ``options.memory_mb``."""

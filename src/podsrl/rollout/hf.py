@@ -14,6 +14,7 @@ from podsrl.rollout.base import (
     Stateless,
     Stopper,
     longest_prompt,
+    megabytes,
     refuse_early_stop,
     rows_within,
     to_rollouts,
@@ -136,7 +137,7 @@ class HFEngine(Stateless):
             if rows < num_samples:
                 need = generation_memory_bytes(model.config, num_samples, longest + options.max_new_tokens) / MB
                 raise MemoryError(
-                    f"generation_memory_mb: one prompt group of n={num_samples} needs ~{need:.0f} MB to decode at "
+                    f"generation_memory_mb: one prompt group of n={num_samples} needs ~{megabytes(need)} to decode at "
                     f"once, over the cap of {options.memory_mb:g} MB; use generation_engine: slots "
                     f"(decodes in micro-groups) or raise the cap")
             batch_size = min(batch_size or rows, rows)

@@ -158,6 +158,21 @@ def _check_rest(path: Path, rest: dict, scheduler, trainer_state: dict) -> None:
         raise ValueError(f"checkpoint {path}: scheduler state is for another number of parameter groups")
 
 
+def older_format(path: Path) -> bool:
+    """A complete checkpoint without ``parts.pt``: an older podsrl's (before 2026-11-28, when the
+    learned parts lived in ``trainer_state.json`` and ``optimizer.pt``; docs/limitations.md)."""
+    return (path / STATE_FILE).exists() and (path / WEIGHTS_FILE).exists() and not (path / PARTS_FILE).exists()
+
+
+class OlderFormat(ValueError):
+    """A checkpoint in an older podsrl's format (:func:`older_format`): no podsrl can resume it,
+    since its learned parts are not where this one reads them; its weights still export."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"checkpoint {path} is in an older podsrl's format (no {PARTS_FILE}), which this podsrl "
+                         f"cannot resume")
+
+
 class StateDoesNotFit(ValueError):
     """A checkpoint's state of the learned part ``part`` that this run's part refuses (another
     prompt selector's state, say) or lacks: the checkpoint does not fit this run, as another
@@ -203,7 +218,9 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, parts: dict | No
     All-or-nothing: every part is read and checked before anything is changed, and if
     applying fails anyway, the model, optimizer, scheduler, RNG streams and parts are put
     back as they were before raising. ``weights_only=True`` throughout: a checkpoint can
-    hold tensors and plain data, never code."""
+    hold tensors and plain data, never code. One in an older format raises :class:`OlderFormat`."""
+    if older_format(path):
+        raise OlderFormat(path)
     weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
     rest = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu")  # state follows its parameter
     trainer_state = json.loads((path / STATE_FILE).read_text())

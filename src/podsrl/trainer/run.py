@@ -19,7 +19,15 @@ from podsrl.models.precision import autocast
 from podsrl.prompt_selection import add_selector_record
 from podsrl.provenance import record_environment
 from podsrl.registry import error_line
-from podsrl.trainer.checkpoints import WRITE_ERRORS, StateDoesNotFit, list_checkpoints, load_checkpoint, save_checkpoint
+from podsrl.trainer.checkpoints import (
+    WRITE_ERRORS,
+    OlderFormat,
+    StateDoesNotFit,
+    list_checkpoints,
+    load_checkpoint,
+    older_format,
+    save_checkpoint,
+)
 from podsrl.trainer.components import Cadence, Components
 from podsrl.trainer.evaluate import evaluate
 from podsrl.trainer.logging import logged_evals, progress_bar, rollout_rows, say, step_record
@@ -46,6 +54,7 @@ class RunSettings:
     eval_prompts: int  # held-out prompts each evaluation uses
     part_labels: dict  # learned part -> the component's label (prompt_selector: "shuffled"), for a misfit
     reward_error_policy: str  # said when no reward ever applied
+    resume_keeps: frozenset = frozenset()  # the settings a resume may not change (run_dir.RESUME_SAFE_FIELDS' others)
 
 
 @dataclass
@@ -154,9 +163,7 @@ class Run:
         if settings.resume:
             resumed = self._restore()
             if resumed is None:
-                raise RunDirError(f"resume: no usable checkpoint in {components.checkpoints} "
-                                  f"({self._checkpoints_found()}); nothing was changed. Resume with the settings "
-                                  f"that wrote it, or start a new run in another --output_dir")
+                raise self._no_usable_checkpoint()
         # DDP / FSDP
         components.model, components.optimizer = components.procs.prepare(components.policy, components.optimizer)
         self.stages.update.bind(components.model, components.optimizer)
@@ -183,11 +190,21 @@ class Run:
         components.procs.barrier()  # the other processes read the log only once it is rewritten
         return logged_evals(components.run_dir / "metrics.jsonl")
 
-    def _checkpoints_found(self) -> str:
-        found = list_checkpoints(self.components.checkpoints)
+    def _no_usable_checkpoint(self) -> RunDirError:
+        """A resume's one-line refusal when no checkpoint loads: what it found, and what works."""
+        checkpoints = self.components.checkpoints
+        found = list_checkpoints(checkpoints)
         if not found:
-            return "none: the run stopped before its first checkpoint (save_steps / checkpoint_minutes)"
-        return f"{len(found)} found, none loads into this model and config: see the warnings above"
+            found_text = "none: the run stopped before its first checkpoint (save_steps / checkpoint_minutes)"
+        elif all(map(older_format, found)):  # no settings would resume these: say what still works
+            return RunDirError(f"resume: the {len(found)} checkpoint(s) in {checkpoints} are in an older podsrl's "
+                               f"format (no parts.pt), which this podsrl cannot resume; nothing was changed. `podsrl "
+                               f"export {self.components.run_dir} OUTPUT_DIR --checkpoint {found[-1].name}` still "
+                               f"exports the model, or start a new run in another --output_dir")
+        else:
+            found_text = f"{len(found)} found, none loads into this model and config: see the warnings above"
+        return RunDirError(f"resume: no usable checkpoint in {checkpoints} ({found_text}); nothing was changed. "
+                           f"Resume with the settings that wrote it, or start a new run in another --output_dir")
 
     def log(self, record: dict, rollouts: list[dict] = ()) -> None:
         """A step's metrics record (metrics.jsonl, and its numbers to the trackers) and a
@@ -213,6 +230,9 @@ class Run:
             try:
                 saved = load_checkpoint(candidate, model=components.policy, optimizer=components.optimizer,
                                         scheduler=components.scheduler, parts=state.parts, rank=components.procs.rank)
+            except OlderFormat as older:
+                say(f"warning: {older}; trying the previous one")
+                continue
             except StateDoesNotFit as misfit:
                 say(f"warning: checkpoint {candidate} does not fit this run: {self._misfit(misfit)}; trying the "
                     f"previous one")

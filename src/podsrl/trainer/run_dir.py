@@ -7,7 +7,9 @@ current directory's files or another run are refused before anything loads
 (docs/reliability.md, "Output folders"). The one exception is podsrl's own: a run that
 stopped before its first checkpoint has nothing to resume, so the same command starts it
 afresh there, removing only the files podsrl can prove by their content it wrote
-(:mod:`podsrl.trainer.ownership`) and keeping the trackers' folder.
+(:mod:`podsrl.trainer.ownership`) and keeping the trackers' folder. ``--resume auto`` (verl's
+``resume_mode: auto``, for job scripts that always pass it) resumes where the folder holds a
+checkpoint and is ``--resume false`` everywhere else, its refusals included.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import socket
 from pathlib import Path
 
-from podsrl.config import BOOKKEEPING_FIELDS, Config
+from podsrl.config import BOOKKEEPING_FIELDS, RESUME_AUTO, Config
 from podsrl.distributed import Processes
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.logging import say
@@ -94,12 +96,32 @@ def clear_stopped_run(path: Path) -> None:
                           f"or choose another --output_dir") from None
 
 
-def fresh_start_line(path: Path) -> str:
-    """What the user is told when a stopped run starts afresh in ``path``."""
+def fresh_start_line(path: Path, field: str = "output_dir") -> str:
+    """What the user is told when a stopped run starts afresh in ``path`` (``field``: the
+    setting that decided it, ``resume auto`` where that did)."""
     kept = (f"; its trackers' folder {TRACKING}/ stays as it is (the new run's trackers write beside it)"
             if (path / TRACKING).is_dir() else "")
-    return (f"output_dir: {path} holds a run that stopped before its first checkpoint (nothing to resume); "
+    return (f"{field}: {path} holds a run that stopped before its first checkpoint (nothing to resume); "
             f"starting it afresh{kept}")
+
+
+def resumes(output_dir: str, resume: bool | str) -> bool:
+    """Whether the run resumes: ``resume`` as given, and for ``auto`` whether ``output_dir``
+    holds a checkpoint. With none, ``auto`` is ``false``: a new or empty folder, or a run that
+    stopped before its first checkpoint, starts afresh; anything else is refused as ``false``
+    refuses it (a user's files, a model, a run whose checkpoints are gone)."""
+    if resume != RESUME_AUTO:
+        return bool(resume)
+    return bool(list_checkpoints(Path(output_dir).expanduser() / "checkpoints"))
+
+
+def auto_line(path: Path, resume: bool, cleared: bool) -> str:
+    """The one line that says what ``--resume auto`` did in ``path``."""
+    if resume:
+        return f"resume auto: {path} holds a checkpoint; resuming the run from the newest that loads"
+    if cleared:
+        return fresh_start_line(path, f"resume {RESUME_AUTO}")
+    return f"resume auto: {path} holds no run yet (nothing to resume); starting a new run there"
 
 
 def _check_config_readable(path: Path, field: str) -> None:
@@ -248,13 +270,15 @@ def _agreed(procs: Processes, refusal: RunDirError | None) -> None:
         raise RunDirError(others[0])
 
 
-def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None]:
+def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None, bool]:
     """Check that ``output_dir`` can hold this run and lock it (the main process holds the
-    lock), before anything loads; on resume, check the config against the run's."""
+    lock), before anything loads; on resume, check the config against the run's. Returns the
+    folder, the lock and whether the run resumes (``resume auto`` decided)."""
     refusal, run_dir, lock = None, Path(cfg.output_dir), None
+    resume = procs.gather_objects(resumes(cfg.output_dir, cfg.resume))[0]  # the main process's view, for all
     try:
-        run_dir = check_output_dir(cfg.output_dir, cfg.resume)
-        if cfg.resume:
+        run_dir = check_output_dir(cfg.output_dir, resume)
+        if resume:
             check_resume_config(run_dir, cfg.to_dict())
         if cfg.prompts_per_step % procs.world_size:
             raise RunDirError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
@@ -263,14 +287,14 @@ def claim_run_dir(cfg: Config, procs: Processes) -> tuple[Path, RunLock | None]:
         refusal = err
     _agreed(procs, refusal)  # every process has checked output_dir before the main one writes to it
     try:
-        lock = _lock_and_recheck(cfg, run_dir) if procs.is_main else None
+        lock = _lock_and_recheck(cfg, run_dir, resume) if procs.is_main else None
     except RunDirError as err:
         refusal = err
     _agreed(procs, refusal)
-    return run_dir, lock
+    return run_dir, lock, resume
 
 
-def _lock_and_recheck(cfg: Config, run_dir: Path) -> RunLock:
+def _lock_and_recheck(cfg: Config, run_dir: Path, resume: bool) -> RunLock:
     """Lock the folder, then check it again: until the lock was ours another run could write
     there (a folder that looked like a stopped run may now hold its checkpoint). A run that
     stopped before its first checkpoint is cleared only now, when no live run writes there."""
@@ -279,9 +303,13 @@ def _lock_and_recheck(cfg: Config, run_dir: Path) -> RunLock:
         if lock.stale_holder:
             say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
                 f"(killed?); that process is gone, so this run takes the folder over")
-        check_output_dir(cfg.output_dir, cfg.resume)
-        if not cfg.resume and stopped_before_first_checkpoint(run_dir):
+        check_output_dir(cfg.output_dir, resume)
+        cleared = not resume and stopped_before_first_checkpoint(run_dir)
+        if cleared:
             clear_stopped_run(run_dir)
+        if cfg.resume == RESUME_AUTO:
+            say(auto_line(run_dir, resume, cleared))
+        elif cleared:
             say(fresh_start_line(run_dir))
     except BaseException:
         lock.release()

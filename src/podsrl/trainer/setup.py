@@ -4,6 +4,7 @@ stages' option objects (the stages themselves never see the Config)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import filecmp
 import json
 import random
@@ -18,7 +19,7 @@ from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.algorithms.select import RULES
-from podsrl.config import Config, validate
+from podsrl.config import FIELDS, Config, validate
 from podsrl.config_checks import ignored_fields
 from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
@@ -42,7 +43,7 @@ from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.logging import say
 from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
 from podsrl.trainer.run import Run, RunSettings
-from podsrl.trainer.run_dir import claim_run_dir
+from podsrl.trainer.run_dir import RESUME_SAFE_FIELDS, claim_run_dir
 from podsrl.trainer.stages import (
     Advantages,
     ExtraLogprobs,
@@ -172,7 +173,8 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     procs = Processes.from_env()
     for warning in ignored_fields(cfg) if procs.is_main else ():
         say(f"warning: {warning}")  # once, before anything loads; the run goes on
-    run_dir, lock = claim_run_dir(cfg, procs)
+    run_dir, lock, resume = claim_run_dir(cfg, procs)
+    cfg = dataclasses.replace(cfg, resume=resume)  # `auto` decided: config.json and the run read true or false
     try:
         run = _build_run(cfg, fns, procs, run_dir)
     except BaseException:
@@ -259,7 +261,8 @@ def run_settings(cfg: Config, procs: Processes, test_prompts: int) -> RunSetting
                        eval_prompts=min(cfg.eval_prompts, test_prompts),
                        part_labels={PROMPT_SELECTOR_STATE: component_label(cfg.prompt_selector),
                                     "generation_engine": component_label(cfg.generation_engine)},
-                       reward_error_policy=cfg.reward_error_policy)
+                       reward_error_policy=cfg.reward_error_policy,
+                       resume_keeps=frozenset(FIELDS) - RESUME_SAFE_FIELDS)
 
 
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,

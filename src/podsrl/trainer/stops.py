@@ -17,6 +17,7 @@ Where a stop lands:
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -117,7 +118,8 @@ class Stops:
         except RewardError as err:
             raise self.abandon(before, err, "fix the reward function") from None
         except UserCodeError as err:
-            raise self.abandon(before, err, "fix it", update_began="update" in timer.seconds) from None
+            raise self.abandon(before, err, "fix it", update_began="update" in timer.seconds,
+                               kept=self._kept_setting(err)) from None
         except StopNow as stop:
             raise self.abandon(before, stop, "", update_began="update" in timer.seconds) from None
         run.state.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
@@ -179,14 +181,26 @@ class Stops:
                                f"command plus --resume true (it evaluates step {run.state.step} first)",
                                signum=signum)
 
+    def _kept_setting(self, err: UserCodeError) -> str:
+        """What a fix may not do, where the component's error names a setting a resume may not
+        change (a user's engine over generation_memory_mb: podsrl's errors name their field
+        first): changing it means a new run, which '--resume true' would refuse to be."""
+        component, named = (re.match(r"\w*", str(e)).group() for e in (err, err.__cause__ or ""))
+        if named == component or named not in self.run.settings.resume_keeps:
+            return ""
+        return f" (a resume keeps the run's {named}: with another {named}, start a new run in another --output_dir)"
+
     def abandon(self, before: dict[str, dict], reason: BaseException, fix: str = "",
-                update_began: bool = False) -> TrainingStopped:
+                update_began: bool = False, kept: str = "") -> TrainingStopped:
         """Undo the unfinished step (its learned parts back to ``before``, the snapshot taken at
         its start), checkpoint the last finished step exactly as an uninterrupted run had it, and
-        return the one-line stop to raise, advising ``fix`` first. Not where the step's update
-        had begun (the weights may have moved), nor where only this process failed in a
-        multi-process run (a checkpoint needs every process): the last checkpoint on disk is
-        then left as it was, and with none there is nothing to resume."""
+        return the one-line stop to raise, advising ``fix`` first (``kept``: what a fix may not
+        change and still resume). Not where the step's update had begun (the weights may have
+        moved), nor where only this process failed in a multi-process run (a checkpoint needs
+        every process): the last checkpoint on disk is then left as it was, and with none there
+        is nothing to resume. Nor in step 1 for a failure to fix: nothing was trained, so the
+        same command starts afresh whatever the fix changes, where a checkpoint of step 0 would
+        hold the run to a resume that refuses a changed setting."""
         run = self.run
         state = run.state
         state.step -= 1
@@ -194,8 +208,9 @@ class Stops:
         agreed = isinstance(reason, RewardError) or run.procs.world_size == 1
         how = f"by {reason}" if isinstance(reason, StopNow) else f"{reason}"
         first = f"{fix}, then " if fix else ""
-        resume = f"{first}continue with the same command plus --resume true"
-        if update_began or not agreed:
+        resume = f"{fix}{kept}, then " if fix else ""
+        resume += "continue with the same command plus --resume true"
+        if update_began or not agreed or (fix and state.step == 0):
             last = run.last_checkpoint()
             if last == "none":  # --resume would be refused: there is nothing to resume
                 return TrainingStopped(f"stopped in step {state.step + 1}: {how}; no checkpoint yet: {first}run the "
