@@ -75,9 +75,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.use_vllm and importlib.util.find_spec("vllm") is None:  # TRL would fail deep in its set-up
-        raise SystemExit("trl_pods.py: --use_vllm: vLLM is not installed in this environment; on a GPU `pip install \"podsrl[vllm,trl] "
-                     "@ file://$PWD\"`, on this CPU use vLLM's own environment: bash scripts/test_vllm.sh builds "
-                     ".venv-vllm, then .venv-vllm/bin/python examples/trl_pods.py --offline --use_vllm ...")
+        raise SystemExit("trl_pods.py: --use_vllm: vLLM is not installed in this environment; on a GPU "
+                         "`pip install \"podsrl[vllm,trl] @ file://$PWD\"`, on this CPU use vLLM's own environment: "
+                         "bash scripts/test_vllm.sh builds .venv-vllm, then .venv-vllm/bin/python "
+                         "examples/trl_pods.py --offline --use_vllm ...")
 
     batch = trl_batch_arguments(args.prompts_per_step, args.num_generations, args.num_kept, args.micro_batch_size,
                                  args.num_processes)
