@@ -314,7 +314,7 @@ def test_the_warning_is_said_once_before_anything_loads_and_the_run_goes_on(monk
         raise ValueError("stopped before the data and model")
 
     monkeypatch.setattr(setup, "_build_run", stop_at_building)
-    monkeypatch.setattr(setup, "claim_run_dir", lambda cfg, procs: (Path(cfg.output_dir), None))
+    monkeypatch.setattr(setup, "claim_run_dir", lambda cfg, procs: (Path(cfg.output_dir), None, False))
     assert cli.main(["train", "--vllm_enforce_eager", "true", "--output_dir", "unused"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "warning: generation_engine hf does not read vllm_enforce_eager = true (read by vllm): it has no effect in "
