@@ -1,0 +1,123 @@
+"""A comparison's report: compare.md (the table, provenance, headline and noise sections),
+compare.json, accuracy.png (mean and 95% band per arm) and step_time.png, from
+:func:`podsrl.experiments.compare.analyze`'s result."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from podsrl.experiments.levels import headline_lines
+from podsrl.experiments.noise import noise_lines
+from podsrl.experiments.plots import save_accuracy_figure
+
+BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
+
+
+def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, Path]:
+    """compare.json, compare.md, accuracy.png (mean and 95% band per arm), step_time.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    arms = result["arms"]  # name -> compare.Arm
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in arms.values():
+        minutes = [t / 60 for t in arm.grid]
+        seeds = f"{len(arm.runs)} seed" + ("s" if len(arm.runs) > 1 else "")
+        line, = ax.plot(minutes, [100 * a for a in arm.mean], label=f"{arm.name} ({seeds})")
+        if len(arm.runs) > 1:
+            lower, upper = arm.band()
+            ax.fill_between(minutes, [100 * a for a in lower], [100 * a for a in upper], alpha=0.2,
+                            color=line.get_color())
+    ax.axhline(100 * result["target_accuracy"], color="gray", linestyle=":", linewidth=1,
+               label=f"target: 99% of {result['baseline']} best")
+    accuracy_png = output_dir / "accuracy.png"
+    save_accuracy_figure(fig, ax, accuracy_png, title or "accuracy vs training time (mean, 95% CI)")
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * len(rows)))
+    names = [r["arm"] for r in rows]
+    inference = [r["inference_seconds_per_step"] for r in rows]
+    update = [r["update_seconds_per_step"] for r in rows]
+    ax.barh(names, inference, label="inference (generate + reward)")
+    ax.barh(names, update, left=inference, label="update (logprobs + backward + step)")
+    ax.set_xlabel("seconds per step (measured)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    step_png = output_dir / "step_time.png"
+    fig.savefig(step_png, dpi=120)
+    plt.close(fig)
+
+    table = format_table(result)
+    (output_dir / "compare.md").write_text(table + "\n")
+    (output_dir / "compare.json").write_text(json.dumps(
+        {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"],
+         "budget_seconds": result["budget_seconds"], "rows": rows, "provenance": result["provenance"],
+         "runs": {name: [str(r.path) for r in arm.runs] for name, arm in arms.items()}},
+        indent=2, default=lambda x: None) + "\n")
+    return {"accuracy": accuracy_png, "step_time": step_png, "table": output_dir / "compare.md"}
+
+
+def _fmt(value, pattern="{:.1f}", missing="n/a") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return pattern.format(value)
+
+
+def _provenance_lines(prov: dict) -> list[str]:
+    if not prov:
+        return ["runs: no environment.json (written by podsrl before this report existed): commit, dates and "
+                "machine unknown"]
+    short = {arm: f"{chr(65 + i)}" for i, arm in enumerate(dict.fromkeys(prov["order"]))}
+    order = " ".join(short[a] for a in prov["order"])
+    legend = ", ".join(f"{letter} = {arm}" for arm, letter in short.items())
+    lines = [f"runs started {prov['first_start']} to {prov['last_start']} (UTC); code {', '.join(prov['commits'])}; "
+             f"machine: {'; '.join(prov['machines'])}; torch {'; '.join(prov['torch'])}",
+             f"run order (by start time): {order} ({legend})"]
+    if prov["runs_without_record"]:
+        lines.append(f"{prov['runs_without_record']} run(s) have no environment.json")
+    return lines
+
+
+def format_table(result: dict) -> str:
+    """The comparison's table; runs that logged the update's memory (podsrl since #29) get a
+    column for it: activations of the largest micro-batch / CUDA peak, in MiB."""
+    fractions = " / ".join(f"{int(100 * f)}%" for f in BUDGET_FRACTIONS)
+    memory = any(r.get("update_activation_mb") is not None for r in result["rows"])
+    lines = [f"baseline: {result['baseline']}; target: {100 * result['target_accuracy']:.1f}% "
+             f"(99% of its best mean held-out accuracy); common budget: {result['budget_seconds']:.0f} s of training",
+             *_provenance_lines(result["provenance"]), "",
+             f"| arm | seeds | steps | s/step (inference + update) | acc at {fractions} of budget | peak acc "
+             f"| time to target (s) | speedup (mean curves) | speedup per seed (95% CI) |"
+             + (" update memory, MiB (activations / CUDA peak) |" if memory else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if memory else "")]
+    notes = []
+    for r in result["rows"]:
+        at_budget = " / ".join(f"{100 * v:.1f}%" for v in r["accuracy_at_budget"].values())
+        reach = (f"{r['time_to_target']:.1f} (" if r["time_to_target"] is not None
+                 else f"> {r['mean_curve_end']:.1f} (censored; ")
+        pairs = len(r["seed_pairs"])
+        per_seed = (f"{_fmt(r['speedup_per_seed_mean'], '{:.2f}')} +- {_fmt(r['speedup_per_seed_ci95'], '{:.2f}')} "
+                    f"({pairs} pair{'s' if pairs != 1 else ''}"
+                    + (f", {r['censored_pairs']} censored" if r["censored_pairs"] else "") + ")")
+        lines.append(
+            f"| {r['arm']} | {r['seeds']} | {r['steps_mean']:.0f} | {r['seconds_per_step']:.3f} "
+            f"({r['inference_seconds_per_step']:.3f} + {r['update_seconds_per_step']:.3f}) | {at_budget} "
+            f"| {100 * r['peak_accuracy']:.1f}% | {reach}{r['seeds_reaching_target']}/{r['seeds']} seeds) "
+            f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x')} | {per_seed} |"
+            + (f" {_fmt(r.get('update_activation_mb'), '{:.0f}')} / {_fmt(r.get('update_peak_cuda_mb'), '{:.0f}')} |"
+               if memory else ""))
+        for p in r["seed_pairs"]:
+            if p["censored"]:
+                bound = {"arm": "an upper bound: the arm missed the target within its budget",
+                         "baseline": "a lower bound: the baseline missed the target within its budget",
+                         "both": "no bound: neither run reached the target"}[p["censored"]]
+                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {p['ratio']:.2f} is {bound} (times "
+                             f"{p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
+    if notes:
+        lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
+    return "\n".join(lines + headline_lines(result) + noise_lines(result["rows"]))
