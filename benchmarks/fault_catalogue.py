@@ -40,6 +40,10 @@ QUICK = ["--max_steps", "2", "--prompts_per_step", "4", "--num_generations", "4"
          "--max_completion_length", "6", "--eval_prompts", "8", "--eval_samples", "1", "--eval_steps", "0",
          "--save_steps", "1", "--progress", "false"]
 EVAL = ["--eval_prompts", "8", "--eval_samples", "1", "--max_completion_length", "6"]  # podsrl eval's, quick
+# podsrl compare's, quick (#57's): one pods arm, one seed, two steps
+COMPARE = ["--methods", "pods", "--seeds", "1", "--budget_steps", "2", "--eval_prompts", "20", "--eval_samples", "1",
+           "--prompts_per_step", "4", "--num_generations", "8", "--num_kept", "4", "--max_completion_length", "6",
+           "--progress", "false"]
 
 
 @dataclass
@@ -77,6 +81,16 @@ def stopped_run(work: Path) -> None:
     shutil.rmtree(work / "run" / "model")
     for name in ("summary.json", "accuracy.png"):
         (work / "run" / name).unlink()
+
+
+def compared(work: Path, *extra: str) -> list[str]:
+    """podsrl compare's options for a quick comparison in work/cmp."""
+    return [*COMPARE, "--output_dir", str(work / "cmp"), *extra]
+
+
+def finished_comparison(work: Path) -> None:
+    subprocess.run([*podsrl_command(), "compare", *compared(work)], check=True, capture_output=True, text=True,
+                   timeout=600)
 
 
 def exported_run(work: Path) -> None:
@@ -356,6 +370,14 @@ CASES = [
          finished_run, command="export", file_size_limit=1_000_000),
     Case("a full disk while logging the steps (file size limit)", "full disk", "refuse",
          lambda w: out(w, "--max_steps", "20", "--save_steps", "0", "--log_rollouts", "4"), file_size_limit=20_000),
+    # #57: compare and plot
+    Case("compare over a user's compare.md", "data loss", "refuse", compared,
+         lambda w: ((w / "cmp").mkdir(), (w / "cmp" / "compare.md").write_text("# mine\n")),
+         lambda w: [w / "cmp" / "compare.md"], command="compare"),
+    Case("plot over an edited earlier report", "data loss", "refuse",
+         lambda w: [str(w / "cmp"), "--output_dir", str(w / "cmp")],
+         lambda w: (finished_comparison(w), open(w / "cmp" / "compare.md", "a").write("my notes\n")),
+         lambda w: [p for p in (w / "cmp").rglob("*") if p.is_file()], command="plot"),
     # #50: the vllm engine (run by .venv-vllm's podsrl), and advice that works
     Case("vllm_max_model_length below prompt + completion", "vllm", "refuse",
          lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--vllm_max_model_length",

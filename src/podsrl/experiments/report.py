@@ -4,6 +4,7 @@ compare.json, accuracy.png (mean and 95% band per arm) and step_time.png, from
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -11,21 +12,38 @@ from pathlib import Path
 from podsrl.experiments.levels import headline_lines
 from podsrl.experiments.noise import noise_lines
 from podsrl.experiments.plots import save_accuracy_figure
+from podsrl.experiments.report_files import check_report_folder, write_reports
 
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
 
 
 def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, Path]:
-    """compare.json, compare.md, accuracy.png (mean and 95% band per arm), step_time.png."""
+    """compare.json, compare.md, accuracy.png (mean and 95% band per arm), step_time.png: each
+    made in memory, then written over only what podsrl can prove it wrote there
+    (:mod:`podsrl.experiments.report_files`; refused otherwise, nothing changed)."""
+    output_dir = Path(output_dir)
+    check_report_folder(output_dir)  # before the figures are drawn: a refusal costs nothing
+    write_reports(output_dir, {"accuracy.png": _accuracy_figure(result, title),
+                               "step_time.png": _step_time_figure(result["rows"]),
+                               "compare.md": (format_table(result) + "\n").encode(),
+                               "compare.json": _summary_json(result).encode()})
+    return {"accuracy": output_dir / "accuracy.png", "step_time": output_dir / "step_time.png",
+            "table": output_dir / "compare.md"}
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    arms = result["arms"]  # name -> compare.Arm
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in arms.values():
+    return plt
+
+
+def _accuracy_figure(result: dict, title: str) -> bytes:
+    """accuracy.png: each arm's mean curve, its 95% band (with several seeds) and the target."""
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
+    for arm in result["arms"].values():  # name -> compare.Arm
         minutes = [t / 60 for t in arm.grid]
         seeds = f"{len(arm.runs)} seed" + ("s" if len(arm.runs) > 1 else "")
         line, = ax.plot(minutes, [100 * a for a in arm.mean], label=f"{arm.name} ({seeds})")
@@ -35,10 +53,14 @@ def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, P
                             color=line.get_color())
     ax.axhline(100 * result["target_accuracy"], color="gray", linestyle=":", linewidth=1,
                label=f"target: 99% of {result['baseline']} best")
-    accuracy_png = output_dir / "accuracy.png"
-    save_accuracy_figure(fig, ax, accuracy_png, title or "accuracy vs training time (mean, 95% CI)")
+    png = io.BytesIO()
+    save_accuracy_figure(fig, ax, png, title or "accuracy vs training time (mean, 95% CI)")
+    return png.getvalue()
 
-    rows = result["rows"]
+
+def _step_time_figure(rows: list[dict]) -> bytes:
+    """step_time.png: measured seconds per step per arm, inference beside update."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * len(rows)))
     names = [r["arm"] for r in rows]
     inference = [r["inference_seconds_per_step"] for r in rows]
@@ -48,18 +70,18 @@ def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, P
     ax.set_xlabel("seconds per step (measured)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    step_png = output_dir / "step_time.png"
-    fig.savefig(step_png, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    return png.getvalue()
 
-    table = format_table(result)
-    (output_dir / "compare.md").write_text(table + "\n")
-    (output_dir / "compare.json").write_text(json.dumps(
+
+def _summary_json(result: dict) -> str:
+    return json.dumps(
         {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"],
-         "budget_seconds": result["budget_seconds"], "rows": rows, "provenance": result["provenance"],
-         "runs": {name: [str(r.path) for r in arm.runs] for name, arm in arms.items()}},
-        indent=2, default=lambda x: None) + "\n")
-    return {"accuracy": accuracy_png, "step_time": step_png, "table": output_dir / "compare.md"}
+         "budget_seconds": result["budget_seconds"], "rows": result["rows"], "provenance": result["provenance"],
+         "runs": {name: [str(r.path) for r in arm.runs] for name, arm in result["arms"].items()}},
+        indent=2, default=lambda x: None) + "\n"
 
 
 def _fmt(value, pattern="{:.1f}", missing="n/a") -> str:

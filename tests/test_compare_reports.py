@@ -1,0 +1,120 @@
+"""The reports of podsrl compare and plot (#57): they overwrite only report files podsrl can prove
+it wrote, refuse what they cannot read or mix, and say true things about what they show."""
+
+import hashlib
+import json
+
+import pytest
+
+from podsrl import cli
+from podsrl.experiments.compare import analyze, write_report
+from podsrl.experiments.report_files import REPORT_MARKER, ReportFolderError
+from tests.test_compare import fake_run
+
+EVALS = [(0, 0.5), (10, 0.6), (20, 0.8)]
+
+
+def two_arms(root):
+    return [fake_run(root, "grpo", "grpo", 0, EVALS),
+            fake_run(root, "pods", "pods", 0, [(0, 0.5), (5, 0.8), (20, 0.9)])]
+
+
+@pytest.fixture(autouse=True)
+def quick_figures(request, monkeypatch):
+    """Figures as a few bytes that differ between reports (matplotlib takes seconds), except in
+    tests marked slow."""
+    if "slow" not in request.keywords:
+        monkeypatch.setattr("podsrl.experiments.report._accuracy_figure", lambda result, title: repr(
+            sorted(result["arms"])).encode())
+        monkeypatch.setattr("podsrl.experiments.report._step_time_figure", lambda rows: repr(rows).encode())
+
+
+def contents(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# --- 1. reports overwrite only what podsrl wrote ---------------------------------------------------
+@pytest.mark.slow
+def test_a_report_overwrites_its_own_earlier_report(tmp_path):
+    result = analyze(two_arms(tmp_path / "runs"))
+    out = tmp_path / "report"
+    write_report(result, out)
+    recorded = json.loads((out / REPORT_MARKER).read_text())["files"]
+    assert sorted(recorded) == ["accuracy.png", "compare.json", "compare.md", "step_time.png"]
+    write_report(result, out)  # podsrl's own files, proven by their digests: replaced
+    assert contents(out)["compare.md"] == recorded["compare.md"][0]
+
+
+@pytest.mark.parametrize("name", ["compare.md", "compare.json", "accuracy.png", "step_time.png"])
+def test_a_users_file_or_an_edited_report_is_refused_and_nothing_changes(tmp_path, name):
+    result = analyze(two_arms(tmp_path / "runs"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / name).write_text("# mine\n")  # no record of it: the user's
+    edited = tmp_path / "edited"
+    write_report(result, edited)
+    with (edited / name).open("a") as fh:  # an earlier report, edited since: the user's now
+        fh.write("my notes\n")
+    for folder in (mine, edited):
+        before = contents(folder)
+        with pytest.raises(ReportFolderError, match=f"output_dir: {folder / name} would be overwritten by the report, "
+                                                    f"but podsrl cannot prove it wrote it"):
+            write_report(result, folder)
+        assert contents(folder) == before
+
+
+def test_reports_of_a_podsrl_before_the_record_and_a_foreign_record_are_refused(tmp_path):
+    result = analyze(two_arms(tmp_path / "runs"))
+    out = tmp_path / "report"
+    write_report(result, out)
+    (out / REPORT_MARKER).unlink()  # as podsrl before #57 left them
+    with pytest.raises(ReportFolderError, match="records no such content: .* written by podsrl before #57"):
+        write_report(result, out)
+    (out / REPORT_MARKER).write_text('{"files": {"compare.md": "not a digest"}}')
+    with pytest.raises(ReportFolderError, match=f"{REPORT_MARKER}.*it is not the record podsrl writes"):
+        write_report(result, out)
+
+
+def test_a_crash_between_two_report_files_leaves_a_folder_podsrl_still_proves(tmp_path, monkeypatch):
+    from podsrl.experiments import report_files
+
+    runs = two_arms(tmp_path / "runs")
+    out = tmp_path / "report"
+    write_report(analyze(runs), out)
+    replace = report_files._replace
+
+    def full_disk_after_the_first_file(path, data):
+        if path.name != REPORT_MARKER and any(p.name == "accuracy.png" for p in written):
+            raise OSError("No space left on device")
+        replace(path, data)
+        written.append(path)
+
+    written = []
+    with monkeypatch.context() as patch, pytest.raises(OSError):
+        patch.setattr(report_files, "_replace", full_disk_after_the_first_file)
+        write_report(analyze(runs[:1]), out)  # another report: accuracy.png new, the rest old
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    write_report(analyze(runs[:1]), out)  # every file, old or new, is still proven podsrl's
+
+
+def test_compare_refuses_a_users_report_file_before_any_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("podsrl.experiments.compare.train", lambda cfg: pytest.fail("a run started"))
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.md").write_text("# mine\n")
+    code = cli.main(["compare", "--methods", "pods", "--seeds", "1", "--budget_steps", "2", "--output_dir", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"podsrl compare: error: output_dir: {out / 'compare.md'} would be overwritten")
+    assert (out / "compare.md").read_text() == "# mine\n" and sorted(p.name for p in out.iterdir()) == ["compare.md"]
+
+
+def test_plot_refuses_a_users_report_file_in_its_output_folder(tmp_path, capsys):
+    two_arms(tmp_path / "runs")
+    out = tmp_path / "plots"
+    out.mkdir()
+    (out / "accuracy.png").write_bytes(b"my figure")
+    assert cli.main(["plot", str(tmp_path / "runs"), "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"podsrl plot: error: output_dir: {out / 'accuracy.png'} would be overwritten"), err
+    assert (out / "accuracy.png").read_bytes() == b"my figure" and len(list(out.iterdir())) == 1
