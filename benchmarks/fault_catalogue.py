@@ -378,6 +378,8 @@ CASES = [
          lambda w: [str(w / "cmp"), "--output_dir", str(w / "cmp")],
          lambda w: (finished_comparison(w), open(w / "cmp" / "compare.md", "a").write("my notes\n")),
          lambda w: [p for p in (w / "cmp").rglob("*") if p.is_file()], command="plot"),
+    Case("compare --baseline naming no arm", "compare", "refuse", lambda w: compared(w, "--baseline", "bogus"),
+         command="compare"),
     # #50: the vllm engine (run by .venv-vllm's podsrl), and advice that works
     Case("vllm_max_model_length below prompt + completion", "vllm", "refuse",
          lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--vllm_max_model_length",

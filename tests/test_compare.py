@@ -371,3 +371,23 @@ def test_compare_needs_a_budget(tmp_path, capsys):
 
     assert cli.main(["compare", "--methods", "pods", "--output_dir", str(tmp_path / "c")]) == 2
     assert "budget_minutes or budget_steps: give one" in capsys.readouterr().err
+
+
+def test_a_baseline_that_names_no_arm_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    """`--baseline bogus` fell back to the first grpo arm, rc 0, without a word (#57)."""
+    from podsrl import cli
+
+    monkeypatch.setattr("podsrl.experiments.compare.train", lambda cfg: pytest.fail("a run started"))
+    out = tmp_path / "cmp"
+    code = cli.main(["compare", "--methods", "grpo,pods", "--seeds", "1", "--budget_steps", "2", "--baseline",
+                     "bogus", "--output_dir", str(out)])
+    assert code == 2 and not out.exists()
+    assert capsys.readouterr().err.strip() == (
+        "podsrl compare: error: baseline: 'bogus' names no arm of this comparison; its arms: grpo 4/4; "
+        "pods 16->4 max_variance (give an arm's name or its method)")
+    runs = [fake_run(tmp_path, "grpo", "grpo", 0, [(0, 0.5), (10, 0.6)]),
+            fake_run(tmp_path, "pods", "pods", 0, [(0, 0.5), (10, 0.7)])]
+    with pytest.raises(ValueError, match="baseline: 'grpo-ga' names no arm"):
+        analyze(runs, baseline="grpo-ga")
+    assert analyze(runs, baseline="pods")["baseline"] == "pods 16->4 max_variance"
+    assert analyze(runs, baseline="grpo 4/4")["baseline"] == "grpo 4/4"

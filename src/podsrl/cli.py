@@ -15,7 +15,15 @@ from dataclasses import fields
 from pathlib import Path
 
 from podsrl.config import Config, load_yaml, make_config, parse_value, split_list
-from podsrl.experiments.compare import analyze, arm_configs, arm_specs, run_comparison, write_report
+from podsrl.experiments.compare import (
+    analyze,
+    arm_configs,
+    arm_specs,
+    baseline_name,
+    planned_arm_names,
+    run_comparison,
+    write_report,
+)
 from podsrl.experiments.plots import plot_accuracy
 from podsrl.experiments.report_files import check_report_folder
 from podsrl.provenance import environment_report
@@ -178,6 +186,7 @@ def cmd_compare(argv: list[str]) -> int:
         arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
                            arm_specs("prompt_selector", args.prompt_selectors),
                            arm_specs("dynamic_sampling", args.dynamic_sampling))
+        baseline_name(planned_arm_names(cfg, arms), args.baseline)  # a baseline that names no arm: refused now
         check_report_folder(Path(cfg.output_dir))  # before any run: the report must not overwrite a user's file
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir),
                                   budget_steps=args.budget_steps)

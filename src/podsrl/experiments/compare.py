@@ -29,7 +29,7 @@ from podsrl.config import parse_value, validate
 from podsrl.experiments.levels import headline
 from podsrl.experiments.noise import evaluation_noise
 from podsrl.experiments.report import BUDGET_FRACTIONS, format_table, write_report  # noqa: F401 (this module's API)
-from podsrl.experiments.runs import FinishedRun, arm_variants, largest_logged, load_run
+from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.methods import METHODS
@@ -114,6 +114,24 @@ def provenance(runs: list[FinishedRun]) -> dict:
             "runs_without_record": sum(not r.environment for r in runs), "order": run_order(runs)}
 
 
+def baseline_name(names: list[str], baseline: str | None) -> str:
+    """The arm ``baseline`` names (an arm's name, or the method of the first arm of it); without
+    one, the first grpo arm, else the first arm. A name that matches no arm is refused, listing
+    the arms: a comparison against another baseline than asked for is silently wrong."""
+    if not baseline:
+        return next((n for n in names if n.startswith("grpo ")), names[0])
+    found = next((n for n in names if n == baseline or n.split()[0] == baseline), None)
+    if found is None:
+        raise ValueError(f"baseline: {baseline!r} names no arm of this comparison; its arms: {'; '.join(names)} "
+                         f"(give an arm's name or its method)")
+    return found
+
+
+def planned_arm_names(base, arms: list[dict]) -> list[str]:
+    """The names reports will give the arms of ``arm_configs``, before any of them runs."""
+    return list(dict.fromkeys(arm_name({**base.to_dict(), **arm}) for arm in arms))
+
+
 def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     """Group runs into arms and compute curves, step times and the speedup table.
 
@@ -129,9 +147,7 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     for arm in arms.values():
         warn_unlike_seeds(arm.name, arm.runs)
         arm.fill_curve(grid)
-    names = list(arms)
-    base_name = next((n for n in names if n == baseline or n.split()[0] == baseline), None) if baseline else None
-    base_name = base_name or next((n for n in names if n.startswith("grpo ")), names[0])
+    base_name = baseline_name(list(arms), baseline)
     base = arms[base_name]
     target = TARGET_FRACTION * max(base.mean)
     base_time = base.mean_time_to(target)

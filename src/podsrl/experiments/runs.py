@@ -36,11 +36,7 @@ class FinishedRun:
 
     @property
     def arm(self) -> str:
-        c = self.config
-        # (runs written before the rename of n / m / rule still read)
-        n = "auto" if c.get("adaptive_n") else c.get("num_generations", c.get("n"))
-        m, rule = c.get("num_kept", c.get("m")), c.get("downsampling_rule", c.get("rule"))
-        return " ".join([METHODS[c["method"]].arm_name(n, m, rule), *arm_variants(c)])
+        return arm_name(self.config)
 
     @property
     def seed(self) -> int | None:
@@ -108,6 +104,14 @@ def largest_logged(values) -> float | None:
     metrics.jsonl's null); None when none is left."""
     logged = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
     return max(logged) if logged else None
+
+
+def arm_name(config: dict) -> str:
+    """The arm a run's config belongs to, as reports name it: method, n, m, rule and variants."""
+    # (runs written before the rename of n / m / rule still read)
+    n = "auto" if config.get("adaptive_n") else config.get("num_generations", config.get("n"))
+    m, rule = config.get("num_kept", config.get("m")), config.get("downsampling_rule", config.get("rule"))
+    return " ".join([METHODS[config["method"]].arm_name(n, m, rule), *arm_variants(config)])
 
 
 def arm_variants(fields: dict) -> list[str]:
