@@ -378,6 +378,10 @@ CASES = [
          lambda w: [str(w / "cmp"), "--output_dir", str(w / "cmp")],
          lambda w: (finished_comparison(w), open(w / "cmp" / "compare.md", "a").write("my notes\n")),
          lambda w: [p for p in (w / "cmp").rglob("*") if p.is_file()], command="plot"),
+    *[Case(f"compare re-run with {' '.join(extra)} over runs of another command", "compare", "refuse",
+           lambda w, e=extra: compared(w, *e), finished_comparison,
+           lambda w: [p for p in (w / "cmp").rglob("*") if p.is_file()], command="compare")
+      for extra in (["--learning_rate", "0.001"], ["--budget_steps", "3"])],
     Case("compare --baseline naming no arm", "compare", "refuse", lambda w: compared(w, "--baseline", "bogus"),
          command="compare"),
     # #50: the vllm engine (run by .venv-vllm's podsrl), and advice that works

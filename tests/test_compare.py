@@ -391,3 +391,50 @@ def test_a_baseline_that_names_no_arm_is_refused_before_any_run(tmp_path, monkey
         analyze(runs, baseline="grpo-ga")
     assert analyze(runs, baseline="pods")["baseline"] == "pods 16->4 max_variance"
     assert analyze(runs, baseline="grpo 4/4")["baseline"] == "grpo 4/4"
+
+
+def planned_runs(tmp_path, monkeypatch, state: str, **changed):
+    """A comparison of one pods arm and one seed whose run folder holds a ``state`` run
+    ('finished' or 'interrupted') of the same command, then run_comparison with ``changed``
+    fields of the shared config; returns the configs train was called with."""
+    from podsrl.experiments.compare import _run_config, run_comparison
+    from podsrl.trainer.checkpoints import STATE_FILE
+
+    base = make_config(overrides={"prompts_per_step": "2", "num_generations": "4", "num_kept": "2"})
+    (arm,) = arm_configs(base, ["pods"], ["max_variance"], [4], [2])
+    run_dir = tmp_path / arm_dir_name(arm) / f"seed{base.seed}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(_run_config(base, arm, base.seed, 0, run_dir, 2).to_dict()))
+    if state == "finished":
+        (run_dir / "summary.json").write_text("{}")
+    else:
+        (run_dir / "checkpoints" / "step_0000001").mkdir(parents=True)
+        (run_dir / "checkpoints" / "step_0000001" / STATE_FILE).write_text('{"step": 1}')
+    trained = []
+
+    def train(cfg):
+        trained.append(cfg)
+        return type("Result", (), {"steps": 2, "initial": {"eval_accuracy": 0.5}, "final": {"eval_accuracy": 0.5}})
+
+    monkeypatch.setattr("podsrl.experiments.compare.train", train)
+    base = dataclasses.replace(base, **{k: v for k, v in changed.items() if k != "budget_steps"})
+    run_comparison(base, [arm], 1, 0, tmp_path, log=lambda line: None, budget_steps=changed.get("budget_steps", 2))
+    return trained
+
+
+@pytest.mark.parametrize("state", ["finished", "interrupted"])
+def test_a_rerun_reuses_or_resumes_only_runs_of_its_own_config(tmp_path, monkeypatch, state):
+    """A re-run with --learning_rate 0.001 or a larger --budget_steps said "done earlier, reused" and
+    reported the old runs as the new command's (#57)."""
+    trained = planned_runs(tmp_path / "same", monkeypatch, state)
+    assert [cfg.resume for cfg in trained] == ([] if state == "finished" else [True])
+    folder = f"pods-n4-m2-max_variance/seed{make_config().seed}"
+    for changed, shown in [({"learning_rate": 0.001}, "learning_rate is 0.0002 there, 0.001 in this one"),
+                           ({"budget_steps": 3}, "max_steps (--budget_steps) is 2 there, 3 in this one"),
+                           ({"budget_steps": 0}, "max_steps (--budget_steps) is 2 there, no step limit in this one")]:
+        root = tmp_path / str(changed)
+        with pytest.raises(ValueError) as refused:
+            planned_runs(root, monkeypatch, state, **changed)
+        assert str(refused.value).startswith(f"output_dir: {root / folder} holds a {state} run of another command: "
+                                             f"{shown}; compare reuses only runs of the same config: give this "
+                                             f"comparison another --output_dir")

@@ -29,6 +29,7 @@ from podsrl.config import parse_value, validate
 from podsrl.experiments.levels import headline
 from podsrl.experiments.noise import evaluation_noise
 from podsrl.experiments.report import BUDGET_FRACTIONS, format_table, write_report  # noqa: F401 (this module's API)
+from podsrl.experiments.reuse import NO_STEP_LIMIT, check_reusable
 from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
@@ -265,7 +266,8 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
     interleaved order of :func:`run_plan`. Every run's config is validated before the first
     runs (an arm that cannot run fails the comparison at once, naming the arm). Finished runs
     are reused and interrupted ones resumed from their checkpoint (one stopped before its first
-    checkpoint is started afresh in its folder), so a long comparison can be restarted."""
+    checkpoint is started afresh in its folder), so a long comparison can be restarted; a run
+    whose config is not this command's is refused before any run (:mod:`podsrl.experiments.reuse`)."""
     run_dirs = []
     plan = run_plan(arms, [base.seed + k for k in range(seeds)])
     configs = [_run_config(base, arm, seed, budget_minutes, output_dir / arm_dir_name(arm) / f"seed{seed}",
@@ -275,6 +277,8 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
             validate(cfg)
         except (ValueError, FileNotFoundError) as err:
             raise type(err)(f"arm {arm_dir_name(arm)}: {err}") from None
+    for cfg in configs:  # a run of another command is never reported as this one's
+        check_reusable(cfg)
     for i, cfg in enumerate(configs, start=1):
         run_dir = Path(cfg.output_dir)
         run_dirs.append(run_dir)
@@ -290,6 +294,6 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
 def _run_config(base, arm: dict, seed: int, budget_minutes: float, run_dir: Path, budget_steps: int = 0):
     """The config of one run of a comparison: the arm's overrides of the shared ``base``, its
     seed and budget; it resumes where it has a checkpoint."""
-    return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=budget_steps or 10**9,
-                               output_dir=str(run_dir), progress=False,
+    return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes,
+                               max_steps=budget_steps or NO_STEP_LIMIT, output_dir=str(run_dir), progress=False,
                                resume=bool(list_checkpoints(run_dir / "checkpoints")))
