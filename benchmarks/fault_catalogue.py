@@ -93,6 +93,17 @@ def finished_comparison(work: Path) -> None:
                    timeout=600)
 
 
+def runs_one_without_evaluations(work: Path) -> None:
+    """Two finished runs in work/runs, the second's log stripped of its evaluations."""
+    finished_run(work)
+    (work / "runs").mkdir()
+    shutil.move(work / "run", work / "runs" / "a")
+    shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    records = [json.loads(line) for line in (work / "runs" / "b" / "metrics.jsonl").read_text().splitlines()]
+    (work / "runs" / "b" / "metrics.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if not k.startswith("eval_")}) + "\n" for r in records))
+
+
 def exported_run(work: Path) -> None:
     """A finished run and its export in work/hf."""
     finished_run(work)
@@ -382,6 +393,9 @@ CASES = [
            lambda w, e=extra: compared(w, *e), finished_comparison,
            lambda w: [p for p in (w / "cmp").rglob("*") if p.is_file()], command="compare")
       for extra in (["--learning_rate", "0.001"], ["--budget_steps", "3"])],
+    Case("plot beside a run without evaluations", "compare", "succeed",
+         lambda w: [str(w / "runs"), "--output_dir", str(w / "plots")], runs_one_without_evaluations,
+         lambda w: [p for p in (w / "runs").rglob("*") if p.is_file()], command="plot"),
     Case("compare --baseline naming no arm", "compare", "refuse", lambda w: compared(w, "--baseline", "bogus"),
          command="compare"),
     # #50: the vllm engine (run by .venv-vllm's podsrl), and advice that works

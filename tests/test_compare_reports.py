@@ -7,7 +7,7 @@ import json
 import pytest
 
 from podsrl import cli
-from podsrl.experiments.compare import analyze, write_report
+from podsrl.experiments.compare import analyze, format_table, write_report
 from podsrl.experiments.report_files import REPORT_MARKER, ReportFolderError
 from tests.test_compare import fake_run
 
@@ -118,3 +118,72 @@ def test_plot_refuses_a_users_report_file_in_its_output_folder(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"podsrl plot: error: output_dir: {out / 'accuracy.png'} would be overwritten"), err
     assert (out / "accuracy.png").read_bytes() == b"my figure" and len(list(out.iterdir())) == 1
+
+
+# --- 4. reports say true things --------------------------------------------------------------------
+def test_plot_leaves_out_a_run_without_evaluations_and_plots_the_others(tmp_path, capsys):
+    """One run without an evaluation made plot refuse every run, saying 'no training steps or
+    evaluations' of a log with 7 steps (#57)."""
+    two_arms(tmp_path / "runs")
+    silent = tmp_path / "runs" / "grpo" / "seed1"
+    silent.mkdir()
+    (silent / "config.json").write_text(json.dumps({"method": "grpo", "num_generations": 16, "num_kept": 4,
+                                                    "seed": 1}))
+    (silent / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "train_seconds": float(i)}) + "\n"
+                                                  for i in range(1, 8)))
+    assert cli.main(["plot", str(tmp_path / "runs"), "--output_dir", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"podsrl plot: left out {silent}: no evaluation in its metrics.jsonl (7 training "
+                                    f"steps logged, none with eval_accuracy)")
+    assert "| grpo 4/4 | 1 |" in captured.out  # the grpo arm has its other seed alone
+    assert str(silent) not in (tmp_path / "out" / "compare.json").read_text()
+    (tmp_path / "runs" / "grpo" / "seed0" / "metrics.jsonl").write_text('{"step": 0, "train_seconds": 0.0}\n')
+    (tmp_path / "runs" / "pods" / "seed0" / "metrics.jsonl").unlink()
+    assert cli.main(["plot", str(tmp_path / "runs"), "--output_dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "podsrl plot: error: none of the 2 runs found has training steps and evaluations to plot")
+
+
+def test_compare_json_is_strict_and_the_tables_print_no_nan_or_inf(tmp_path):
+    """A single seed (no interval) and a statistic that one dropped evaluation sends to infinity
+    wrote bare NaN tokens into compare.json and 'nan%', '11.58x (inf%)' into compare.md (#57)."""
+    runs = [fake_run(tmp_path, "grpo", "grpo", 0, [(0, 0.5), (10, 0.55), (20, 0.8)]),
+            fake_run(tmp_path, "pods", "pods", 0, [(0, 0.6), (10, 0.9), (20, 0.9)]),
+            fake_run(tmp_path, "pods", "pods", 1, [(0, 0.6), (10, 0.9), (20, 0.9)])]  # no baseline seed 1
+    out = tmp_path / "report"
+    result = analyze(runs)
+    write_report(result, out)
+
+    def refuse(token):
+        raise ValueError(f"not strict JSON: {token}")
+
+    summary = json.loads((out / "compare.json").read_text(), parse_constant=refuse)
+    assert summary["rows"][0]["speedup_per_seed_ci95"] is None
+    table = (out / "compare.md").read_text()
+    assert not {"nan", "inf"} & set(table.lower().replace("|", " ").replace("%", " ").replace("(", " ").split())
+    assert "(unbounded)" in table  # the paper's statistic: dropping grpo's last evaluation puts pods at its target
+
+
+def test_a_run_evaluated_only_at_its_start_is_named_instead_of_a_common_budget_of_0_s(tmp_path):
+    start_only = fake_run(tmp_path, "pods", "pods", 0, [(0, 0.5), (10, 0.9)])
+    records = [json.loads(line) for line in (start_only / "metrics.jsonl").read_text().splitlines()]
+    records[1].pop("eval_accuracy")  # 1 step, evaluated at step 0 only
+    (start_only / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = analyze([fake_run(tmp_path, "grpo", "grpo", 0, EVALS), start_only])
+    first = format_table(result).splitlines()[0]
+    assert "common budget: 0 s" not in first
+    assert first.endswith(f"no common budget: {start_only} has no evaluation after its start, so the runs share no "
+                          f"training time (accuracy 'at the budget' is the initial model's); plot the runs without it")
+
+
+def test_a_standard_error_logged_as_null_is_not_blamed_on_an_old_podsrl(tmp_path):
+    """eval_accuracy_se is null when an evaluation had fewer than two prompts; the report said
+    '(podsrl before #51)' of current runs (#57)."""
+    runs = [fake_run(tmp_path, "grpo", "grpo", 0, EVALS)]
+    records = [{**json.loads(line), "eval_accuracy_se": None}
+               for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
+    (runs[0] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = format_table(analyze(runs))
+    assert "before #51" not in table
+    assert ("One evaluation's standard error: not measured, logged as null: a standard error over prompts needs at "
+            "least two held-out prompts per evaluation") in table

@@ -133,13 +133,14 @@ def planned_arm_names(base, arms: list[dict]) -> list[str]:
     return list(dict.fromkeys(arm_name({**base.to_dict(), **arm}) for arm in arms))
 
 
-def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
-    """Group runs into arms and compute curves, step times and the speedup table.
+def analyze(run_dirs: list[Path | FinishedRun], baseline: str | None = None) -> dict:
+    """Group runs (folders, or runs loaded already) into arms and compute curves, step times and
+    the speedup table.
 
     ``baseline`` is an arm name or a method ('grpo', 'grpo-ga'); default: the first grpo
     arm, else the first arm.
     """
-    runs = [load_run(p) for p in run_dirs]
+    runs = [p if isinstance(p, FinishedRun) else load_run(p) for p in run_dirs]
     arms: dict[str, Arm] = {}
     for run in runs:
         arms.setdefault(run.arm, Arm(run.arm, [])).runs.append(run)
@@ -181,7 +182,8 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
             **(headline(base.runs, arm.runs, budget) if arm is not base else {}),
         })
     return {"baseline": base_name, "target_accuracy": target, "budget_seconds": budget, "arms": arms,
-            "rows": rows, "provenance": provenance(runs)}
+            "rows": rows, "provenance": provenance(runs),
+            "budget_set_by": str(min(runs, key=lambda r: r.budget_seconds).path)}
 
 
 def split_specs(text: str) -> list[str]:

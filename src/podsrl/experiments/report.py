@@ -76,18 +76,40 @@ def _step_time_figure(rows: list[dict]) -> bytes:
     return png.getvalue()
 
 
+def strict(value):
+    """``value`` with every float that JSON cannot hold (NaN, +-inf) as None: compare.json is strict
+    JSON (a bare NaN token breaks most parsers); compare.md says what each missing number means."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(item) for item in value]
+    return value
+
+
 def _summary_json(result: dict) -> str:
-    return json.dumps(
-        {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"],
-         "budget_seconds": result["budget_seconds"], "rows": result["rows"], "provenance": result["provenance"],
-         "runs": {name: [str(r.path) for r in arm.runs] for name, arm in result["arms"].items()}},
-        indent=2, default=lambda x: None) + "\n"
+    summary = {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"],
+               "budget_seconds": result["budget_seconds"], "rows": result["rows"], "provenance": result["provenance"],
+               "runs": {name: [str(r.path) for r in arm.runs] for name, arm in result["arms"].items()}}
+    return json.dumps(strict(summary), indent=2, allow_nan=False, default=lambda x: None) + "\n"
 
 
 def _fmt(value, pattern="{:.1f}", missing="n/a") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return missing
+    if isinstance(value, float) and math.isinf(value):  # a ratio over a time of 0: the arm started at the target
+        return "unbounded"
     return pattern.format(value)
+
+
+def _budget_line(result: dict) -> str:
+    """The common budget, or, when a run was evaluated only at its start (its curve ends at 0 s),
+    that run: every accuracy 'at the budget' below is then the initial model's."""
+    if result["budget_seconds"] > 0:
+        return f"common budget: {result['budget_seconds']:.0f} s of training"
+    return (f"no common budget: {result.get('budget_set_by', 'a run')} has no evaluation after its start, so the runs "
+            f"share no training time (accuracy 'at the budget' is the initial model's); plot the runs without it")
 
 
 def _provenance_lines(prov: dict) -> list[str]:
@@ -111,7 +133,7 @@ def format_table(result: dict) -> str:
     fractions = " / ".join(f"{int(100 * f)}%" for f in BUDGET_FRACTIONS)
     memory = any(r.get("update_activation_mb") is not None for r in result["rows"])
     lines = [f"baseline: {result['baseline']}; target: {100 * result['target_accuracy']:.1f}% "
-             f"(99% of its best mean held-out accuracy); common budget: {result['budget_seconds']:.0f} s of training",
+             f"(99% of its best mean held-out accuracy); {_budget_line(result)}",
              *_provenance_lines(result["provenance"]), "",
              f"| arm | seeds | steps | s/step (inference + update) | acc at {fractions} of budget | peak acc "
              f"| time to target (s) | speedup (mean curves) | speedup per seed (95% CI) |"
@@ -138,7 +160,7 @@ def format_table(result: dict) -> str:
                 bound = {"arm": "an upper bound: the arm missed the target within its budget",
                          "baseline": "a lower bound: the baseline missed the target within its budget",
                          "both": "no bound: neither run reached the target"}[p["censored"]]
-                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {p['ratio']:.2f} is {bound} (times "
+                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {_fmt(p['ratio'], '{:.2f}')} is {bound} (times "
                              f"{p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
     if notes:
         lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
