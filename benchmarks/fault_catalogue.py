@@ -104,6 +104,23 @@ def runs_one_without_evaluations(work: Path) -> None:
         json.dumps({k: v for k, v in r.items() if not k.startswith("eval_")}) + "\n" for r in records))
 
 
+def two_smollm2_conversions(work: Path) -> None:
+    """Two finished runs in work/runs recorded as SmolLM2's: one of podsrl before #57 (no EOS
+    recorded: the old conversion's, <|im_start|>), one of the fixed conversion (EOS id 2). The
+    tiny model stands in for SmolLM2 (the check reads what the runs recorded, not the weights)."""
+    runs_one_without_evaluations(work)
+    shutil.rmtree(work / "runs" / "b")
+    shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    for name, eos in (("a", {}), ("b", {"eos_token_id": 2, "eos_token": "<|im_end|>"})):
+        run = work / "runs" / name
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**config, "model": "smollm2-135m-instruct",
+                                                     "method": "pods" if name == "b" else "grpo"}, indent=2))
+        entries = json.loads((run / "environment.json").read_text())
+        (run / "environment.json").write_text(json.dumps(
+            [{**{k: v for k, v in e.items() if not k.startswith("eos_")}, **eos} for e in entries], indent=2))
+
+
 def exported_run(work: Path) -> None:
     """A finished run and its export in work/hf."""
     finished_run(work)
@@ -395,6 +412,9 @@ CASES = [
       for extra in (["--learning_rate", "0.001"], ["--budget_steps", "3"])],
     Case("plot beside a run without evaluations", "compare", "succeed",
          lambda w: [str(w / "runs"), "--output_dir", str(w / "plots")], runs_one_without_evaluations,
+         lambda w: [p for p in (w / "runs").rglob("*") if p.is_file()], command="plot"),
+    Case("plot of runs of two SmolLM2 conversions", "compare", "refuse",
+         lambda w: [str(w / "runs"), "--output_dir", str(w / "plots")], two_smollm2_conversions,
          lambda w: [p for p in (w / "runs").rglob("*") if p.is_file()], command="plot"),
     Case("compare --baseline naming no arm", "compare", "refuse", lambda w: compared(w, "--baseline", "bogus"),
          command="compare"),

@@ -187,3 +187,81 @@ def test_a_standard_error_logged_as_null_is_not_blamed_on_an_old_podsrl(tmp_path
     assert "before #51" not in table
     assert ("One evaluation's standard error: not measured, logged as null: a standard error over prompts needs at "
             "least two held-out prompts per evaluation") in table
+
+
+# --- 5. runs of two SmolLM2 conversions are not compared ---------------------------------------------
+def smollm2_run(root, name, method, seed, eos=None):
+    """A run of SmolLM2; ``eos``: the EOS id its environment.json records (None: a run of podsrl before
+    #57, which recorded none)."""
+    run = fake_run(root, name, method, seed, EVALS, environment=[{"date": "2026-11-25T00:00:00+00:00",
+                                                                   "commit": "abc1234", "machine": "m",
+                                                                   "torch": "2", "torch_threads": 1,
+                                                                   **({"eos_token_id": eos} if eos else {})}])
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "model": "smollm2-135m-instruct"}))
+    return run
+
+
+def test_runs_of_the_old_and_the_new_smollm2_conversion_are_not_compared(tmp_path):
+    old = [smollm2_run(tmp_path / "old", "grpo", "grpo", 0), smollm2_run(tmp_path / "old", "pods", "pods", 0)]
+    new = [smollm2_run(tmp_path / "new", "grpo", "grpo", 0, eos=2), smollm2_run(tmp_path / "new", "pods", "pods", 0,
+                                                                                 eos=2)]
+    analyze(old), analyze(new)  # one conversion each: compared as ever
+    with pytest.raises(ValueError) as refused:
+        analyze([old[0], new[1]])
+    message = str(refused.value)
+    assert message.startswith("runs of SmolLM2 that end completions on different tokens cannot be compared: EOS id 1 "
+                              "(<|im_start|>: podsrl's old SmolLM2 conversion")
+    assert f"before #57, counts as it) in {old[0]}; EOS id 2 in {new[1]}; compare runs of one conversion" in message
+    tiny = fake_run(tmp_path / "tiny", "pods", "pods", 0, EVALS)  # another model, no record: not checked
+    analyze([old[0], tiny]), analyze([new[0], tiny])
+
+
+def test_a_run_resumed_across_conversions_is_on_both_sides(tmp_path):
+    run = smollm2_run(tmp_path, "grpo", "grpo", 0, eos=1)
+    entries = json.loads((run / "environment.json").read_text())
+    (run / "environment.json").write_text(json.dumps(entries + [{**entries[0], "eos_token_id": 2}]))
+    with pytest.raises(ValueError, match=f"EOS id 1 .* in {run}; EOS id 2 in {run};"):
+        analyze([run])
+
+
+def test_compare_stops_at_the_first_run_of_another_conversion_than_the_runs_it_reuses(tmp_path, monkeypatch):
+    from podsrl.config import make_config
+    from podsrl.experiments.compare import _run_config, arm_configs, arm_dir_name, run_comparison
+
+    base = make_config(overrides={"prompts_per_step": "2", "num_generations": "4", "num_kept": "2"})
+    arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [4], [2])
+    reused = tmp_path / arm_dir_name(arms[0]) / f"seed{base.seed}"
+    reused.mkdir(parents=True)  # a finished run of the same command, of podsrl before #57 on SmolLM2
+    (reused / "config.json").write_text(json.dumps(_run_config(base, arms[0], base.seed, 0, reused, 2).to_dict()))
+    (reused / "summary.json").write_text("{}")
+    (reused / "environment.json").write_text('[{"date": "2026-11-25T00:00:00+00:00", "commit": "abc1234"}]')
+    monkeypatch.setattr("podsrl.experiments.conversions.model_family", lambda config: "SmolLM2")
+    trained = []
+
+    def train(cfg):  # a run of the new conversion
+        trained.append(cfg)
+        run_dir = tmp_path / cfg.output_dir
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
+        (run_dir / "environment.json").write_text('[{"date": "2026-11-28T00:00:00+00:00", "eos_token_id": 2}]')
+        return type("Result", (), {"steps": 2, "initial": {"eval_accuracy": 0.5}, "final": {"eval_accuracy": 0.5}})
+
+    monkeypatch.setattr("podsrl.experiments.compare.train", train)
+    with pytest.raises(ValueError, match=f"EOS id 1 .* in {reused}; EOS id 2 in "):
+        run_comparison(base, arms, 2, 0, tmp_path, log=lambda line: None, budget_steps=2)
+    assert len(trained) == 1  # not the seed after it
+
+
+def test_a_run_records_its_tokenizers_end_of_turn_in_a_file_podsrl_still_proves_its_own(tmp_path):
+    from types import SimpleNamespace
+
+    from podsrl.provenance import record_environment
+    from podsrl.trainer.ownership import is_podsrls
+
+    record_environment(tmp_path, SimpleNamespace(eos_token_id=2, eos_token="<|im_end|>"))
+    record_environment(tmp_path)  # a start without a tokenizer (benchmarks' TRL runs) records none
+    entries = json.loads((tmp_path / "environment.json").read_text())
+    assert (entries[0]["eos_token_id"], entries[0]["eos_token"]) == (2, "<|im_end|>")
+    assert "eos_token_id" not in entries[1]
+    assert is_podsrls(tmp_path / "environment.json")  # a stopped run's folder can still start afresh

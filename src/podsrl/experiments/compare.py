@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podsrl.config import parse_value, validate
+from podsrl.experiments.conversions import check_one_conversion, folder_record
 from podsrl.experiments.levels import headline
 from podsrl.experiments.noise import evaluation_noise
 from podsrl.experiments.report import BUDGET_FRACTIONS, format_table, write_report  # noqa: F401 (this module's API)
-from podsrl.experiments.reuse import NO_STEP_LIMIT, check_reusable
+from podsrl.experiments.reuse import NO_STEP_LIMIT, check_reusable, holds_a_run
 from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
@@ -141,6 +142,7 @@ def analyze(run_dirs: list[Path | FinishedRun], baseline: str | None = None) -> 
     arm, else the first arm.
     """
     runs = [p if isinstance(p, FinishedRun) else load_run(p) for p in run_dirs]
+    check_one_conversion([(r.path, r.config, r.environment) for r in runs])
     arms: dict[str, Arm] = {}
     for run in runs:
         arms.setdefault(run.arm, Arm(run.arm, [])).runs.append(run)
@@ -290,6 +292,9 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
         result = train(cfg)
         log(f"[{i}/{len(plan)}] {run_dir}: {result.steps} steps, accuracy "
             f"{100 * result.initial['eval_accuracy']:.1f}% -> {100 * result.final['eval_accuracy']:.1f}%")
+        # a run of another conversion than the runs reused: refused now, not after every other run
+        check_one_conversion([folder_record(Path(c.output_dir)) for k, c in enumerate(configs)
+                              if k < i or holds_a_run(Path(c.output_dir))])
     return run_dirs
 
 

@@ -58,12 +58,18 @@ def _shown(name: str, value: object) -> str:
     return "absent" if value is None else repr(value)
 
 
+def holds_a_run(run_dir: Path) -> bool:
+    """A run compare would reuse (finished: summary.json) or resume (a checkpoint): not a new run,
+    nor one that stopped before its first checkpoint (compare starts it afresh)."""
+    return (run_dir / "summary.json").exists() or bool(list_checkpoints(run_dir / "checkpoints"))
+
+
 def check_reusable(cfg: Config) -> None:
     """Refuse, in one line naming the run's folder and the first field that differs (both values),
     to reuse or resume a run in ``cfg.output_dir`` that this command would not have run."""
     run_dir = Path(cfg.output_dir)
-    if not ((run_dir / "summary.json").exists() or list_checkpoints(run_dir / "checkpoints")):
-        return  # nothing to reuse: a new run, or one that stopped before its first checkpoint
+    if not holds_a_run(run_dir):
+        return
     planned = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it (tuples as lists)
     difference = first_difference(recorded_config(run_dir), planned)
     if difference is None:
