@@ -34,6 +34,7 @@ from podsrl.experiments.reuse import NO_STEP_LIMIT, check_reusable, holds_a_run
 from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
+from podsrl.experiments.warmup import run_to_warm_up, warm_up
 from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.trainer import train
@@ -271,7 +272,8 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
     runs (an arm that cannot run fails the comparison at once, naming the arm). Finished runs
     are reused and interrupted ones resumed from their checkpoint (one stopped before its first
     checkpoint is started afresh in its folder), so a long comparison can be restarted; a run
-    whose config is not this command's is refused before any run (:mod:`podsrl.experiments.reuse`)."""
+    whose config is not this command's is refused before any run (:mod:`podsrl.experiments.reuse`).
+    With generation_static_cache, one untimed step warms the compile first (:mod:`.warmup`)."""
     run_dirs = []
     plan = run_plan(arms, [base.seed + k for k in range(seeds)])
     configs = [_run_config(base, arm, seed, budget_minutes, output_dir / arm_dir_name(arm) / f"seed{seed}",
@@ -283,6 +285,9 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
             raise type(err)(f"arm {arm_dir_name(arm)}: {err}") from None
     for cfg in configs:  # a run of another command is never reported as this one's
         check_reusable(cfg)
+    warmed = run_to_warm_up(configs)
+    if warmed:  # the static cache's compile, paid here instead of inside the first timed run's budget
+        warm_up(warmed, train, log)
     for i, cfg in enumerate(configs, start=1):
         run_dir = Path(cfg.output_dir)
         run_dirs.append(run_dir)
@@ -294,7 +299,8 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
             f"{100 * result.initial['eval_accuracy']:.1f}% -> {100 * result.final['eval_accuracy']:.1f}%")
         # a run of another conversion than the runs reused: refused now, not after every other run
         check_one_conversion([folder_record(Path(c.output_dir)) for k, c in enumerate(configs)
-                              if k < i or holds_a_run(Path(c.output_dir))])
+                              if (k < i or holds_a_run(Path(c.output_dir)))
+                              and (Path(c.output_dir) / "config.json").is_file()])
     return run_dirs
 
 
