@@ -141,7 +141,7 @@ def test_plot_leaves_out_a_run_without_evaluations_and_plots_the_others(tmp_path
     (tmp_path / "runs" / "pods" / "seed0" / "metrics.jsonl").unlink()
     assert cli.main(["plot", str(tmp_path / "runs"), "--output_dir", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "podsrl plot: error: none of the 2 runs found has training steps and evaluations to plot")
+        "podsrl plot: error: none of the 2 runs found has training steps and evaluations to compare")
 
 
 def test_compare_json_is_strict_and_the_tables_print_no_nan_or_inf(tmp_path):

@@ -26,7 +26,6 @@ from podsrl.experiments.compare import (
 )
 from podsrl.experiments.plots import plot_accuracy
 from podsrl.experiments.report_files import check_report_folder
-from podsrl.experiments.runs import load_comparable
 from podsrl.provenance import environment_report
 from podsrl.trainer import RunResult, TrainingStopped, train
 from podsrl.trainer.evaluate import default_eval_dir, run_eval
@@ -220,10 +219,8 @@ def cmd_plot(argv: list[str]) -> int:
         found += runs
     try:
         check_report_folder(args.output_dir)
-        runs = load_comparable(found, left_out=lambda line: print(f"podsrl plot: {line}", file=sys.stderr))
-        if not runs:
-            raise ValueError(f"none of the {len(found)} runs found has training steps and evaluations to plot")
-        result = analyze(runs, baseline=args.baseline or None)
+        result = analyze(found, baseline=args.baseline or None,
+                         left_out=lambda line: print(f"podsrl plot: {line}", file=sys.stderr))
     except (ValueError, OSError) as err:
         print(f"podsrl plot: error: {err}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from podsrl.config import parse_value, validate
 from podsrl.experiments.conversions import check_one_conversion, folder_record
@@ -31,7 +32,7 @@ from podsrl.experiments.levels import headline
 from podsrl.experiments.noise import evaluation_noise
 from podsrl.experiments.report import BUDGET_FRACTIONS, format_table, write_report  # noqa: F401 (this module's API)
 from podsrl.experiments.reuse import NO_STEP_LIMIT, check_reusable, holds_a_run
-from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_run
+from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_comparable, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.experiments.warmup import run_to_warm_up, warm_up
@@ -135,14 +136,16 @@ def planned_arm_names(base, arms: list[dict]) -> list[str]:
     return list(dict.fromkeys(arm_name({**base.to_dict(), **arm}) for arm in arms))
 
 
-def analyze(run_dirs: list[Path | FinishedRun], baseline: str | None = None) -> dict:
-    """Group runs (folders, or runs loaded already) into arms and compute curves, step times and
-    the speedup table.
+def analyze(run_dirs: list[Path], baseline: str | None = None, left_out: Callable[[str], None] | None = None) -> dict:
+    """Group runs into arms and compute curves, step times and the speedup table.
 
     ``baseline`` is an arm name or a method ('grpo', 'grpo-ga'); default: the first grpo
-    arm, else the first arm.
+    arm, else the first arm. With ``left_out``, a run with no curve (no evaluation, or no
+    training step) is left out, and ``left_out`` told so in one line; without, it is an error.
     """
-    runs = [p if isinstance(p, FinishedRun) else load_run(p) for p in run_dirs]
+    runs = load_comparable(run_dirs, left_out) if left_out else [load_run(p) for p in run_dirs]
+    if not runs:
+        raise ValueError(f"none of the {len(run_dirs)} runs found has training steps and evaluations to compare")
     check_one_conversion([(r.path, r.config, r.environment) for r in runs])
     arms: dict[str, Arm] = {}
     for run in runs:
