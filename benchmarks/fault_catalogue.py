@@ -43,6 +43,10 @@ QUICK = ["--max_steps", "2", "--prompts_per_step", "4", "--num_generations", "4"
          "--max_completion_length", "6", "--eval_prompts", "8", "--eval_samples", "1", "--eval_steps", "0",
          "--save_steps", "1", "--progress", "false"]
 EVAL = ["--eval_prompts", "8", "--eval_samples", "1", "--max_completion_length", "6"]  # podsrl eval's, quick
+# podsrl compare's, quick (#57's): one pods arm, one seed, two steps
+COMPARE = ["--methods", "pods", "--seeds", "1", "--budget_steps", "2", "--eval_prompts", "20", "--eval_samples", "1",
+           "--prompts_per_step", "4", "--num_generations", "8", "--num_kept", "4", "--max_completion_length", "6",
+           "--progress", "false"]
 
 
 @dataclass
@@ -114,6 +118,44 @@ def older_checkpoints(work: Path) -> None:
     finished_run(work)
     for parts in (work / "run" / "checkpoints").glob("step_*/parts.pt"):
         parts.unlink()
+
+
+def compared(work: Path, *extra: str) -> list[str]:
+    """podsrl compare's options for a quick comparison in work/cmp."""
+    return [*COMPARE, "--output_dir", str(work / "cmp"), *extra]
+
+
+def finished_comparison(work: Path) -> None:
+    subprocess.run([*podsrl_command(), "compare", *compared(work)], check=True, capture_output=True, text=True,
+                   timeout=600)
+
+
+def runs_one_without_evaluations(work: Path) -> None:
+    """Two finished runs in work/runs, the second's log stripped of its evaluations."""
+    finished_run(work)
+    (work / "runs").mkdir()
+    shutil.move(work / "run", work / "runs" / "a")
+    shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    records = [json.loads(line) for line in (work / "runs" / "b" / "metrics.jsonl").read_text().splitlines()]
+    (work / "runs" / "b" / "metrics.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if not k.startswith("eval_")}) + "\n" for r in records))
+
+
+def two_smollm2_conversions(work: Path) -> None:
+    """Two finished runs in work/runs recorded as SmolLM2's: one of podsrl before #57 (no EOS
+    recorded: the old conversion's, <|im_start|>), one of the fixed conversion (EOS id 2). The
+    tiny model stands in for SmolLM2 (the check reads what the runs recorded, not the weights)."""
+    runs_one_without_evaluations(work)
+    shutil.rmtree(work / "runs" / "b")
+    shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    for name, eos in (("a", {}), ("b", {"eos_token_id": 2, "eos_token": "<|im_end|>"})):
+        run = work / "runs" / name
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**config, "model": "smollm2-135m-instruct",
+                                                     "method": "pods" if name == "b" else "grpo"}, indent=2))
+        entries = json.loads((run / "environment.json").read_text())
+        (run / "environment.json").write_text(json.dumps(
+            [{**{k: v for k, v in e.items() if not k.startswith("eos_")}, **eos} for e in entries], indent=2))
 
 
 def exported_run(work: Path) -> None:
@@ -503,6 +545,26 @@ CASES = [
          finished_run, command="export", file_size_limit=1_000_000),
     Case("a full disk while logging the steps (file size limit)", "full disk", "refuse",
          lambda w: out(w, "--max_steps", "20", "--save_steps", "0", "--log_rollouts", "4"), file_size_limit=20_000),
+    # #57: compare and plot
+    Case("compare over a user's compare.md", "data loss", "refuse", compared,
+         lambda w: ((w / "cmp").mkdir(), (w / "cmp" / "compare.md").write_text("# mine\n")),
+         lambda w: [w / "cmp" / "compare.md"], command="compare"),
+    Case("plot over an edited earlier report", "data loss", "refuse",
+         lambda w: [str(w / "cmp"), "--output_dir", str(w / "cmp")],
+         lambda w: (finished_comparison(w), open(w / "cmp" / "compare.md", "a").write("my notes\n")),
+         lambda w: [p for p in (w / "cmp").rglob("*") if p.is_file()], command="plot"),
+    *[Case(f"compare re-run with {' '.join(extra)} over runs of another command", "compare", "refuse",
+           lambda w, e=extra: compared(w, *e), finished_comparison,
+           lambda w: [p for p in (w / "cmp").rglob("*") if p.is_file()], command="compare")
+      for extra in (["--learning_rate", "0.001"], ["--budget_steps", "3"])],
+    Case("plot beside a run without evaluations", "compare", "succeed",
+         lambda w: [str(w / "runs"), "--output_dir", str(w / "plots")], runs_one_without_evaluations,
+         lambda w: [p for p in (w / "runs").rglob("*") if p.is_file()], command="plot"),
+    Case("plot of runs of two SmolLM2 conversions", "compare", "refuse",
+         lambda w: [str(w / "runs"), "--output_dir", str(w / "plots")], two_smollm2_conversions,
+         lambda w: [p for p in (w / "runs").rglob("*") if p.is_file()], command="plot"),
+    Case("compare --baseline naming no arm", "compare", "refuse", lambda w: compared(w, "--baseline", "bogus"),
+         command="compare"),
     # #50: the vllm engine (run by .venv-vllm's podsrl), and advice that works
     Case("vllm_max_model_length below prompt + completion", "vllm", "refuse",
          lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--vllm_max_model_length",

@@ -259,9 +259,9 @@ def time_to_accuracy(args) -> str:
                                                          "library": "trl", "budget_minutes": args.budget_minutes,
                                                          "regime": args.config or "podsrl defaults",
                                                          "overrides": args.set, "model": cfg.model}))
-        record_environment(run_dir)
         torch.manual_seed(seed)
         trainer, bundle, split = make_trainer(cfg, arms[arm], run_dir / "trl", seed, 0.0, 10**6, task)
+        record_environment(run_dir, bundle.tokenizer)  # with its EOS: which SmolLM2 conversion (#57)
         callback = Budgeted(run_dir, StageClock(trainer), bundle, task, split, args.budget_minutes * 60, seed, cfg)
         trainer.add_callback(callback)
         trainer.train()

@@ -4,6 +4,7 @@ the interleaved run order, provenance, and an end-to-end run."""
 import dataclasses
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -371,3 +372,139 @@ def test_compare_needs_a_budget(tmp_path, capsys):
 
     assert cli.main(["compare", "--methods", "pods", "--output_dir", str(tmp_path / "c")]) == 2
     assert "budget_minutes or budget_steps: give one" in capsys.readouterr().err
+
+
+def test_a_baseline_that_names_no_arm_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    """`--baseline bogus` fell back to the first grpo arm, rc 0, without a word (#57)."""
+    from podsrl import cli
+
+    monkeypatch.setattr("podsrl.experiments.compare.train", lambda cfg: pytest.fail("a run started"))
+    out = tmp_path / "cmp"
+    code = cli.main(["compare", "--methods", "grpo,pods", "--seeds", "1", "--budget_steps", "2", "--baseline",
+                     "bogus", "--output_dir", str(out)])
+    assert code == 2 and not out.exists()
+    assert capsys.readouterr().err.strip() == (
+        "podsrl compare: error: baseline: 'bogus' names no arm of this comparison; its arms: grpo 4/4; "
+        "pods 16->4 max_variance (give an arm's name or its method)")
+    runs = [fake_run(tmp_path, "grpo", "grpo", 0, [(0, 0.5), (10, 0.6)]),
+            fake_run(tmp_path, "pods", "pods", 0, [(0, 0.5), (10, 0.7)])]
+    with pytest.raises(ValueError, match="baseline: 'grpo-ga' names no arm"):
+        analyze(runs, baseline="grpo-ga")
+    assert analyze(runs, baseline="pods")["baseline"] == "pods 16->4 max_variance"
+    assert analyze(runs, baseline="grpo 4/4")["baseline"] == "grpo 4/4"
+
+
+def planned_runs(tmp_path, monkeypatch, state: str, **changed):
+    """A comparison of one pods arm and one seed whose run folder holds a ``state`` run
+    ('finished' or 'interrupted') of the same command, then run_comparison with ``changed``
+    fields of the shared config; returns the configs train was called with."""
+    from podsrl.experiments.compare import _run_config, run_comparison
+    from podsrl.trainer.checkpoints import STATE_FILE
+
+    base = make_config(overrides={"prompts_per_step": "2", "num_generations": "4", "num_kept": "2"})
+    (arm,) = arm_configs(base, ["pods"], ["max_variance"], [4], [2])
+    run_dir = tmp_path / arm_dir_name(arm) / f"seed{base.seed}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(_run_config(base, arm, base.seed, 0, run_dir, 2).to_dict()))
+    if state == "finished":
+        (run_dir / "summary.json").write_text("{}")
+    else:
+        (run_dir / "checkpoints" / "step_0000001").mkdir(parents=True)
+        (run_dir / "checkpoints" / "step_0000001" / STATE_FILE).write_text('{"step": 1}')
+    trained = []
+
+    def train(cfg):
+        trained.append(cfg)
+        return type("Result", (), {"steps": 2, "initial": {"eval_accuracy": 0.5}, "final": {"eval_accuracy": 0.5}})
+
+    monkeypatch.setattr("podsrl.experiments.compare.train", train)
+    base = dataclasses.replace(base, **{k: v for k, v in changed.items() if k != "budget_steps"})
+    run_comparison(base, [arm], 1, 0, tmp_path, log=lambda line: None, budget_steps=changed.get("budget_steps", 2))
+    return trained
+
+
+@pytest.mark.parametrize("state", ["finished", "interrupted"])
+def test_a_rerun_reuses_or_resumes_only_runs_of_its_own_config(tmp_path, monkeypatch, state):
+    """A re-run with --learning_rate 0.001 or a larger --budget_steps said "done earlier, reused" and
+    reported the old runs as the new command's (#57)."""
+    trained = planned_runs(tmp_path / "same", monkeypatch, state)
+    assert [cfg.resume for cfg in trained] == ([] if state == "finished" else [True])
+    folder = f"pods-n4-m2-max_variance/seed{make_config().seed}"
+    for changed, shown in [({"learning_rate": 0.001}, "learning_rate is 0.0002 there, 0.001 in this one"),
+                           ({"budget_steps": 3}, "max_steps (--budget_steps) is 2 there, 3 in this one"),
+                           ({"budget_steps": 0}, "max_steps (--budget_steps) is 2 there, no step limit in this one")]:
+        root = tmp_path / str(changed)
+        with pytest.raises(ValueError) as refused:
+            planned_runs(root, monkeypatch, state, **changed)
+        assert str(refused.value).startswith(f"output_dir: {root / folder} holds a {state} run of another command: "
+                                             f"{shown}; compare reuses only runs of the same config: give this "
+                                             f"comparison another --output_dir")
+
+
+def compare_with_a_fake_train(tmp_path, monkeypatch, static_arms: set, finished: set = frozenset()):
+    """run_comparison of grpo and pods, 2 seeds, ``static_arms`` (methods) with the static KV cache;
+    runs of ``finished`` methods done earlier. Returns the lines said and, per call of train, its
+    config and whether its output folder existed then."""
+    from podsrl.experiments.compare import _run_config, run_comparison
+
+    base = make_config(overrides={"prompts_per_step": "2", "num_generations": "4", "num_kept": "2",
+                                  "generation_dtype": "float32"})
+    arms = [{**arm, "generation_static_cache": arm["method"] in static_arms}
+            for arm in arm_configs(base, ["grpo", "pods"], ["max_variance"], [4], [2])]
+    for arm in arms:
+        for seed in (base.seed, base.seed + 1):
+            run_dir = tmp_path / "cmp" / arm_dir_name(arm) / f"seed{seed}"
+            if arm["method"] in finished:
+                run_dir.mkdir(parents=True)
+                (run_dir / "config.json").write_text(json.dumps(_run_config(base, arm, seed, 0, run_dir, 2).to_dict()))
+                (run_dir / "summary.json").write_text("{}")
+    calls, said = [], []
+
+    def train(cfg):
+        calls.append((cfg, Path(cfg.output_dir).parent.exists()))
+        return type("Result", (), {"steps": 1, "initial": {"eval_accuracy": 0.5}, "final": {"eval_accuracy": 0.5}})
+
+    monkeypatch.setattr("podsrl.experiments.compare.train", train)
+    run_comparison(base, arms, 2, 0, tmp_path / "cmp", log=said.append, budget_steps=2)
+    return said, calls
+
+
+def test_compare_warms_the_static_caches_compile_up_untimed_before_its_first_timed_run(tmp_path, monkeypatch):
+    """With generation_static_cache the first run of a comparison paid transformers' compile of the
+    decode step inside its budget (43.9 s of GRPO's 45 s on an H200), no later run did (#57)."""
+    said, calls = compare_with_a_fake_train(tmp_path, monkeypatch, static_arms={"pods"})
+    (warm, existed), *timed = calls
+    assert len(timed) == 4 and warm.max_steps == 1 and warm.max_minutes == 0 and not warm.resume
+    assert existed and not Path(warm.output_dir).parent.exists()  # its own temporary folder, removed afterwards
+    assert not Path(warm.output_dir).is_relative_to(tmp_path / "cmp")
+    assert warm.method == "pods" and warm.generation_static_cache  # the first run that compiles: pods, after grpo
+    assert dataclasses.replace(warm, output_dir=timed[1][0].output_dir, max_steps=2, save_steps=timed[1][0].save_steps,
+                               log_rollouts=timed[1][0].log_rollouts) == timed[1][0]  # otherwise that run's config
+    assert said[0].startswith(f"warm-up: 1 untimed training step of pods-n4-m2-max_variance/seed{warm.seed} in ")
+    assert len([line for line in said if line.startswith("warm-up")]) == 1
+
+
+@pytest.mark.parametrize("static_arms, finished", [(set(), set()), ({"pods"}, {"pods"})])
+def test_compare_warms_nothing_up_when_no_run_it_trains_compiles(tmp_path, monkeypatch, static_arms, finished):
+    said, calls = compare_with_a_fake_train(tmp_path, monkeypatch, static_arms, finished)
+    assert len(calls) == 4 - 2 * len(finished) and all(cfg.max_steps == 2 for cfg, _ in calls)
+    assert not [line for line in said if line.startswith("warm-up")]
+
+
+@pytest.mark.slow
+def test_the_warm_up_trains_for_real_and_leaves_nothing(random_model_dir, tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    from podsrl import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    code = cli.main(["compare", "--budget_steps", "1", "--methods", "pods", "--seeds", "1", "--model",
+                     random_model_dir, "--task", "parity", "--prompts_per_step", "2", "--num_generations", "4",
+                     "--num_kept", "2", "--eval_prompts", "2", "--eval_samples", "1", "--generation_dtype", "float32",
+                     "--generation_static_cache", "true", "--output_dir", str(tmp_path / "cmp")])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("warm-up: 1 untimed training step of pods-n4-m2-max_variance/seed0 in ")
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"pods-n4-m2-max_variance", "accuracy.png", "compare.md",
+                                                              "compare.json", "step_time.png", "podsrl_report.json"}

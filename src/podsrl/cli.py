@@ -17,8 +17,17 @@ from pathlib import Path
 
 from podsrl.config import Config, load_yaml, make_config, parse_value, split_list
 from podsrl.distributed import LaunchRefused
-from podsrl.experiments.compare import analyze, arm_configs, arm_specs, run_comparison, write_report
+from podsrl.experiments.compare import (
+    analyze,
+    arm_configs,
+    arm_specs,
+    baseline_name,
+    planned_arm_names,
+    run_comparison,
+    write_report,
+)
 from podsrl.experiments.plots import plot_accuracy
+from podsrl.experiments.report_files import check_report_folder
 from podsrl.provenance import environment_report
 from podsrl.trainer import RunResult, TrainingStopped, train
 from podsrl.trainer.evaluate import default_eval_dir, run_eval
@@ -180,6 +189,8 @@ def cmd_compare(argv: list[str]) -> int:
         arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
                            arm_specs("prompt_selector", args.prompt_selectors),
                            arm_specs("dynamic_sampling", args.dynamic_sampling))
+        baseline_name(planned_arm_names(cfg, arms), args.baseline)  # a baseline that names no arm: refused now
+        check_report_folder(Path(cfg.output_dir))  # before any run: the report must not overwrite a user's file
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir),
                                   budget_steps=args.budget_steps)
         result = analyze(run_dirs, baseline=args.baseline or None)
@@ -190,7 +201,7 @@ def cmd_compare(argv: list[str]) -> int:
     except (ValueError, OSError) as err:
         print(f"podsrl compare: error: {err}", file=sys.stderr)
         return 2
-    return _report(result, Path(cfg.output_dir))
+    return _report(result, Path(cfg.output_dir), "compare")
 
 
 def cmd_plot(argv: list[str]) -> int:
@@ -210,11 +221,13 @@ def cmd_plot(argv: list[str]) -> int:
             return 2
         found += runs
     try:
-        result = analyze(found, baseline=args.baseline or None)
+        check_report_folder(args.output_dir)
+        result = analyze(found, baseline=args.baseline or None,
+                         left_out=lambda line: print(f"podsrl plot: {line}", file=sys.stderr))
     except (ValueError, OSError) as err:
         print(f"podsrl plot: error: {err}", file=sys.stderr)
         return 2
-    return _report(result, args.output_dir)
+    return _report(result, args.output_dir, "plot")
 
 
 def export_parser() -> argparse.ArgumentParser:
@@ -250,8 +263,14 @@ def cmd_env(argv: list[str]) -> int:
     return 0
 
 
-def _report(result: dict, output_dir: Path) -> int:
-    paths = write_report(result, output_dir)
+def _report(result: dict, output_dir: Path, command: str) -> int:
+    try:
+        paths = write_report(result, output_dir)
+    except (ValueError, OSError) as err:  # a report file became the user's while the runs ran, a full disk
+        kept = (f"; the runs are kept: `podsrl plot {output_dir} --output_dir OTHER` writes the report elsewhere"
+                if command == "compare" else "")
+        print(f"podsrl {command}: error: {err}{kept}", file=sys.stderr)
+        return 2
     print(paths["table"].read_text())
     print(f"plots: {paths['accuracy']} {paths['step_time']}")
     return 0

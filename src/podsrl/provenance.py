@@ -84,12 +84,20 @@ def environment() -> dict:
             "podsrl": installed("podsrl"), "argv": sys.argv}
 
 
-def record_environment(run_dir: Path) -> None:
+def end_of_turn(tokenizer) -> dict:
+    """The tokenizer's EOS, id and text: what ends a completion. Two conversions of one model can
+    differ in it (podsrl's SmolLM2 under transformers < 5.23 ended on <|im_start|>, id 1), and runs
+    of both are not comparable (podsrl.experiments.conversions)."""
+    return {"eos_token_id": tokenizer.eos_token_id, "eos_token": tokenizer.eos_token}
+
+
+def record_environment(run_dir: Path, tokenizer=None) -> None:
     """Append this process's environment to ``run_dir/environment.json`` (a list: one
-    entry per start of the run, so a resumed run keeps the history)."""
+    entry per start of the run, so a resumed run keeps the history), with the ``tokenizer``'s
+    EOS when given (a run's tokenizer: a resume may load another conversion than the start)."""
     path = Path(run_dir) / "environment.json"
     entries = json.loads(path.read_text()) if path.exists() else []
-    entries.append(environment())
+    entries.append({**environment(), **(end_of_turn(tokenizer) if tokenizer is not None else {})})
     path.write_text(json.dumps(entries, indent=2) + "\n")
 
 

@@ -19,27 +19,29 @@ censored. Reports state the commit, dates and machine the runs recorded themselv
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from podsrl.config import RESUME_AUTO, parse_value, validate
-from podsrl.experiments.levels import headline, headline_lines
-from podsrl.experiments.noise import evaluation_noise, noise_lines
-from podsrl.experiments.plots import save_accuracy_figure
-from podsrl.experiments.runs import FinishedRun, arm_variants, largest_logged, load_run
+from podsrl.experiments.conversions import check_one_conversion, folder_record
+from podsrl.experiments.levels import headline
+from podsrl.experiments.noise import evaluation_noise
+from podsrl.experiments.report import BUDGET_FRACTIONS, format_table, write_report  # noqa: F401 (this module's API)
+from podsrl.experiments.reuse import NO_STEP_LIMIT, check_reusable, holds_a_run
+from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_comparable, load_run
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
+from podsrl.experiments.warmup import run_to_warm_up, warm_up
 from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import split_specs
 from podsrl.trainer import train
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
-BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy reported at these fractions of the common budget
 GRID_POINTS = 200
 
 
@@ -116,13 +118,35 @@ def provenance(runs: list[FinishedRun]) -> dict:
             "runs_without_record": sum(not r.environment for r in runs), "order": run_order(runs)}
 
 
-def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
+def baseline_name(names: list[str], baseline: str | None) -> str:
+    """The arm ``baseline`` names (an arm's name, or the method of the first arm of it); without
+    one, the first grpo arm, else the first arm. A name that matches no arm is refused, listing
+    the arms: a comparison against another baseline than asked for is silently wrong."""
+    if not baseline:
+        return next((n for n in names if n.startswith("grpo ")), names[0])
+    found = next((n for n in names if n == baseline or n.split()[0] == baseline), None)
+    if found is None:
+        raise ValueError(f"baseline: {baseline!r} names no arm of this comparison; its arms: {'; '.join(names)} "
+                         f"(give an arm's name or its method)")
+    return found
+
+
+def planned_arm_names(base, arms: list[dict]) -> list[str]:
+    """The names reports will give the arms of ``arm_configs``, before any of them runs."""
+    return list(dict.fromkeys(arm_name({**base.to_dict(), **arm}) for arm in arms))
+
+
+def analyze(run_dirs: list[Path], baseline: str | None = None, left_out: Callable[[str], None] | None = None) -> dict:
     """Group runs into arms and compute curves, step times and the speedup table.
 
     ``baseline`` is an arm name or a method ('grpo', 'grpo-ga'); default: the first grpo
-    arm, else the first arm.
+    arm, else the first arm. With ``left_out``, a run with no curve (no evaluation, or no
+    training step) is left out, and ``left_out`` told so in one line; without, it is an error.
     """
-    runs = [load_run(p) for p in run_dirs]
+    runs = load_comparable(run_dirs, left_out) if left_out else [load_run(p) for p in run_dirs]
+    if not runs:
+        raise ValueError(f"none of the {len(run_dirs)} runs found has training steps and evaluations to compare")
+    check_one_conversion([(r.path, r.config, r.environment) for r in runs])
     arms: dict[str, Arm] = {}
     for run in runs:
         arms.setdefault(run.arm, Arm(run.arm, [])).runs.append(run)
@@ -131,9 +155,7 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
     for arm in arms.values():
         warn_unlike_seeds(arm.name, arm.runs)
         arm.fill_curve(grid)
-    names = list(arms)
-    base_name = next((n for n in names if n == baseline or n.split()[0] == baseline), None) if baseline else None
-    base_name = base_name or next((n for n in names if n.startswith("grpo ")), names[0])
+    base_name = baseline_name(list(arms), baseline)
     base = arms[base_name]
     target = TARGET_FRACTION * max(base.mean)
     base_time = base.mean_time_to(target)
@@ -166,115 +188,8 @@ def analyze(run_dirs: list[Path], baseline: str | None = None) -> dict:
             **(headline(base.runs, arm.runs, budget) if arm is not base else {}),
         })
     return {"baseline": base_name, "target_accuracy": target, "budget_seconds": budget, "arms": arms,
-            "rows": rows, "provenance": provenance(runs)}
-
-
-def write_report(result: dict, output_dir: Path, title: str = "") -> dict[str, Path]:
-    """compare.json, compare.md, accuracy.png (mean and 95% band per arm), step_time.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    output_dir.mkdir(parents=True, exist_ok=True)
-    arms: dict[str, Arm] = result["arms"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in arms.values():
-        minutes = [t / 60 for t in arm.grid]
-        seeds = f"{len(arm.runs)} seed" + ("s" if len(arm.runs) > 1 else "")
-        line, = ax.plot(minutes, [100 * a for a in arm.mean], label=f"{arm.name} ({seeds})")
-        if len(arm.runs) > 1:
-            lower, upper = arm.band()
-            ax.fill_between(minutes, [100 * a for a in lower], [100 * a for a in upper], alpha=0.2,
-                            color=line.get_color())
-    ax.axhline(100 * result["target_accuracy"], color="gray", linestyle=":", linewidth=1,
-               label=f"target: 99% of {result['baseline']} best")
-    accuracy_png = output_dir / "accuracy.png"
-    save_accuracy_figure(fig, ax, accuracy_png, title or "accuracy vs training time (mean, 95% CI)")
-
-    rows = result["rows"]
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * len(rows)))
-    names = [r["arm"] for r in rows]
-    inference = [r["inference_seconds_per_step"] for r in rows]
-    update = [r["update_seconds_per_step"] for r in rows]
-    ax.barh(names, inference, label="inference (generate + reward)")
-    ax.barh(names, update, left=inference, label="update (logprobs + backward + step)")
-    ax.set_xlabel("seconds per step (measured)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    step_png = output_dir / "step_time.png"
-    fig.savefig(step_png, dpi=120)
-    plt.close(fig)
-
-    table = format_table(result)
-    (output_dir / "compare.md").write_text(table + "\n")
-    (output_dir / "compare.json").write_text(json.dumps(
-        {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"],
-         "budget_seconds": result["budget_seconds"], "rows": rows, "provenance": result["provenance"],
-         "runs": {name: [str(r.path) for r in arm.runs] for name, arm in arms.items()}},
-        indent=2, default=lambda x: None) + "\n")
-    return {"accuracy": accuracy_png, "step_time": step_png, "table": output_dir / "compare.md"}
-
-
-def _fmt(value, pattern="{:.1f}", missing="n/a") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return missing
-    return pattern.format(value)
-
-
-def _provenance_lines(prov: dict) -> list[str]:
-    if not prov:
-        return ["runs: no environment.json (written by podsrl before this report existed): commit, dates and "
-                "machine unknown"]
-    short = {arm: f"{chr(65 + i)}" for i, arm in enumerate(dict.fromkeys(prov["order"]))}
-    order = " ".join(short[a] for a in prov["order"])
-    legend = ", ".join(f"{letter} = {arm}" for arm, letter in short.items())
-    lines = [f"runs started {prov['first_start']} to {prov['last_start']} (UTC); code {', '.join(prov['commits'])}; "
-             f"machine: {'; '.join(prov['machines'])}; torch {'; '.join(prov['torch'])}",
-             f"run order (by start time): {order} ({legend})"]
-    if prov["runs_without_record"]:
-        lines.append(f"{prov['runs_without_record']} run(s) have no environment.json")
-    return lines
-
-
-def format_table(result: dict) -> str:
-    """The comparison's table; runs that logged the update's memory (podsrl since #29) get a
-    column for it: activations of the largest micro-batch / CUDA peak, in MiB."""
-    fractions = " / ".join(f"{int(100 * f)}%" for f in BUDGET_FRACTIONS)
-    memory = any(r.get("update_activation_mb") is not None for r in result["rows"])
-    lines = [f"baseline: {result['baseline']}; target: {100 * result['target_accuracy']:.1f}% "
-             f"(99% of its best mean held-out accuracy); common budget: {result['budget_seconds']:.0f} s of training",
-             *_provenance_lines(result["provenance"]), "",
-             f"| arm | seeds | steps | s/step (inference + update) | acc at {fractions} of budget | peak acc "
-             f"| time to target (s) | speedup (mean curves) | speedup per seed (95% CI) |"
-             + (" update memory, MiB (activations / CUDA peak) |" if memory else ""),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if memory else "")]
-    notes = []
-    for r in result["rows"]:
-        at_budget = " / ".join(f"{100 * v:.1f}%" for v in r["accuracy_at_budget"].values())
-        reach = (f"{r['time_to_target']:.1f} (" if r["time_to_target"] is not None
-                 else f"> {r['mean_curve_end']:.1f} (censored; ")
-        pairs = len(r["seed_pairs"])
-        per_seed = (f"{_fmt(r['speedup_per_seed_mean'], '{:.2f}')} +- {_fmt(r['speedup_per_seed_ci95'], '{:.2f}')} "
-                    f"({pairs} pair{'s' if pairs != 1 else ''}"
-                    + (f", {r['censored_pairs']} censored" if r["censored_pairs"] else "") + ")")
-        lines.append(
-            f"| {r['arm']} | {r['seeds']} | {r['steps_mean']:.0f} | {r['seconds_per_step']:.3f} "
-            f"({r['inference_seconds_per_step']:.3f} + {r['update_seconds_per_step']:.3f}) | {at_budget} "
-            f"| {100 * r['peak_accuracy']:.1f}% | {reach}{r['seeds_reaching_target']}/{r['seeds']} seeds) "
-            f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x')} | {per_seed} |"
-            + (f" {_fmt(r.get('update_activation_mb'), '{:.0f}')} / {_fmt(r.get('update_peak_cuda_mb'), '{:.0f}')} |"
-               if memory else ""))
-        for p in r["seed_pairs"]:
-            if p["censored"]:
-                bound = {"arm": "an upper bound: the arm missed the target within its budget",
-                         "baseline": "a lower bound: the baseline missed the target within its budget",
-                         "both": "no bound: neither run reached the target"}[p["censored"]]
-                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {p['ratio']:.2f} is {bound} (times "
-                             f"{p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
-    if notes:
-        lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
-    return "\n".join(lines + headline_lines(result) + noise_lines(result["rows"]))
+            "rows": rows, "provenance": provenance(runs),
+            "budget_set_by": str(min(runs, key=lambda r: r.budget_seconds).path)}
 
 
 def arm_specs(field: str, text: str) -> list:
@@ -339,7 +254,9 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
     interleaved order of :func:`run_plan`. Every run's config is validated before the first
     runs (an arm that cannot run fails the comparison at once, naming the arm). Finished runs
     are reused and interrupted ones resumed from their checkpoint (one stopped before its first
-    checkpoint is started afresh in its folder), so a long comparison can be restarted."""
+    checkpoint is started afresh in its folder), so a long comparison can be restarted; a run
+    whose config is not this command's is refused before any run (:mod:`podsrl.experiments.reuse`).
+    With generation_static_cache, one untimed step warms the compile first (:mod:`.warmup`)."""
     run_dirs = []
     plan = run_plan(arms, [base.seed + k for k in range(seeds)])
     configs = [_run_config(base, arm, seed, budget_minutes, output_dir / arm_dir_name(arm) / f"seed{seed}",
@@ -349,6 +266,11 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
             validate(cfg)
         except (ValueError, FileNotFoundError) as err:
             raise type(err)(f"arm {arm_dir_name(arm)}: {err}") from None
+    for cfg in configs:  # a run of another command is never reported as this one's
+        check_reusable(cfg)
+    warmed = run_to_warm_up(configs)
+    if warmed:  # the static cache's compile, paid here instead of inside the first timed run's budget
+        warm_up(warmed, train, log)
     for i, cfg in enumerate(configs, start=1):
         run_dir = Path(cfg.output_dir)
         run_dirs.append(run_dir)
@@ -358,11 +280,16 @@ def run_comparison(base, arms: list[dict], seeds: int, budget_minutes: float, ou
         result = train(cfg)
         log(f"[{i}/{len(plan)}] {run_dir}: {result.steps} steps, accuracy "
             f"{100 * result.initial['eval_accuracy']:.1f}% -> {100 * result.final['eval_accuracy']:.1f}%")
+        # a run of another conversion than the runs reused: refused now, not after every other run
+        check_one_conversion([folder_record(Path(c.output_dir)) for k, c in enumerate(configs)
+                              if (k < i or holds_a_run(Path(c.output_dir)))
+                              and (Path(c.output_dir) / "config.json").is_file()])
     return run_dirs
 
 
 def _run_config(base, arm: dict, seed: int, budget_minutes: float, run_dir: Path, budget_steps: int = 0):
     """The config of one run of a comparison: the arm's overrides of the shared ``base``, its
     seed and budget; it resumes where it has a checkpoint (``resume auto``, whatever ``base`` says)."""
-    return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes, max_steps=budget_steps or 10**9,
-                               output_dir=str(run_dir), progress=False, resume=RESUME_AUTO)
+    return dataclasses.replace(base, **arm, seed=seed, max_minutes=budget_minutes,
+                               max_steps=budget_steps or NO_STEP_LIMIT, output_dir=str(run_dir), progress=False,
+                               resume=RESUME_AUTO)

@@ -243,9 +243,9 @@ def headline_note(seconds: dict) -> str:
         return f"{side} did not reach every level within its budget: the ratio is a bound"
     moved = seconds["sensitivity"]
     if not abs(moved["last_dropped"]) < HEADLINE_TOLERANCE:
-        return f"dropping each run's last evaluation moves it by {100 * moved['last_dropped']:+.0f}%"
+        return f"dropping each run's last evaluation {_moved_by(moved['last_dropped'])}"
     if not abs(moved["worst"]) < HEADLINE_TOLERANCE:
-        return f"dropping one evaluation ({moved['worst_drop']}) moves it by {100 * moved['worst']:+.0f}%"
+        return f"dropping one evaluation ({moved['worst_drop']}) {_moved_by(moved['worst'])}"
     return ""
 
 
@@ -271,17 +271,44 @@ def _per_seed(report: dict) -> str:
     return f"{mean:.2f}x{interval}" if math.isfinite(mean) else "n/a"
 
 
+def _change(change: float) -> str:
+    """A relative change of a headline as a table cell: a percentage; 'unbounded' where dropping an
+    evaluation sends the ratio to infinity (a time to the levels falls to 0) or from it; 'n/a'
+    where it leaves no ratio at all (no levels, no time)."""
+    if math.isnan(change):
+        return "n/a"
+    return "unbounded" if math.isinf(change) else f"{100 * change:+.0f}%"
+
+
+def _moved_by(change: float) -> str:
+    """The same change in a sentence: 'moves it ...'."""
+    if math.isnan(change):
+        return "leaves no ratio to compare"
+    return "moves it without bound" if math.isinf(change) else f"moves it by {100 * change:+.0f}%"
+
+
 def _moves(report: dict) -> str:
     moved = report["sensitivity"]
     if not moved:
         return "n/a"
-    return f"{100 * moved['last_dropped']:+.0f}% / {100 * moved['worst']:+.0f}%"
+    return f"{_change(moved['last_dropped'])} / {_change(moved['worst'])}"
 
 
 def _paper(speedup: float, moved: dict) -> str:
     if not math.isfinite(speedup):
         return "n/a"
-    return f"{speedup:.2f}x ({100 * max(abs(moved['last_dropped']), abs(moved['worst'])):.0f}%)"
+    changes = [moved["last_dropped"], moved["worst"]]
+    finite = [abs(c) for c in changes if math.isfinite(c)]
+    largest = ("unbounded" if any(math.isinf(c) for c in changes) else
+               f"{100 * max(finite):.0f}%" if finite else "n/a")
+    return f"{speedup:.2f}x ({largest})"
+
+
+def _difference(d: dict) -> str:
+    """An accuracy difference at a matched budget, in points, with its 95% half-width if any."""
+    if not math.isfinite(d["difference"]):
+        return "n/a"  # no seed paired
+    return f"{100 * d['difference']:+.1f}" + (f" +- {100 * d['ci95']:.1f}" if math.isfinite(d["ci95"]) else "")
 
 
 def headline_lines(result: dict) -> list[str]:
@@ -306,8 +333,7 @@ def headline_lines(result: dict) -> list[str]:
     for r in rows:
         seconds, steps = r["by_seconds"], r["by_steps"]
         paper = seconds["paper_sensitivity"]
-        differences = " / ".join(f"{100 * d['difference']:+.1f} +- {100 * d['ci95']:.1f}" if math.isfinite(d["ci95"])
-                                 else f"{100 * d['difference']:+.1f}" for d in r["accuracy_difference"])
+        differences = " / ".join(_difference(d) for d in r["accuracy_difference"])
         lines.append(f"| {r['arm']} | {_ratio(seconds)} | {_per_seed(seconds)} | {_moves(seconds)} | {_ratio(steps)} "
                      f"| {_per_seed(steps)} | {_moves(steps)} | {_paper(seconds['paper_speedup'], paper)} "
                      f"| {differences} |")

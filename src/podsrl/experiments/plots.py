@@ -27,8 +27,9 @@ def plot_accuracy(run_dirs: list[Path], output: Path, title: str = "") -> Path:
     return output
 
 
-def save_accuracy_figure(fig, ax, output: Path, title: str) -> None:
-    """The shared look of accuracy-vs-training-time figures (single runs and comparisons)."""
+def save_accuracy_figure(fig, ax, output, title: str) -> None:
+    """The shared look of accuracy-vs-training-time figures (single runs and comparisons); ``output``: a
+    path or a binary file."""
     import matplotlib.pyplot as plt
 
     ax.set_xlabel("training time (minutes, evaluation excluded)")
@@ -37,5 +38,5 @@ def save_accuracy_figure(fig, ax, output: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(output, dpi=120)
+    fig.savefig(output, format="png", dpi=120)
     plt.close(fig)

@@ -8,6 +8,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from podsrl.experiments.levels import first_passage, value_at
 from podsrl.methods import METHODS
@@ -31,16 +32,13 @@ class FinishedRun:
     # largest per-step value of update_activation_mb / update_peak_cuda_mb (None: not logged)
     update_memory_mb: dict[str, float | None] = field(default_factory=dict)
     eval_steps: list[int] = field(default_factory=list)  # the step of each evaluation in ``evals``
-    # each evaluation's standard error over prompts (eval_accuracy_se; None: not logged, before #51)
+    # each evaluation's standard error over prompts (eval_accuracy_se; None: not logged, or not measurable)
     eval_errors: list[float | None] = field(default_factory=list)
+    eval_se_logged: bool = False  # the log has eval_accuracy_se (podsrl since #51), null where not measurable
 
     @property
     def arm(self) -> str:
-        c = self.config
-        # (runs written before the rename of n / m / rule still read)
-        n = "auto" if c.get("adaptive_n") else c.get("num_generations", c.get("n"))
-        m, rule = c.get("num_kept", c.get("m")), c.get("downsampling_rule", c.get("rule"))
-        return " ".join([METHODS[c["method"]].arm_name(n, m, rule), *arm_variants(c)])
+        return arm_name(self.config)
 
     @property
     def seed(self) -> int | None:
@@ -82,6 +80,20 @@ class FinishedRun:
         return (self.budget_seconds, True) if seconds is None else (seconds, False)
 
 
+class NothingToCompare(ValueError):
+    """A run folder whose log has no curve to compare: no evaluation, or no training step."""
+
+
+def _nothing_to_compare(path: Path, steps: list[dict], evaluated: list[dict]) -> str:
+    """Why a run's metrics.jsonl gives no curve ('' when it does), in the run's own numbers."""
+    if not evaluated:
+        return (f"{path}: no evaluation in its metrics.jsonl ({len(steps)} training step"
+                f"{'s' if len(steps) != 1 else ''} logged, none with eval_accuracy)")
+    if not steps:
+        return f"{path}: no training step in its metrics.jsonl (only the evaluation at step 0)"
+    return ""
+
+
 def load_run(path: Path) -> FinishedRun:
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
@@ -89,8 +101,8 @@ def load_run(path: Path) -> FinishedRun:
     evaluated = [r for r in records if r.get("eval_accuracy") is not None]
     evals = [(r["train_seconds"], r["eval_accuracy"]) for r in evaluated]
     steps = [r for r in records if r["step"] > 0]
-    if not evals or not steps:
-        raise ValueError(f"{path}: no training steps or evaluations in metrics.jsonl")
+    if _nothing_to_compare(path, steps, evaluated):
+        raise NothingToCompare(_nothing_to_compare(path, steps, evaluated))
 
     def per_step(*keys):
         return statistics.fmean(sum(r.get(k) or 0.0 for k in keys) for r in steps)
@@ -100,7 +112,20 @@ def load_run(path: Path) -> FinishedRun:
                        len(steps), read_environment(path),
                        {key: largest_logged(r.get(key) for r in steps)
                         for key in ("update_activation_mb", "update_peak_cuda_mb")},
-                       [r["step"] for r in evaluated], [r.get("eval_accuracy_se") for r in evaluated])
+                       [r["step"] for r in evaluated], [r.get("eval_accuracy_se") for r in evaluated],
+                       any("eval_accuracy_se" in r for r in evaluated))
+
+
+def load_comparable(paths: list[Path], left_out: Callable[[str], None]) -> list[FinishedRun]:
+    """The runs of ``paths`` that have a curve to compare; ``left_out`` is told, one line each,
+    which are left out and why (``podsrl plot`` over folders where one run never evaluated)."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(load_run(path))
+        except NothingToCompare as why:
+            left_out(f"left out {why}")
+    return runs
 
 
 def largest_logged(values) -> float | None:
@@ -108,6 +133,14 @@ def largest_logged(values) -> float | None:
     metrics.jsonl's null); None when none is left."""
     logged = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
     return max(logged) if logged else None
+
+
+def arm_name(config: dict) -> str:
+    """The arm a run's config belongs to, as reports name it: method, n, m, rule and variants."""
+    # (runs written before the rename of n / m / rule still read)
+    n = "auto" if config.get("adaptive_n") else config.get("num_generations", config.get("n"))
+    m, rule = config.get("num_kept", config.get("m")), config.get("downsampling_rule", config.get("rule"))
+    return " ".join([METHODS[config["method"]].arm_name(n, m, rule), *arm_variants(config)])
 
 
 def arm_variants(fields: dict) -> list[str]:

@@ -26,10 +26,10 @@ LOCK_FILE = ".podsrl.lock"
 CONFIG_HEAD = f'{{\n  "{dataclasses.fields(Config)[0].name}": '  # how every config.json podsrl writes begins
 LOG_HEAD = '{"step": '  # how every record of metrics.jsonl and rollouts.jsonl begins
 LOCK_LINE = re.compile(r"pid \d+ on .+, started \S+\n?")  # RunLock's holder line
-# provenance.environment()'s keys (older podsrl wrote the same) and setup._write_run_files's data.json keys:
+# provenance.record_environment()'s keys (older podsrl wrote fewer) and setup._write_run_files's data.json keys:
 # a key added there goes here too, or a stopped run's folder is refused (the fresh-start tests say so)
 ENVIRONMENT_KEYS = frozenset({"date", "unix_time", "commit", "machine", "python", "torch", "torch_threads",
-                              "transformers", "podsrl", "argv"})
+                              "transformers", "podsrl", "argv", "eos_token_id", "eos_token"})
 DATA_KEYS = frozenset({"task", "train_prompts", "test_prompts", "dropped_train_prompts", "dropped_test_prompts",
                        "system_prompt", "example_prompt", "processes"})
 PARTIAL_CHECKPOINT = re.compile(r"step_\d{7,}\.tmp")  # a checkpoint cut off while being written

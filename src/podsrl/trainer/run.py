@@ -180,7 +180,7 @@ class Run:
             # now (checked against the checkpoint's config); each start's command is in environment.json
             started = {**settings.recorded_config, "resume": False}
             (components.run_dir / "config.json").write_text(json.dumps(started, indent=2) + "\n")
-            record_environment(components.run_dir)
+            record_environment(components.run_dir, components.bundle.tokenizer)
             say(f"resumed from {resumed} at step {self.state.step}"
                 f"{', evaluating it first (a stop came before its evaluation)' if held_back else ''}")
         components.trackers.start(settings.recorded_config, first_step=self.state.step + (0 if held_back else 1))

@@ -151,10 +151,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: str, procs: Processes) -> None:
+def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: str, procs: Processes,
+                     tokenizer) -> None:
     train_split, test_split = splits
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    record_environment(run_dir)  # commit, date, machine: reports built from the run state them
+    record_environment(run_dir, tokenizer)  # commit, date, machine, EOS: reports built from the run state them
     (run_dir / "data.json").write_text(json.dumps({
         "task": task.name, "train_prompts": len(train_split.examples), "test_prompts": len(test_split.examples),
         "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,
@@ -223,7 +224,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     selector = prompt_selector(cfg, len(splits[0].examples))
     engine = ENGINES.checked(cfg.generation_engine)(generation_options(cfg, procs.world_size, procs.sharded))
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
-        _write_run_files(run_dir, cfg, task, splits, system_prompt, procs)
+        _write_run_files(run_dir, cfg, task, splits, system_prompt, procs, bundle.tokenizer)
     policy = bundle.model.to(procs.device(cfg.device))
     policy.train()
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
