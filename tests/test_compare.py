@@ -428,7 +428,7 @@ def test_a_rerun_reuses_or_resumes_only_runs_of_its_own_config(tmp_path, monkeyp
     """A re-run with --learning_rate 0.001 or a larger --budget_steps said "done earlier, reused" and
     reported the old runs as the new command's (#57)."""
     trained = planned_runs(tmp_path / "same", monkeypatch, state)
-    assert [cfg.resume for cfg in trained] == ([] if state == "finished" else [True])
+    assert [cfg.resume for cfg in trained] == ([] if state == "finished" else ["auto"])  # the trainer resumes it
     folder = f"pods-n4-m2-max_variance/seed{make_config().seed}"
     for changed, shown in [({"learning_rate": 0.001}, "learning_rate is 0.0002 there, 0.001 in this one"),
                            ({"budget_steps": 3}, "max_steps (--budget_steps) is 2 there, 3 in this one"),
@@ -479,7 +479,8 @@ def test_compare_warms_the_static_caches_compile_up_untimed_before_its_first_tim
     assert not Path(warm.output_dir).is_relative_to(tmp_path / "cmp")
     assert warm.method == "pods" and warm.generation_static_cache  # the first run that compiles: pods, after grpo
     assert dataclasses.replace(warm, output_dir=timed[1][0].output_dir, max_steps=2, save_steps=timed[1][0].save_steps,
-                               log_rollouts=timed[1][0].log_rollouts) == timed[1][0]  # otherwise that run's config
+                               log_rollouts=timed[1][0].log_rollouts, resume=timed[1][0].resume) == timed[1][0]
+    # otherwise that run's config
     assert said[0].startswith(f"warm-up: 1 untimed training step of pods-n4-m2-max_variance/seed{warm.seed} in ")
     assert len([line for line in said if line.startswith("warm-up")]) == 1
 
