@@ -3,6 +3,8 @@ it wrote, refuse what they cannot read or mix, and say true things about what th
 
 import hashlib
 import json
+import os
+import stat
 
 import pytest
 
@@ -43,6 +45,18 @@ def test_a_report_overwrites_its_own_earlier_report(tmp_path):
     assert sorted(recorded) == ["accuracy.png", "compare.json", "compare.md", "step_time.png"]
     write_report(result, out)  # podsrl's own files, proven by their digests: replaced
     assert contents(out)["compare.md"] == recorded["compare.md"][0]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_report_files_get_the_umasks_permissions(tmp_path, mask):
+    """They are written through a private temporary file (mkstemp's 0600), renamed into place."""
+    before = os.umask(mask)
+    try:
+        write_report(analyze(two_arms(tmp_path / "runs")), tmp_path / "report")
+    finally:
+        os.umask(before)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "report").iterdir()}
+    assert modes == dict.fromkeys(modes, 0o666 & ~mask) and len(modes) == 5
 
 
 @pytest.mark.parametrize("name", ["compare.md", "compare.json", "accuracy.png", "step_time.png"])

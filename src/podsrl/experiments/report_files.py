@@ -20,6 +20,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from podsrl.trainer.checkpoints import umask
 from podsrl.trainer.ownership import digest
 
 REPORT_MARKER = "podsrl_report.json"
@@ -90,6 +91,7 @@ def _replace(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(handle, "wb") as fh:
             fh.write(data)
+        os.chmod(staging, 0o666 & ~umask())  # mkstemp's file is private; a report gets what a plain write gives
         os.replace(staging, path)
     except BaseException:
         Path(staging).unlink(missing_ok=True)

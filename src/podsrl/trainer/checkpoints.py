@@ -64,6 +64,14 @@ def restore_rng(state: dict) -> None:
 
 
 # --- writing ----------------------------------------------------------------------------------
+def umask() -> int:
+    """The process's umask (reading it means setting it: set back at once), for files written
+    through a private staging file that must end with the permissions a plain write gives."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def fsync(path: Path) -> None:
     """Flush a file or a folder (its entries, e.g. a rename) to the disk."""
     fd = os.open(path, os.O_RDONLY)

@@ -41,6 +41,7 @@ from podsrl.trainer.checkpoints import (
     copy_weights,
     fsync,
     list_checkpoints,
+    umask,
 )
 from podsrl.trainer.logging import say
 from podsrl.trainer.model_card import model_card
@@ -206,7 +207,7 @@ def _write_atomically(output: Path, write) -> None:
     removed and ``output`` is left as it was; a write error (a full disk) is one line saying so."""
     folder = Path(os.path.realpath(output)) if output.is_symlink() else output  # the link stays, its folder changes
     folder.parent.mkdir(parents=True, exist_ok=True)
-    mask = _umask()
+    mask = umask()
     mode = _folder_mode(folder, mask)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", suffix=".tmp", dir=folder.parent))  # a new name
     old = tmp.with_suffix(".old")
@@ -238,13 +239,6 @@ def _write_atomically(output: Path, write) -> None:
         shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
         entries = "entry" if len(kept) == 1 else "entries"
         say(f"{output}: kept {len(kept)} {entries} podsrl did not export ({shown}), moved into the new export")
-
-
-def _umask() -> int:
-    """The process's umask (reading it means setting it: set back at once; nothing else runs then)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _folder_mode(folder: Path, mask: int) -> int:
