@@ -86,7 +86,7 @@ def environment() -> dict:
 
 def end_of_turn(tokenizer) -> dict:
     """The tokenizer's EOS, id and text: what ends a completion. Two conversions of one model can
-    differ in it (podsrl's SmolLM2 under transformers < 5.23 ended on <|im_start|>, id 1), and runs
+    differ in it (podsrl's SmolLM2 under transformers 5.17 ended on <|im_start|>, id 1), and runs
     of both are not comparable (podsrl.experiments.conversions)."""
     return {"eos_token_id": tokenizer.eos_token_id, "eos_token": tokenizer.eos_token}
 

@@ -1,9 +1,9 @@
 """Runs of one model compared only when they share its end of turn (#57).
 
-podsrl converts the offline SmolLM2-135M-Instruct from a GGUF file; under transformers < 5.23 the
-conversion's tokenizer ended completions on ``<|im_start|>`` (id 1), so chat completions ran
-past the end of the turn (longer, slower steps, other rewards), where the fixed conversion ends
-on ``<|im_end|>`` (id 2). A comparison holding runs of both would report the tokenizer's effect as
+podsrl converts the offline SmolLM2-135M-Instruct from a GGUF file; under transformers 5.17 (the
+vLLM environment's and the lent GPUs'; 5.23 reads the GGUF right) the conversion's tokenizer
+ended completions on ``<|im_start|>`` (id 1), so chat completions ran past the end of the turn
+(longer, slower steps, other rewards), where the fixed conversion ends on ``<|im_end|>`` (id 2). A comparison holding runs of both would report the tokenizer's effect as
 the method's, so ``podsrl compare`` and ``plot`` refuse it (docs/reproducing.md says why not a
 warning), naming the runs on each side.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from podsrl.provenance import read_environment
 
 SMOLLM2 = "SmolLM2"  # the family: the built-in name, the hub id and folders of models trained from it
-OLD_SMOLLM2_EOS = 1  # <|im_start|>: the end of turn of podsrl's SmolLM2 conversion under transformers < 5.23
+OLD_SMOLLM2_EOS = 1  # <|im_start|>: the end of turn of podsrl's SmolLM2 conversion under transformers 5.17
 SHOWN_RUNS = 3  # runs named per side of a refusal
 
 
