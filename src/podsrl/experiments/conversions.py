@@ -3,9 +3,10 @@
 podsrl converts the offline SmolLM2-135M-Instruct from a GGUF file; under transformers 5.17 (the
 vLLM environment's and the lent GPUs'; 5.23 reads the GGUF right) the conversion's tokenizer
 ended completions on ``<|im_start|>`` (id 1), so chat completions ran past the end of the turn
-(longer, slower steps, other rewards), where the fixed conversion ends on ``<|im_end|>`` (id 2). A comparison holding runs of both would report the tokenizer's effect as
-the method's, so ``podsrl compare`` and ``plot`` refuse it (docs/reproducing.md says why not a
-warning), naming the runs on each side.
+(longer, slower steps, other rewards), where the fixed conversion ends on ``<|im_end|>`` (id 2).
+A comparison holding runs of both would report the tokenizer's effect as the method's, so
+``podsrl compare`` and ``plot`` refuse it (docs/reproducing.md says why not a warning), naming the
+runs on each side.
 
 A run records its tokenizer's EOS in each entry of environment.json (podsrl since #57; a resume may
 load another conversion than the start, so a run can hold two). A SmolLM2 run without the record
