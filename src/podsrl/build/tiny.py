@@ -20,6 +20,7 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -52,11 +53,11 @@ def train_tokenizer(texts: list[str], vocab_size: int = 320):
                                    bos_token=None, padding_side="left")
 
 
-def make_model(tokenizer, hidden_size: int = 128, num_layers: int = 4, seed: int = 0):
+def make_model(tokenizer, hidden_size: int = 128, num_layers: int = 4, seed: int = 0, max_positions: int = 128):
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, tie_word_embeddings=True,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.eos_token_id,
     )
@@ -68,7 +69,7 @@ def _perturb(answer: int, rng: random.Random) -> int:
     return answer + rng.choice([-10, -1, 1, 10])
 
 
-def _batch(tokenizer, examples: list[Example], targets: list[str]):
+def sft_batch(tokenizer, examples: list[Example], targets: list[str]):
     """Right-padded prompt+target+EOS ids with a loss mask on the target tokens only."""
     rows, masks = [], []
     for ex, target in zip(examples, targets):
@@ -87,8 +88,21 @@ def _batch(tokenizer, examples: list[Example], targets: list[str]):
     return ids, attn, loss_mask
 
 
-def _sft_steps(model, tokenizer, train: list[Example], steps: int, lr: float, batch_size: int,
-               perturb_fraction: float, rng: random.Random, log_every: int = 200):
+def answer_target(perturb_fraction: float):
+    """The arithmetic task's SFT target: ``Answer: <gold>``, perturbed by +-1 / +-10 with
+    probability ``perturb_fraction`` (the spread warm start)."""
+    def target(example: Example, rng: random.Random) -> str:
+        value = int(example.answer)
+        if rng.random() < perturb_fraction:
+            value = _perturb(value, rng)
+        return f"Answer: {value}"
+    return target
+
+
+def sft_steps(model, tokenizer, train: list[Example], steps: int, lr: float, batch_size: int,
+              target: Callable[[Example, random.Random], str], rng: random.Random, log_every: int = 200):
+    """AdamW with warm-up and cosine decay on ``target(example, rng)`` completions of random
+    train prompts (loss on the completion's tokens only)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -96,13 +110,8 @@ def _sft_steps(model, tokenizer, train: list[Example], steps: int, lr: float, ba
     model.train()
     for step in range(steps):
         examples = rng.sample(train, batch_size)
-        targets = []
-        for ex in examples:
-            value = int(ex.answer)
-            if rng.random() < perturb_fraction:
-                value = _perturb(value, rng)
-            targets.append(f"Answer: {value}")
-        ids, attn, loss_mask = _batch(tokenizer, examples, targets)
+        targets = [target(ex, rng) for ex in examples]
+        ids, attn, loss_mask = sft_batch(tokenizer, examples, targets)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         loss = (nll * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum()
@@ -139,11 +148,11 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
 
     start = time.time()
     print("phase 1: clean SFT", flush=True)
-    _sft_steps(model, tokenizer, task.train, clean_steps, 3e-3, 128, 0.0, rng)
+    sft_steps(model, tokenizer, task.train, clean_steps, 3e-3, 128, answer_target(0.0), rng)
     clean = probe_accuracy(1, 0.0)
     print(f"  greedy held-out accuracy after clean SFT: {clean:.3f} ({time.time() - start:.0f}s)")
     print("phase 2: spread SFT (perturbed targets)", flush=True)
-    _sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, 128, perturb_fraction, rng)
+    sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, 128, answer_target(perturb_fraction), rng)
     greedy = probe_accuracy(1, 0.0)
     sampled = probe_accuracy(4, 0.9)
     print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}")
