@@ -28,6 +28,7 @@ from podsrl.rollout.generation_copy import COPY_DTYPES
 from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
 from podsrl.tasks import TASKS, check_task_spec, is_known_task
 from podsrl.tasks.arithmetic import LEVELS, space_size
+from podsrl.tasks.chain import CHAIN_LEVELS
 from podsrl.tasks.data import is_local
 from podsrl.tracking import tracker_names
 from podsrl.update import SCHEDULERS
@@ -150,6 +151,9 @@ def _check_data(cfg) -> None:
         size = space_size(LEVELS[cfg.task_level])
         require(cfg.eval_prompts < size, f"eval_prompts: level {cfg.task_level} has only {size} distinct "
                                           f"problems; hold out fewer than that")
+    if cfg.task == "chain":
+        require(cfg.task_level in CHAIN_LEVELS,
+                f"task_level: unknown chain level {cfg.task_level}; known: {sorted(CHAIN_LEVELS)}")
 
 
 def _check_combinations(cfg) -> None:

@@ -15,6 +15,7 @@ from podsrl.rewards.functions import (
     arithmetic_correct,
     arithmetic_format,
     bounded,
+    chain_format,
     completion_text,
     extract_answer,
     gsm8k_correct,
@@ -29,6 +30,7 @@ from podsrl.rewards.stack import DEFAULT_REWARD_TIMEOUT, RewardError, RewardFn, 
 REWARDS = Registry("reward function", "reward_funcs", {
     "arithmetic_correct": arithmetic_correct,
     "arithmetic_format": arithmetic_format,
+    "chain_format": chain_format,
     "gsm8k_correct": gsm8k_correct,
     "math_correct": math_correct,
     "think_answer_format_strict": think_answer_format_strict,
@@ -47,6 +49,6 @@ def load_reward_fn(spec: str | dict) -> RewardFn:
 
 
 __all__ = ["DEFAULT_REWARD_TIMEOUT", "REWARDS", "RewardError", "RewardFn", "RewardStack", "arithmetic_correct",
-           "arithmetic_format", "bounded", "completion_text", "extract_answer", "grade", "gsm8k_correct", "in_process",
-           "load_reward_fn", "math_correct", "reasoning_gym_correct", "think_answer_format_soft",
-           "think_answer_format_strict"]
+           "arithmetic_format", "bounded", "chain_format", "completion_text", "extract_answer", "grade",
+           "gsm8k_correct", "in_process", "load_reward_fn", "math_correct", "reasoning_gym_correct",
+           "think_answer_format_soft", "think_answer_format_strict"]

@@ -1,6 +1,7 @@
 """Tasks, registered by name: where prompts and their verifiable answers come from.
 
-Built in: ``arithmetic`` (offline, procedural), ``gsm8k``, ``math`` (MATH / MATH-500),
+Built in: ``arithmetic`` and ``chain`` (offline, procedural; ``chain`` is the reasoning regime's
+multi-step task, worked one step per line), ``gsm8k``, ``math`` (MATH / MATH-500),
 ``jsonl`` (your own data), and ``reasoning_gym:NAME`` for any reasoning-gym dataset.
 Register your own with ``@TASKS.register("name")`` (or ``TASKS["name"] = builder``), or name
 it in the config as ``module:builder`` / ``file.py:builder`` (:mod:`podsrl.registry`);
@@ -26,6 +27,7 @@ from podsrl.tasks.base import (
     render_prompt,
     reward_columns,
 )
+from podsrl.tasks.chain import build_chain
 from podsrl.tasks.gsm8k import build_gsm8k
 from podsrl.tasks.jsonl import build_jsonl
 from podsrl.tasks.math import build_math
@@ -34,20 +36,21 @@ from podsrl.tasks.math import build_math
 @dataclass(frozen=True)
 class TaskOptions:
     task: Spec = "arithmetic"  # a name in TASKS, or reasoning_gym:NAME (or a mapping of a name and its arguments)
-    task_level: int = 3  # arithmetic difficulty (1-5)
+    task_level: int = 3  # arithmetic (1-5) / chain (1-3) difficulty
     data_seed: int = 0  # seed of the train / held-out split
     train_data: str = ""  # gsm8k / math / jsonl: a local file or a hub dataset
     test_data: str = ""
     prompt_column: str = "prompt"  # jsonl
     answer_column: str = "answer"  # jsonl
     reasoning_gym_size: int = 10000  # train problems of a reasoning_gym:NAME task
-    num_test: int = 300  # held-out problems generated (arithmetic, reasoning-gym)
+    num_test: int = 300  # held-out problems generated (arithmetic, chain, reasoning-gym)
 
 
 TaskBuilder = Callable[[TaskOptions, bool], Task]
 
 TASKS = Registry("task", "task", {
     "arithmetic": lambda o, with_train: build_arithmetic(level=o.task_level, num_test=o.num_test, seed=o.data_seed),
+    "chain": lambda o, with_train: build_chain(level=o.task_level, num_test=o.num_test, seed=o.data_seed),
     "gsm8k": lambda o, with_train: build_gsm8k(o.train_data, o.test_data, with_train=with_train),
     "math": lambda o, with_train: build_math(o.train_data, o.test_data, with_train=with_train),
     "jsonl": lambda o, with_train: build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column,

@@ -1,0 +1,102 @@
+"""The reasoning regime's task ``chain`` (#58): multi-step arithmetic worked one step per line."""
+
+import random
+import statistics
+
+import pytest
+
+from podsrl.rewards import REWARDS, arithmetic_correct, chain_format
+from podsrl.tasks import TaskOptions, build_task
+from podsrl.tasks.arithmetic import evaluate_expression
+from podsrl.tasks.chain import CHAIN_LEVELS, build_chain, draw_steps, random_chain, worked_solution
+
+
+def expression_of(prompt: str) -> str:
+    return prompt.split("What is ")[1].split("?")[0]
+
+
+@pytest.mark.parametrize("level", sorted(CHAIN_LEVELS))
+def test_splits_are_disjoint_seeded_and_within_the_level(level):
+    task = build_chain(level=level, num_train=2000, num_test=200, seed=3)
+    assert len(task.train) == 2000 and len(task.test) == 200
+    assert not {ex.prompt for ex in task.train} & {ex.prompt for ex in task.test}
+    assert len({ex.prompt for ex in task.train}) == len(task.train)
+    again = build_chain(level=level, num_train=2000, num_test=200, seed=3)
+    assert task.train == again.train and task.test == again.test
+    assert build_chain(level=level, num_train=2000, num_test=200, seed=4).test != task.test
+    spec = CHAIN_LEVELS[level]
+    for ex in task.train + task.test:
+        expression = expression_of(ex.prompt)
+        numbers = [int(t) for t in expression.split()[::2]]
+        assert all(0 <= x <= spec.max_operand for x in numbers)
+        assert 1 <= ex.columns["steps"] == len(numbers) - 1 <= spec.max_steps
+        assert int(ex.answer) == evaluate_expression(expression)
+
+
+def test_the_worked_solution_is_graded_right_and_recomputes_every_line():
+    rng = random.Random(0)
+    for _ in range(300):
+        expression = random_chain(rng, CHAIN_LEVELS[3])
+        solution = worked_solution(expression)
+        lines = solution.split("\n")
+        assert len(lines) == len(expression.split()) // 2 + 1
+        for line in lines[:-1]:  # each line's left side evaluates to its right side (the oracle: eval-free)
+            left, right = line.split(" = ")
+            assert evaluate_expression(left) == int(right)
+        gold = str(evaluate_expression(expression))
+        assert lines[-1] == f"Answer: {gold}"
+        assert arithmetic_correct([""], [solution], answer=[gold]) == [1.0]
+        assert chain_format([""], [solution]) == [1.0]
+
+
+@pytest.mark.parametrize("completion, formatted", [
+    ("3 + 4 = 7\nAnswer: 7", 1),
+    ("  3 + 4 = 7\n7 - 10 = -3\nAnswer: -3\n", 1),
+    ("3 + 4 = 8\nAnswer: 8", 1),  # the format, not the arithmetic
+    ("Answer: 7", 0),  # no worked line
+    ("3 + 4 = 7\n", 0),  # no answer
+    ("3 + 4 = 7 Answer: 7", 0),
+    ("3 * 4 = 12\nAnswer: 12", 0),
+    ("3 + 4 = 7\nAnswer: 7\n3 + 4 = 7", 0),
+])
+def test_chain_format_on_literal_strings(completion, formatted):
+    assert chain_format([""], [completion]) == [float(formatted)]
+
+
+def test_steps_are_log_uniform_with_a_long_tail():
+    """Level 3's design targets (docs/tasks.md): median 4 steps, p99 at the maximum of 16, and the
+    log-uniform shares: P(steps <= 2) = log2(2.5) / 4 = 0.330, P(steps >= 8) = 1 - log2(7.5) / 4 = 0.273."""
+    rng = random.Random(1)
+    steps = sorted(draw_steps(rng, 16) for _ in range(20000))
+    assert statistics.median(steps) == 4
+    assert steps[int(0.99 * len(steps))] == 16
+    assert sum(s <= 2 for s in steps) / len(steps) == pytest.approx(0.330, abs=0.015)
+    assert sum(s >= 8 for s in steps) / len(steps) == pytest.approx(0.273, abs=0.015)
+
+
+def test_the_task_and_its_format_reward_are_registered():
+    task = build_task(TaskOptions(task="chain", task_level=2, num_test=50))
+    assert task.name == "chain" and len(task.test) == 50 and task.format_fn is chain_format
+    assert REWARDS.resolve("chain_format") is chain_format
+    with pytest.raises(ValueError, match="task_level: unknown chain level 9"):
+        build_chain(level=9)
+
+
+def test_the_warm_starts_slipped_lines_carry_on_from_the_slip():
+    """The spread warm start (podsrl.build.tiny_chain): a slipped line's result is off by +-1 / +-10 and
+    the next line starts from it, so the answer is the slipped chain's, never a silently right one."""
+    from podsrl.build.tiny_chain import chain_target
+    from podsrl.tasks.base import Example
+
+    example = Example(prompt="What is 10 + 5 - 3 + 20? Work it out", answer="32")
+    rng = random.Random(0)
+    assert chain_target(0.0)(example, rng) == worked_solution("10 + 5 - 3 + 20")
+    for _ in range(50):
+        lines = chain_target(1.0)(example, rng).split("\n")
+        previous = 10
+        for line in lines[:-1]:
+            left, right = line.split(" = ")
+            assert int(left.split()[0]) == previous
+            assert evaluate_expression(left) - int(right) in (-10, -1, 1, 10)
+            previous = int(right)
+        assert lines[-1] == f"Answer: {previous}"
