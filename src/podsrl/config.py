@@ -36,7 +36,8 @@ class Config:
     # --- what to train -------------------------------------------------------------------
     model: str = _f("tiny", "Built-in model name ('tiny'), a local folder, or a Hugging Face hub id.")
     task: Spec = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
-    task_level: int = _f(3, "Arithmetic difficulty level (1-5; see podsrl.tasks.arithmetic.LEVELS).")
+    task_level: int = _f(3, "Difficulty level of the procedural tasks: arithmetic 1-5 "
+                            "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 (podsrl.tasks.chain.CHAIN_LEVELS).")
     data_seed: int = _f(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' "
                            "data_seed), in [0, 2**32 - 1].")
     train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "

@@ -116,7 +116,8 @@ RANGES: dict[str, Range] = {
 # numeric fields without a range here, and why (tests/test_config_numbers.py: every numeric
 # field is in one of the two tables)
 UNCHECKED: dict[str, str] = {
-    "task_level": "checked against the arithmetic task's levels (podsrl.config_checks); other tasks ignore it",
+    "task_level": "checked against the arithmetic and chain tasks' levels (podsrl.config_checks); other tasks "
+                  "ignore it",
 }
 
 
