@@ -217,6 +217,7 @@ def test_the_example_script_runs_offline(tmp_path):
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow  # a process that imports TRL: 8.7 s
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_the_example_with_use_vllm_but_no_vllm_says_so_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_pods.py"), "--offline", "--use_vllm",
