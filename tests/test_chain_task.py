@@ -8,11 +8,7 @@ import pytest
 from podsrl.rewards import REWARDS, arithmetic_correct, chain_format
 from podsrl.tasks import TaskOptions, build_task
 from podsrl.tasks.arithmetic import evaluate_expression
-from podsrl.tasks.chain import CHAIN_LEVELS, build_chain, draw_steps, random_chain, worked_solution
-
-
-def expression_of(prompt: str) -> str:
-    return prompt.split("What is ")[1].split("?")[0]
+from podsrl.tasks.chain import CHAIN_LEVELS, build_chain, chain_prompt, draw_steps, random_chain, worked_solution
 
 
 @pytest.mark.parametrize("level", sorted(CHAIN_LEVELS))
@@ -26,9 +22,10 @@ def test_splits_are_disjoint_seeded_and_within_the_level(level):
     assert build_chain(level=level, num_train=2000, num_test=200, seed=4).test != task.test
     spec = CHAIN_LEVELS[level]
     for ex in task.train + task.test:
-        expression = expression_of(ex.prompt)
+        expression = ex.columns["chain"]
+        assert ex.prompt == chain_prompt(expression)
         numbers = [int(t) for t in expression.split()[::2]]
-        assert all(0 <= x <= spec.max_operand for x in numbers)
+        assert 0 <= numbers[0] <= spec.max_start and all(1 <= x <= spec.max_operand for x in numbers[1:])
         assert 1 <= ex.columns["steps"] == len(numbers) - 1 <= spec.max_steps
         assert int(ex.answer) == evaluate_expression(expression)
 
@@ -40,9 +37,13 @@ def test_the_worked_solution_is_graded_right_and_recomputes_every_line():
         solution = worked_solution(expression)
         lines = solution.split("\n")
         assert len(lines) == len(expression.split()) // 2 + 1
-        for line in lines[:-1]:  # each line's left side evaluates to its right side (the oracle: eval-free)
-            left, right = line.split(" = ")
+        terms = expression.split()
+        value = int(terms[0])
+        for k, line in enumerate(lines[:-1], start=1):  # each line: its number, the running value, the k-th
+            number, left, right = line.replace(": ", " = ").split(" = ")  # operation, its result (eval-free)
+            assert (int(number), left) == (k, f"{value} {terms[2 * k - 1]} {terms[2 * k]}")
             assert evaluate_expression(left) == int(right)
+            value = int(right)
         gold = str(evaluate_expression(expression))
         assert lines[-1] == f"Answer: {gold}"
         assert arithmetic_correct([""], [solution], answer=[gold]) == [1.0]
@@ -50,14 +51,15 @@ def test_the_worked_solution_is_graded_right_and_recomputes_every_line():
 
 
 @pytest.mark.parametrize("completion, formatted", [
-    ("3 + 4 = 7\nAnswer: 7", 1),
-    ("  3 + 4 = 7\n7 - 10 = -3\nAnswer: -3\n", 1),
-    ("3 + 4 = 8\nAnswer: 8", 1),  # the format, not the arithmetic
+    ("1: 3 + 4 = 7\nAnswer: 7", 1),
+    ("  1: 3 + 4 = 7\n2: 7 - 10 = -3\nAnswer: -3\n", 1),
+    ("1: 3 + 4 = 8\nAnswer: 8", 1),  # the format, not the arithmetic
+    ("3 + 4 = 7\nAnswer: 7", 0),  # a line without its number
     ("Answer: 7", 0),  # no worked line
-    ("3 + 4 = 7\n", 0),  # no answer
-    ("3 + 4 = 7 Answer: 7", 0),
-    ("3 * 4 = 12\nAnswer: 12", 0),
-    ("3 + 4 = 7\nAnswer: 7\n3 + 4 = 7", 0),
+    ("1: 3 + 4 = 7\n", 0),  # no answer
+    ("1: 3 + 4 = 7 Answer: 7", 0),
+    ("1: 3 * 4 = 12\nAnswer: 12", 0),
+    ("1: 3 + 4 = 7\nAnswer: 7\n1: 3 + 4 = 7", 0),
 ])
 def test_chain_format_on_literal_strings(completion, formatted):
     assert chain_format([""], [completion]) == [float(formatted)]
@@ -88,15 +90,37 @@ def test_the_warm_starts_slipped_lines_carry_on_from_the_slip():
     from podsrl.build.tiny_chain import chain_target
     from podsrl.tasks.base import Example
 
-    example = Example(prompt="What is 10 + 5 - 3 + 20? Work it out", answer="32")
+    example = Example(prompt=chain_prompt("10 + 5 - 3 + 9"), answer="21", columns={"chain": "10 + 5 - 3 + 9"})
     rng = random.Random(0)
-    assert chain_target(0.0)(example, rng) == worked_solution("10 + 5 - 3 + 20")
+    assert chain_target(0.0)(example, rng) == worked_solution("10 + 5 - 3 + 9")
     for _ in range(50):
         lines = chain_target(1.0)(example, rng).split("\n")
         previous = 10
         for line in lines[:-1]:
-            left, right = line.split(" = ")
+            left, right = line.split(": ")[1].split(" = ")
             assert int(left.split()[0]) == previous
             assert evaluate_expression(left) - int(right) in (-10, -1, 1, 10)
             previous = int(right)
         assert lines[-1] == f"Answer: {previous}"
+
+
+def test_the_shipped_tiny_chain_model_works_chains_in_format():
+    """The built-in model (podsrl/assets/tiny-chain, scripts/build_tiny_chain.py) loads by name and, greedy,
+    writes numbered worked lines ending in an answer for held-out chains."""
+    import json
+
+    import torch
+
+    from podsrl.models import TINY_CHAIN_DIR, load_model
+
+    info = json.loads((TINY_CHAIN_DIR / "build_info.json").read_text())
+    assert info["task"] == "chain" and info["params"] < 5_000_000
+    bundle = load_model("tiny-chain")
+    task = build_chain(level=3, num_test=300)
+    short = [ex for ex in task.test if ex.columns["steps"] <= 3][:8]
+    tokenizer = bundle.tokenizer
+    batch = tokenizer([ex.prompt for ex in short], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = bundle.model.generate(**batch, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert sum(chain_format([""] * len(texts), texts)) >= 6, texts

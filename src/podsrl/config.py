@@ -34,7 +34,8 @@ def _f(default, help: str):
 @dataclass(frozen=True)
 class Config:
     # --- what to train -------------------------------------------------------------------
-    model: str = _f("tiny", "Built-in model name ('tiny'), a local folder, or a Hugging Face hub id.")
+    model: str = _f("tiny", "Built-in model name ('tiny', 'tiny-chain', 'smollm2-135m-instruct'), a local folder, or a "
+                           "Hugging Face hub id.")
     task: Spec = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = _f(3, "Difficulty level of the procedural tasks: arithmetic 1-5 "
                             "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 (podsrl.tasks.chain.CHAIN_LEVELS).")

@@ -100,16 +100,26 @@ def answer_target(perturb_fraction: float):
 
 
 def sft_steps(model, tokenizer, train: list[Example], steps: int, lr: float, batch_size: int,
-              target: Callable[[Example, random.Random], str], rng: random.Random, log_every: int = 200):
+              target: Callable[[Example, random.Random], str], rng: random.Random, log_every: int = 200,
+              group_by: Callable[[Example], int] | None = None):
     """AdamW with warm-up and cosine decay on ``target(example, rng)`` completions of random
-    train prompts (loss on the completion's tokens only)."""
+    train prompts (loss on the completion's tokens only). ``group_by``: each batch is drawn
+    from the group of one random example (e.g. chains of one length), so rows of very
+    different lengths are not padded to the longest."""
+    groups: dict[int, list[Example]] = {}
+    for example in train if group_by else ():
+        groups.setdefault(group_by(example), []).append(example)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     model.train()
     for step in range(steps):
-        examples = rng.sample(train, batch_size)
+        if group_by:
+            pool = groups[group_by(rng.choice(train))]
+            examples = [rng.choice(pool) for _ in range(batch_size)]
+        else:
+            examples = rng.sample(train, batch_size)
         targets = [target(ex, rng) for ex in examples]
         ids, attn, loss_mask = sft_batch(tokenizer, examples, targets)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V]

@@ -1,9 +1,10 @@
-"""Models: loading (built-in ``tiny``, ``smollm2-135m-instruct``, local folders, hub
+"""Models: loading (built-in ``tiny``, ``tiny-chain``, ``smollm2-135m-instruct``, local folders, hub
 names; LoRA through peft) and per-token log-probabilities."""
 
 from podsrl.models.loading import (
                                    BUILTIN_MODELS,
                                    SMOLLM2,
+                                   TINY_CHAIN_DIR,
                                    TINY_DIR,
                                    ModelBundle,
                                    check_model_name,
@@ -12,5 +13,5 @@ from podsrl.models.loading import (
 )
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
 
-__all__ = ["BUILTIN_MODELS", "SMOLLM2", "TINY_DIR", "ModelBundle", "check_model_name", "load_model",
+__all__ = ["BUILTIN_MODELS", "SMOLLM2", "TINY_CHAIN_DIR", "TINY_DIR", "ModelBundle", "check_model_name", "load_model",
            "resolve_model_path", "shared_prompt_token_logprobs", "token_logprobs"]

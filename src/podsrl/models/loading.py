@@ -18,11 +18,13 @@ from transformers.utils import logging as hf_logging
 from podsrl.registry import error_line
 
 TINY_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny"  # shipped; rebuilt by scripts/build_tiny.py
+# the reasoning regime's model (the chain task, #58); rebuilt by scripts/build_tiny_chain.py
+TINY_CHAIN_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-chain"
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 # Short names of models that ship with podsrl or are converted from an installed package.
-BUILTIN_MODELS = {"tiny": lambda: TINY_DIR, SMOLLM2: lambda: smollm2_path()}
+BUILTIN_MODELS = {"tiny": lambda: TINY_DIR, "tiny-chain": lambda: TINY_CHAIN_DIR, SMOLLM2: lambda: smollm2_path()}
 # Hub ids that fall back to a built-in model when the hub cannot be reached.
 OFFLINE_FALLBACKS = {SMOLLM2_HUB_ID: SMOLLM2}
 
@@ -175,7 +177,8 @@ def _portable_name(name: str) -> str:
 
 # Where the built-in models lie, as the tail of a path: adapters saved before their base was
 # recorded by name hold such a path, which is gone once the run moves to another machine.
-BUILTIN_PATH_TAILS = {"tiny": ("podsrl", "assets", "tiny"), SMOLLM2: ("models", SMOLLM2)}
+BUILTIN_PATH_TAILS = {"tiny": ("podsrl", "assets", "tiny"), "tiny-chain": ("podsrl", "assets", "tiny-chain"),
+                      SMOLLM2: ("models", SMOLLM2)}
 
 
 def _adapter_base(adapter_dir: str) -> str:

@@ -20,8 +20,8 @@ from podsrl.rewards.grading import extract_final_answer, grade, gsm8k_gold, last
 _ANSWER = re.compile(r"Answer:\s*(-?\d+)", re.ASCII)
 # The whole completion is exactly the requested format (surrounding whitespace allowed).
 _STRICT_FORMAT = re.compile(r"\s*Answer: -?\d+\s*", re.ASCII)
-# The chain task's worked format: "a op b = c" lines, then "Answer: c" (podsrl.tasks.chain).
-_WORKED_FORMAT = re.compile(r"\s*(?:-?\d+ [+-] \d+ = -?\d+\n)+Answer: -?\d+\s*", re.ASCII)
+# The chain task's worked format: "k: a op b = c" lines, then "Answer: c" (podsrl.tasks.chain).
+_WORKED_FORMAT = re.compile(r"\s*(?:\d+: -?\d+ [+-] \d+ = -?\d+\n)+Answer: -?\d+\s*", re.ASCII)
 
 
 def bounded(low: float, high: float):
@@ -59,7 +59,7 @@ def arithmetic_format(prompts: Sequence[Any], completions: Sequence[Any], **_col
 
 @bounded(0.0, 1.0)
 def chain_format(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
-    """1.0 when the completion is worked lines ``a op b = c`` followed by ``Answer: <integer>``
+    """1.0 when the completion is worked lines ``k: a op b = c`` followed by ``Answer: <integer>``
     (the chain task's format; the lines' arithmetic is not checked: the answer's reward grades it)."""
     return [float(_WORKED_FORMAT.fullmatch(completion_text(c)) is not None) for c in completions]
 

@@ -1,0 +1,91 @@
+"""Build the built-in offline ``tiny-chain`` model: the reasoning regime's model (#58), a
+Qwen2-shaped causal LM with its own digit-split tokenizer, warm-started on the ``chain`` task
+(multi-step arithmetic worked one step per line, podsrl.tasks.chain).
+
+The recipe is ``tiny``'s (podsrl.build.tiny): clean SFT on worked solutions, then a short
+*spread* continuation whose targets slip: each line's result is written off by +-1 or +-10
+with a small probability and the following lines carry on from it. The slips leave sampled
+completions spread around right chains, so RL has a distribution to sharpen, and since every
+line may slip, long chains fail more often than short ones, as long chains of thought do.
+
+The result ships in ``podsrl/assets/tiny-chain``; ``scripts/build_tiny_chain.py`` rebuilds it.
+Training never imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from podsrl.build.tiny import make_model, sft_steps, train_tokenizer
+from podsrl.models import TINY_CHAIN_DIR, ModelBundle
+from podsrl.tasks.base import Example, PreparedSplit
+from podsrl.tasks.chain import build_chain, worked_solution
+from podsrl.trainer.evaluate import accuracy, generate_and_grade
+
+ASSET_DIR = TINY_CHAIN_DIR
+MAX_NEW_TOKENS = 256  # level 3's longest worked solution is about 240 tokens
+
+
+def steps_of(example: Example) -> int:
+    return example.columns["steps"]
+
+
+def chain_target(slip_probability: float):
+    """SFT target: the worked solution, each line's result slipping by +-1 / +-10 with
+    probability ``slip_probability`` (0: the clean solution, no random draw)."""
+    def target(example: Example, rng: random.Random) -> str:
+        if not slip_probability:
+            return worked_solution(example.columns["chain"])
+        return worked_solution(example.columns["chain"], slip=lambda c: c + rng.choice([-10, -1, 1, 10])
+                               if rng.random() < slip_probability else c)
+    return target
+
+
+def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000, spread_steps: int = 200,
+          slip_probability: float = 0.05, batch_size: int = 64, seed: int = 0, hidden_size: int = 128,
+          num_layers: int = 4) -> Path:
+    """Build tokenizer + model + two-phase warm start and save them as an HF model folder."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    task = build_chain(level=level, seed=seed)
+    corpus = [ex.prompt + worked_solution(ex.columns["chain"]) for ex in task.train[:5000]]
+    corpus += [str(i) for i in range(-2000, 2000)]
+    tokenizer = train_tokenizer(corpus, vocab_size=384)
+    model = make_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, seed=seed, max_positions=512)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"tiny-chain model: {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}", flush=True)
+    bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny-chain")
+    probe = task.test[:200]
+
+    def probe_accuracy(samples: int, temperature: float) -> float:
+        probe_split = PreparedSplit(probe, [ex.prompt for ex in probe])
+        return accuracy(generate_and_grade(bundle, probe_split, samples=samples, temperature=temperature,
+                                           max_new_tokens=MAX_NEW_TOKENS, seed=seed, correct_fn=task.correct_fn))
+
+    start = time.time()
+    print("phase 1: clean SFT", flush=True)
+    sft_steps(model, tokenizer, task.train, clean_steps, 3e-3, batch_size, chain_target(0.0), rng,
+              group_by=steps_of)
+    clean = probe_accuracy(1, 0.0)
+    print(f"  greedy held-out accuracy after clean SFT: {clean:.3f} ({time.time() - start:.0f}s)", flush=True)
+    print("phase 2: spread SFT (slipped lines)", flush=True)
+    sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, batch_size, chain_target(slip_probability), rng,
+              group_by=steps_of)
+    greedy = probe_accuracy(1, 0.0)
+    sampled = probe_accuracy(4, 0.9)
+    print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}", flush=True)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    (output_dir / "build_info.json").write_text(json.dumps({
+        "task": "chain", "level": level, "clean_steps": clean_steps, "spread_steps": spread_steps,
+        "slip_probability": slip_probability, "batch_size": batch_size, "seed": seed, "params": n_params,
+        "greedy_after_clean": clean, "greedy_after_spread": greedy, "sampled_t0.9_after_spread": sampled,
+        "build_seconds": round(time.time() - start, 1), "torch": torch.__version__,
+    }, indent=2) + "\n")
+    return output_dir
