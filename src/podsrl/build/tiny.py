@@ -148,13 +148,9 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tiny model: {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}", flush=True)
     bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny")
-    probe = task.test[:200]
 
     def probe_accuracy(samples: int, temperature: float) -> float:
-        probe_split = PreparedSplit(probe, [ex.prompt for ex in probe])
-        return accuracy(generate_and_grade(bundle, probe_split, samples=samples,
-                                           temperature=temperature, max_new_tokens=8, seed=seed,
-                                           correct_fn=task.correct_fn))
+        return held_out_accuracy(bundle, task, samples, temperature, max_new_tokens=8, seed=seed)
 
     start = time.time()
     print("phase 1: clean SFT", flush=True)
@@ -166,14 +162,28 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
     greedy = probe_accuracy(1, 0.0)
     sampled = probe_accuracy(4, 0.9)
     print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir, safe_serialization=True)
-    tokenizer.save_pretrained(output_dir)
-    (output_dir / "build_info.json").write_text(json.dumps({
+    return save_build(output_dir, bundle, {
         "level": level, "clean_steps": clean_steps, "spread_steps": spread_steps,
         "perturb_fraction": perturb_fraction, "seed": seed, "params": n_params,
         "greedy_after_clean": clean, "greedy_after_spread": greedy,
         "sampled_t0.9_after_spread": sampled, "build_seconds": round(time.time() - start, 1),
-        "torch": torch.__version__,
-    }, indent=2) + "\n")
+    })
+
+
+def held_out_accuracy(bundle: ModelBundle, task, samples: int, temperature: float, max_new_tokens: int, seed: int,
+                      probes: int = 200) -> float:
+    """Accuracy on the first ``probes`` held-out prompts of ``task`` (the builds' progress probe)."""
+    probe = task.test[:probes]
+    return accuracy(generate_and_grade(bundle, PreparedSplit(probe, [ex.prompt for ex in probe]), samples=samples,
+                                       temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                                       correct_fn=task.correct_fn))
+
+
+def save_build(output_dir: Path, bundle: ModelBundle, info: dict) -> Path:
+    """The built model and tokenizer as an HF model folder, with ``info`` (and the torch version)
+    in build_info.json."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    bundle.model.save_pretrained(output_dir, safe_serialization=True)
+    bundle.tokenizer.save_pretrained(output_dir)
+    (output_dir / "build_info.json").write_text(json.dumps({**info, "torch": torch.__version__}, indent=2) + "\n")
     return output_dir

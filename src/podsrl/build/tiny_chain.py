@@ -14,18 +14,16 @@ Training never imports this module.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
 
 import torch
 
-from podsrl.build.tiny import make_model, sft_steps, train_tokenizer
+from podsrl.build.tiny import held_out_accuracy, make_model, save_build, sft_steps, train_tokenizer
 from podsrl.models import TINY_CHAIN_DIR, ModelBundle
-from podsrl.tasks.base import Example, PreparedSplit
+from podsrl.tasks.base import Example
 from podsrl.tasks.chain import build_chain, worked_solution
-from podsrl.trainer.evaluate import accuracy, generate_and_grade
 
 ASSET_DIR = TINY_CHAIN_DIR
 MAX_NEW_TOKENS = 256  # level 3's longest worked solution is about 240 tokens
@@ -60,12 +58,9 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000,
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tiny-chain model: {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}", flush=True)
     bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny-chain")
-    probe = task.test[:200]
 
     def probe_accuracy(samples: int, temperature: float) -> float:
-        probe_split = PreparedSplit(probe, [ex.prompt for ex in probe])
-        return accuracy(generate_and_grade(bundle, probe_split, samples=samples, temperature=temperature,
-                                           max_new_tokens=MAX_NEW_TOKENS, seed=seed, correct_fn=task.correct_fn))
+        return held_out_accuracy(bundle, task, samples, temperature, max_new_tokens=MAX_NEW_TOKENS, seed=seed)
 
     start = time.time()
     print("phase 1: clean SFT", flush=True)
@@ -79,13 +74,9 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000,
     greedy = probe_accuracy(1, 0.0)
     sampled = probe_accuracy(4, 0.9)
     print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}", flush=True)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir, safe_serialization=True)
-    tokenizer.save_pretrained(output_dir)
-    (output_dir / "build_info.json").write_text(json.dumps({
+    return save_build(output_dir, bundle, {
         "task": "chain", "level": level, "clean_steps": clean_steps, "spread_steps": spread_steps,
         "slip_probability": slip_probability, "batch_size": batch_size, "seed": seed, "params": n_params,
         "greedy_after_clean": clean, "greedy_after_spread": greedy, "sampled_t0.9_after_spread": sampled,
-        "build_seconds": round(time.time() - start, 1), "torch": torch.__version__,
-    }, indent=2) + "\n")
-    return output_dir
+        "build_seconds": round(time.time() - start, 1),
+    })
