@@ -1,5 +1,6 @@
 """The reasoning regime's task ``chain`` (#58): multi-step arithmetic worked one step per line."""
 
+import json
 import random
 import statistics
 
@@ -124,3 +125,24 @@ def test_the_shipped_tiny_chain_model_works_chains_in_format():
         out = bundle.model.generate(**batch, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     assert sum(chain_format([""] * len(texts), texts)) >= 6, texts
+
+
+def test_a_build_refuses_an_output_folder_it_did_not_write(tmp_path):
+    """The builds (scripts/build_tiny*.py) write an empty or new folder, or over an earlier build's files; a
+    folder with anything else (a user's model, a stray file beside a build) is refused before any training."""
+    from podsrl.build.tiny import BUILD_FILES, check_build_output
+
+    check_build_output(tmp_path / "new")
+    check_build_output(tmp_path)  # empty
+    for name in BUILD_FILES:
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "build_info.json").write_text(json.dumps({"params": 1, "build_seconds": 2.0}))
+    check_build_output(tmp_path)  # an earlier build
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match=r"--output .*notes\.txt"):
+        check_build_output(tmp_path)
+    (tmp_path / "notes.txt").unlink()
+    (tmp_path / "build_info.json").write_text('{"my": "model"}')  # a model folder the build did not write
+    with pytest.raises(SystemExit, match="no build_info.json of a build"):
+        check_build_output(tmp_path)
+    assert (tmp_path / "build_info.json").read_text() == '{"my": "model"}'

@@ -138,6 +138,7 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
           spread_steps: int = 300, perturb_fraction: float = 0.5, seed: int = 0,
           hidden_size: int = 128, num_layers: int = 4) -> Path:
     """Build tokenizer + model + two-phase warm start and save them as an HF model folder."""
+    check_build_output(output_dir)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     task = build_arithmetic(level=level, seed=seed)
@@ -177,6 +178,30 @@ def held_out_accuracy(bundle: ModelBundle, task, samples: int, temperature: floa
     return accuracy(generate_and_grade(bundle, PreparedSplit(probe, [ex.prompt for ex in probe]), samples=samples,
                                        temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                        correct_fn=task.correct_fn))
+
+
+BUILD_FILES = frozenset({"build_info.json", "config.json", "generation_config.json", "model.safetensors",
+                         "tokenizer.json", "tokenizer_config.json"})
+
+
+def check_build_output(output_dir: Path) -> None:
+    """Refuse, before any training, an output folder that holds anything but an earlier build:
+    a build replaces only files it can prove a build wrote (the folder's build_info.json, whose
+    ``params`` and ``build_seconds`` a build writes, and the model folder's own files beside it)."""
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise SystemExit(f"--output {output_dir}: exists and is not a folder; choose another --output")
+    found = {p.name for p in output_dir.iterdir()}
+    try:
+        info = json.loads((output_dir / "build_info.json").read_text())
+        proven = isinstance(info, dict) and {"params", "build_seconds"} <= info.keys()
+    except (OSError, ValueError):
+        proven = False
+    if found and (not proven or found - BUILD_FILES):
+        others = sorted(found - BUILD_FILES) or ["no build_info.json of a build"]
+        raise SystemExit(f"--output {output_dir}: holds files a build did not write ({', '.join(others[:5])}); "
+                         "a build writes only into an empty folder or over an earlier build: choose another --output")
 
 
 def save_build(output_dir: Path, bundle: ModelBundle, info: dict) -> Path:
