@@ -33,9 +33,10 @@ listed as such. ``--random_init``: a randomly initialised model of the named arc
 writes the model's folder without its weights (SmolLM2: config and tokenizer, 3.5 MB), and
 ``--shape_dir DIR`` there builds the random model from it (benchmarks/gpu_engines.sh).
 
-``--step_regimes main,headroom`` also runs a few training steps of each regime on each engine
-(``podsrl train``, evaluation left out) and prints the mean seconds per stage: the main job,
-and #29's headroom shape (configs/smollm2-headroom.yaml on SmolLM2-135M-Instruct itself).
+``--step_regimes main,headroom,chain`` also runs a few training steps of each regime on each
+engine (``podsrl train``, evaluation left out) and prints the mean seconds per stage: the main
+job, #29's headroom shape (configs/smollm2-headroom.yaml on SmolLM2-135M-Instruct itself) and
+#58's reasoning regime (configs/tiny-chain.yaml).
 """
 
 from __future__ import annotations
@@ -211,6 +212,8 @@ STEP_REGIMES = {
     # #29's headroom regime (configs/smollm2-headroom.yaml) on SmolLM2-135M-Instruct itself, not
     # the format-warmed copy: the step's shape (8 prompts x 16, LoRA r16, 12 tokens) is the same
     "headroom": ["--config", "configs/smollm2-headroom.yaml", "--model", "smollm2-135m-instruct"],
+    # #58's reasoning regime (configs/tiny-chain.yaml): tiny-chain, worked chains of 20-240 tokens
+    "chain": ["--config", "configs/tiny-chain.yaml"],
 }
 
 
@@ -274,7 +277,7 @@ def main() -> int:
     parser.add_argument("--save_shape", default="", help="write the first of --models' folder without its weights "
                                                          "here, then exit")
     parser.add_argument("--vllm_compiled", action="store_true", help="vllm_enforce_eager false: compile at start-up")
-    parser.add_argument("--step_regimes", default="", help="also time training steps: main,headroom")
+    parser.add_argument("--step_regimes", default="", help="also time training steps: main,headroom,chain")
     parser.add_argument("--steps", type=int, default=6, help="training steps per regime and engine")
     parser.add_argument("--step_set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a config override for the step runs (e.g. bf16=true)")

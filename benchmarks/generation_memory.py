@@ -26,6 +26,9 @@ Workloads (model, prompts, prompts per batch, max new tokens):
                  format instruction, 2 prompts, 96 tokens: it chats, lengths 3 to 96
   smollm2-gsm8k  SmolLM2-135M-Instruct, GSM8K test questions (../shared/data; arithmetic if
                  absent) with the think/answer system prompt, 2 prompts, 48 tokens (most hit the cap)
+  chain          the reasoning regime (#58): tiny-chain on the chain task, level 3, 4 prompts,
+                 256 tokens (worked chains of 1-16 steps, about 20-240 tokens)
+  smollm2-gsm8k-256  smollm2-gsm8k with the reasoning regime's 256-token budget
 """
 
 from __future__ import annotations
@@ -45,7 +48,10 @@ SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 # name -> (model, prompts, prompts per batch, max new tokens)
 WORKLOADS = {"tiny": ("tiny", "arithmetic", 4, 8),
              "smollm2-chat": ("smollm2-135m-instruct", "arithmetic-chat", 2, 96),
-             "smollm2-gsm8k": ("smollm2-135m-instruct", "gsm8k", 2, 48)}
+             "smollm2-gsm8k": ("smollm2-135m-instruct", "gsm8k", 2, 48),
+             # the reasoning regime (#58): worked chains of 1-16 steps, about 20-240 tokens
+             "chain": ("tiny-chain", "chain", 4, 256),
+             "smollm2-gsm8k-256": ("smollm2-135m-instruct", "gsm8k", 2, 256)}
 MODES = {
     "full": dict(engine="hf"),
     "micro": dict(engine="slots", refill="group", schedule="fifo"),
@@ -70,6 +76,8 @@ def _prompts(source: str, tokenizer, count: int, offset: int) -> list[str]:
         test_file = next(p for p in sorted(SHARED_GSM8K.rglob("*test*")) if p.is_file())
         task = build_task(TaskOptions(task="gsm8k", train_data=str(test_file), test_data=str(test_file)))
         system = task.system_prompt
+    elif source == "chain":
+        task, system = build_task(TaskOptions(task="chain", task_level=3)), ""
     else:
         task, system = build_task(TaskOptions(task_level=1 if source == "arithmetic-chat" else 3)), ""
     return [render_prompt(tokenizer, ex, system) for ex in task.train[offset:offset + count]]

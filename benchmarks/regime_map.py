@@ -41,6 +41,9 @@ REGIMES = {
     # a 165x larger model: minutes per evaluation on 2 cores, so run it alone with a longer budget
     "smollm2": ("SmolLM2-135M-Instruct + LoRA r = 16, level 1 (configs/smollm2-arith.yaml)",
                 ["--config", "configs/smollm2-arith.yaml", "--eval_steps", "8", "--eval_prompts", "100"]),
+    # #58's reasoning regime: worked chains of 20-240 tokens, generation most of a step
+    "chain": ("tiny-chain on the chain task, 256 new tokens (configs/tiny-chain.yaml)",
+              ["--config", "configs/tiny-chain.yaml"]),
 }
 DEFAULT_REGIMES = "base,level1,level5,tokens32,prompts4,prompts64,lora"
 N_M = (16, 4)  # PODS n -> m; GRPO generates and trains m

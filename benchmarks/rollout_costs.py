@@ -44,26 +44,31 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
-def step_seconds(run: Path) -> tuple[dict, list[float], list[float]]:
-    """(config, generate seconds per step, update seconds per step) of a run, warm-up dropped."""
+def step_seconds(run: Path) -> tuple[dict, list[float], list[float], list[float]]:
+    """(config, generate, update and whole-step seconds per step) of a run, warm-up dropped; a
+    step's whole is the sum of its stages' times (generate, reward, select, advantages, update;
+    evaluation is not part of a step)."""
     config = json.loads((run / "config.json").read_text())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in records if r.get("step", 0) > WARMUP_STEPS and "time_generate" in r]
-    return config, [r["time_generate"] for r in steps], [r["time_update"] for r in steps]
+    whole = [sum(v for k, v in r.items() if k.startswith("time_") and k != "time_eval") for r in steps]
+    return config, [r["time_generate"] for r in steps], [r["time_update"] for r in steps], whole
 
 
 def pooled(runs: list[Path]) -> dict[str, dict]:
     """Per method: the shared settings, and the median generate / update seconds per step."""
     by_method: dict[str, dict] = {}
     for run in runs:
-        config, generate, update = step_seconds(run)
-        entry = by_method.setdefault(config["method"], {"config": config, "generate": [], "update": [], "runs": 0})
+        config, generate, update, whole = step_seconds(run)
+        entry = by_method.setdefault(config["method"], {"config": config, "generate": [], "update": [], "whole": [],
+                                                        "runs": 0})
         for field in ("num_generations", "num_kept", "prompts_per_step", "model"):
             if entry["config"][field] != config[field]:
                 raise SystemExit(f"rollout_costs: {run} has {field}={config[field]!r}, another "
                                  f"{config['method']} run has {entry['config'][field]!r}")
         entry["generate"] += generate
         entry["update"] += update
+        entry["whole"] += whole
         entry["runs"] += 1
         recorded = run / "environment.json"
         environment = json.loads(recorded.read_text())[0] if recorded.exists() else {}
@@ -94,16 +99,24 @@ def table(by_method: dict[str, dict]) -> str:
              f"model {pods['model']}, {prompts} prompts per step, n = {n}, m = {m}, "
              f"{pods['max_completion_length']} completion tokens at most; medians over steps > {WARMUP_STEPS}",
              "",
-             "| method | runs | steps | generate s/step | update s/step |",
-             "| --- | --- | --- | --- | --- |"]
+             "| method | runs | steps | generate s/step | update s/step | step s | generation's share of a step "
+             "| ms per generated rollout | ms per trained rollout |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for method in ("grpo", "pods", "grpo-ga"):
         if method not in by_method:
             continue
-        e = by_method[method]
+        e, config = by_method[method], by_method[method]["config"]
         generate, update = median[method]
-        lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {generate:.3f} | {update:.3f} |")
+        share = statistics.median(g / w for g, w in zip(e["generate"], e["whole"]) if w > 0)
+        n_method, m_method = config["num_generations"], config["num_kept"]  # grpo generates m, grpo-ga trains n
+        generated_rows = prompts * (m_method if method == "grpo" else n_method)
+        trained_rows = prompts * (n_method if method == "grpo-ga" else m_method)
+        lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {generate:.3f} | {update:.3f} | "
+                     f"{statistics.median(e['whole']):.3f} | {share:.0%} | {1000 * generate / generated_rows:.1f} | "
+                     f"{1000 * update / trained_rows:.1f} |")
     ratio = f"{trained / generated:.1f}x" if generated > 0 else "n/a (extra rollouts measured free)"
-    lines += ["",
+    lines += ["", "ms per generated / trained rollout: a step's generate / update seconds over the rollouts it "
+              "generated / trained (averages, fixed costs included; the marginal costs follow)",
               f"- one extra generated rollout: {1000 * generated:.2f} ms; {trained_label}: "
               f"{1000 * trained:.2f} ms; trained / generated: {ratio}"]
     return "\n".join(lines)
