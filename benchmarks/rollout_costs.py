@@ -28,6 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from podsrl.methods import METHODS
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
@@ -108,9 +110,9 @@ def table(by_method: dict[str, dict]) -> str:
         e, config = by_method[method], by_method[method]["config"]
         generate, update = median[method]
         share = statistics.median(g / w for g, w in zip(e["generate"], e["whole"]) if w > 0)
-        n_method, m_method = config["num_generations"], config["num_kept"]  # grpo generates m, grpo-ga trains n
-        generated_rows = prompts * (m_method if method == "grpo" else n_method)
-        trained_rows = prompts * (n_method if method == "grpo-ga" else m_method)
+        counts = METHODS[method], config["num_generations"], config["num_kept"]
+        generated_rows = prompts * counts[0].generated_per_prompt(*counts[1:])
+        trained_rows = prompts * counts[0].trained_per_prompt(*counts[1:])
         lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {generate:.3f} | {update:.3f} | "
                      f"{statistics.median(e['whole']):.3f} | {share:.0%} | {1000 * generate / generated_rows:.1f} | "
                      f"{1000 * update / trained_rows:.1f} |")
