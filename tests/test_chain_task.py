@@ -146,3 +146,8 @@ def test_a_build_refuses_an_output_folder_it_did_not_write(tmp_path):
     with pytest.raises(SystemExit, match="no build_info.json of a build"):
         check_build_output(tmp_path)
     assert (tmp_path / "build_info.json").read_text() == '{"my": "model"}'
+    (tmp_path / "build_info.json").write_text(json.dumps({"params": 1, "build_seconds": 2.0}))
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "model.safetensors").symlink_to(tmp_path / "tokenizer.json")  # would write through to another file
+    with pytest.raises(SystemExit, match=r"holds links \(model\.safetensors\)"):
+        check_build_output(tmp_path)

@@ -193,6 +193,10 @@ def check_build_output(output_dir: Path) -> None:
     if not output_dir.is_dir():
         raise SystemExit(f"--output {output_dir}: exists and is not a folder; choose another --output")
     found = {p.name for p in output_dir.iterdir()}
+    links = sorted(p.name for p in output_dir.iterdir() if p.is_symlink())
+    if links:  # writing the build through a link would replace whatever it points to
+        raise SystemExit(f"--output {output_dir}: holds links ({', '.join(links[:5])}); a build writes only plain "
+                         "files it made: choose another --output")
     try:
         info = json.loads((output_dir / "build_info.json").read_text())
         proven = isinstance(info, dict) and {"params", "build_seconds"} <= info.keys()
