@@ -14,12 +14,18 @@ by [0, 1], and its lower bound needs an unformatted wrong answer; once the model
 the format (within ~20 steps on the main job) no group can reach the bound, so early stop
 never fires there (``--reward default`` measures that).
 
+``--config FILE`` takes the shared settings from a YAML config instead of the main job's (#58:
+``--config configs/tiny-chain.yaml``), ``--set FIELD=VALUE`` overrides one of them, and
+``--with_grpo`` adds a fourth arm, GRPO m/m on the config's engine, with a second table that
+takes it as the baseline: the best generation settings against GRPO in the same interleaved run.
+
 Besides the comparison table it prints, per arm, the mean over all steps of: rollouts
 generated per step, generation seconds per step, the kept groups' reward std (the variance
 PODS keeps) and the kept completions' length (early stop favours samples that finish first).
 
     python benchmarks/early_stop.py [--seeds 3] [--budget_minutes 1.5] [--slots 128]
         [--output_dir runs/early-stop] [--reward correct|default] [--record NAME] [--figures DIR]
+        [--config FILE] [--set FIELD=VALUE ...] [--with_grpo]
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from podsrl.config import Config
-from podsrl.experiments.compare import analyze, format_table, run_comparison, write_report
+from podsrl.config import make_config, parse_value
+from podsrl.experiments.compare import analyze, arm_configs, arm_dir_name, format_table, run_comparison, write_report
 from podsrl.metrics import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,19 +79,30 @@ def main() -> int:
     parser.add_argument("--output_dir", type=Path, default=Path("runs/early-stop"))
     parser.add_argument("--figures", type=Path, default=None)
     parser.add_argument("--record", default="")
+    parser.add_argument("--config", default=None, help="shared settings from a YAML config (default: the main job's)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override one setting")
+    parser.add_argument("--with_grpo", action="store_true", help="also GRPO m/m, and a table with it as the baseline")
     args = parser.parse_args()
     reward = dict(correct_weight=1.0, format_weight=0.0) if args.reward == "correct" else {}
-    base = dataclasses.replace(Config(), **reward)
+    settings = dict(pair.split("=", 1) for pair in args.set)
+    base = dataclasses.replace(make_config(args.config, {k: parse_value(k, v) for k, v in settings.items()}),
+                               **reward)
     slots = dict(generation_engine="slots", generation_schedule="round_robin", generation_micro_group=args.slots)
     plain = dict(method="pods", num_generations=base.num_generations, num_kept=base.num_kept,
                  downsampling_rule="max_variance")
     arms = [plain, {**plain, **slots}, {**plain, **slots, "group_early_stop": True}]
-    run_dirs = run_comparison(base, arms, args.seeds, args.budget_minutes, args.output_dir / "runs")
-    result = analyze(run_dirs, baseline=f"pods {base.num_generations}->{base.num_kept} max_variance")
+    grpo = arm_configs(base, ["grpo"], [], [], [base.num_kept]) if args.with_grpo else []
+    run_dirs = run_comparison(base, grpo + arms, args.seeds, args.budget_minutes, args.output_dir / "runs")
+    pods_runs = [d for d in run_dirs if not grpo or d.parent.name != arm_dir_name(grpo[0])]
+    result = analyze(pods_runs, baseline=f"pods {base.num_generations}->{base.num_kept} max_variance")
     paths = write_report(result, args.output_dir, title="early stop")
     per_step = base.prompts_per_step * base.num_generations
     body = (f"{format_table(result)}\n\nPer step (means over every step of every seed):\n\n"
             f"{per_arm_table(result, per_step)}")
+    if grpo:  # the same runs against GRPO m/m: what the best generation settings buy over it
+        against_grpo = analyze(run_dirs, baseline=f"grpo {base.num_kept}/{base.num_kept}")
+        body += f"\n\nThe same runs with GRPO {base.num_kept}/{base.num_kept} as the baseline:\n\n"
+        body += format_table(against_grpo)
     print(body)
     if args.figures:
         args.figures.mkdir(parents=True, exist_ok=True)
