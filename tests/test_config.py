@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import FIELDS, RENAMED, Config, make_config
+from podsrl.config import FIELDS, Config, make_config
 
 ROOT = Path(__file__).parents[1]
 
@@ -38,8 +38,7 @@ def test_method_decides_generated_and_trained_counts():
 @pytest.mark.parametrize("overrides, field", [
     ({"num_kept": "20", "num_generations": "4"}, "num_kept:"),
     ({"downsampling_rule": "best"}, "downsampling_rule:"),
-    ({"rule": "random"}, "rule: renamed to downsampling_rule"),
-    ({"m": "2"}, "m: renamed to num_kept"),
+    ({"m": "2"}, "unknown config field 'm'"),
     ({"task": "chess"}, "task:"),
     ({"method": "ppo"}, "method:"),
     ({"model": "no_such_model"}, "model:"),
@@ -174,20 +173,9 @@ def test_shipped_configs_are_valid(path):
 
 
 # --- one name per concept in podsrl and TRL -----------------------------------------------------
-@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
-def test_renamed_fields_are_refused_with_the_new_name(tmp_path, old, new):
-    assert new in FIELDS and old not in FIELDS
-    with pytest.raises(ValueError, match=rf"^{old}: renamed to {new} "):
-        make_config(overrides={old: "1"})
-    path = tmp_path / "old.yaml"
-    path.write_text(f"method: pods\n{old}: 1\n")
-    with pytest.raises(ValueError, match=rf"old.yaml line 2: {old}: renamed to {new} "):
-        make_config(path)
-
-
-def test_renamed_fields_are_trls_names():
-    """Every field renamed for TRL (all but m, PODS's own num_kept, and downsampling_rule) is a
-    GRPOConfig field, and so one of PODSConfig's: podsrl train and podsrl.trl share the names."""
+def test_fields_with_trls_meaning_have_trls_names():
+    """A field that means what a GRPOConfig field means has its name, in podsrl train and in
+    podsrl.trl's PODSConfig alike (PODS's own fields, num_kept and downsampling_rule, are PODSConfig's)."""
     pytest.importorskip("trl")
     from dataclasses import fields
 
@@ -197,15 +185,13 @@ def test_renamed_fields_are_trls_names():
 
     trl_names = {f.name for f in fields(GRPOConfig)}
     pods_names = {f.name for f in fields(PODSConfig)}
-    assert set(RENAMED.values()) <= pods_names
-    assert set(RENAMED.values()) - {"num_kept", "downsampling_rule"} <= trl_names
-    # fields that keep TRL's default meaning: same name in both (the ones not renamed here)
+    assert {"num_kept", "downsampling_rule"} <= pods_names & set(FIELDS)
     shared = {"num_generations", "learning_rate", "max_completion_length", "max_steps", "epsilon", "epsilon_high",
               "save_steps", "save_total_limit", "eval_steps", "loss_type", "scale_rewards", "beta", "num_iterations",
               "temperature", "top_p", "optim", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2",
               "weight_decay", "max_grad_norm", "bf16", "fp16", "gradient_checkpointing", "reward_weights", "seed",
               "output_dir", "report_to"}
-    assert shared <= set(FIELDS) and shared <= trl_names
+    assert shared <= set(FIELDS) and shared <= trl_names and shared <= pods_names
 
 
 @pytest.mark.parametrize("value, scale", [("group", True), ("none", False), ("true", True), ("false", False)])

@@ -282,26 +282,15 @@ def test_a_pass_rate_pool_smaller_than_prompts_per_step_is_refused_before_the_ru
     assert not (tmp_path / "run").exists()
 
 
-def test_old_names_are_refused_naming_what_replaced_them(tmp_path):
-    """'none' (the shuffled pass's name before 0.1.0) and the 'dynamic_sampling' selector (now
-    a property of the prompt source, with any selector) are one-line errors naming the new
-    spelling, in the command line's form and the mapping form alike; a user's selector that
-    still declares refill_rounds is refused with the same advice."""
-    from podsrl.config import Config, validate
+def test_an_unknown_selector_name_is_refused_naming_the_field():
+    """Only registered names (and module:function) select prompts; the shuffled pass is
+    'shuffled', and dynamic sampling is a property of the prompt source, not a selector."""
+    from podsrl.config import Config
 
     assert Config().prompt_selector == "shuffled" and not Config().dynamic_sampling
-    with pytest.raises(ValueError, match=r"^prompt_selector: 'none' is an old name \(never published\): use "
-                                         r"'shuffled'"):
-        make_config(overrides={"prompt_selector": "none"})
-    with pytest.raises(ValueError, match=r"^prompt_selector: 'dynamic_sampling' is an old name .*: use prompt_selector "
-                                         r"shuffled with dynamic_sampling true$"):
-        validate(Config(prompt_selector={"name": "dynamic_sampling"}))
-    source = tmp_path / "old_selector.py"
-    source.write_text("from podsrl.prompt_selection import ShuffledPass\n\n"
-                      "class Refilling(ShuffledPass):\n    refill_rounds = 2\n")
-    with pytest.raises(ValueError, match=r"declares refill_rounds, no longer part of a selector: .* dynamic_sampling "
-                                         r"true"):
-        PROMPT_SELECTORS.checked(f"{source}:Refilling")(10, PromptSelectionOptions())
+    for old in ("none", "dynamic_sampling"):
+        with pytest.raises(ValueError, match=rf"^prompt_selector: unknown .*{old}"):
+            make_config(overrides={"prompt_selector": old})
 
 
 class RefillingRecorder:

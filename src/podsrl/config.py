@@ -23,7 +23,7 @@ from podsrl.methods import METHODS
 from podsrl.registry import Spec
 from podsrl.rollout.generation_copy import copy_dtype
 
-__all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RENAMED", "RESUME_AUTO", "load_yaml", "make_config",
+__all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RESUME_AUTO", "load_yaml", "make_config",
            "parse_value", "split_list", "validate"]
 
 
@@ -310,17 +310,10 @@ RESUME_AUTO = "auto"  # resume where output_dir holds a checkpoint, else start a
 # (podsrl.experiments.seeds)
 BOOKKEEPING_FIELDS = frozenset({"output_dir", "resume", "progress", "report_to", "log_rollouts", "save_steps",
                                 "checkpoint_minutes", "save_total_limit", "device"})
-# fields renamed so that podsrl and podsrl.trl (TRL's GRPOConfig) use one name per concept
-RENAMED = dict(n="num_generations", m="num_kept", rule="downsampling_rule", lr="learning_rate", steps="max_steps",
-               max_new_tokens="max_completion_length", clip_eps_low="epsilon", clip_eps_high="epsilon_high",
-               checkpoint_every="save_steps", keep_checkpoints="save_total_limit", eval_every="eval_steps",
-               loss_aggregation="loss_type", vllm_importance_sampling_cap="vllm_importance_sampling_clip_max")
 
 
 def parse_value(name: str, raw: Any, source: str = "") -> Any:
     """Convert a YAML or command-line value to the field's type, naming the field on error."""
-    if name in RENAMED:
-        raise ValueError(f"{source}{name}: renamed to {RENAMED[name]} (one name per concept in podsrl and TRL)")
     if name not in FIELDS:
         close = difflib.get_close_matches(name, FIELDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -21,7 +21,7 @@ from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
 from podsrl.prompt_selection import PROMPT_SELECTORS
-from podsrl.registry import NAME_KEY, component_label, spec_parts
+from podsrl.registry import component_label, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rollout import ENGINES, REFILLS, SCHEDULES, capability, early_stop_refusal
 from podsrl.rollout.generation_copy import COPY_DTYPES
@@ -34,12 +34,6 @@ from podsrl.tracking import tracker_names
 from podsrl.update import SCHEDULERS
 
 OPTIMIZERS = ("adamw_torch", "sgd")
-# component names that were renamed or moved before podsrl was ever published: refused, naming
-# what replaced them (as config.RENAMED does for fields), not kept as second names
-OLD_NAMES = {"prompt_selector": {
-    "none": "use 'shuffled' (the same shuffled pass)",
-    "dynamic_sampling": "DAPO's dynamic sampling now combines with any prompt_selector: use prompt_selector "
-                        "shuffled with dynamic_sampling true"}}
 # the fields that name a component, each by its registry: a name / module:function, or a mapping
 # {name: ..., argument: value} whose arguments are bound (podsrl.registry; docs/algorithms.md)
 COMPONENTS = {registry.field: registry for registry in (RULES, ADVANTAGES, LOSSES, ENGINES, SCHEDULES, TASKS, REWARDS,
@@ -96,10 +90,6 @@ def _check_names(cfg) -> None:
     RULES.resolve(cfg.downsampling_rule)
     ENGINES.resolve(cfg.generation_engine)
     ADVANTAGES.resolve(cfg.advantage_estimator)
-    for field, old_names in OLD_NAMES.items():  # before resolving: the error names what replaced them
-        name = getattr(cfg, field)
-        name = name.get(NAME_KEY) if isinstance(name, dict) else name
-        require(name not in old_names, f"{field}: {name!r} is an old name (never published): {old_names.get(name)}")
     PROMPT_SELECTORS.resolve(cfg.prompt_selector)
     require(cfg.generation_refill in REFILLS,
              f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")

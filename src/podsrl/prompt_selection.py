@@ -163,10 +163,6 @@ class CheckedSelector:
             if not callable(getattr(inner, method, None)):
                 raise ValueError(f"{field}: {spec} has no method {method}() (see podsrl.prompt_selection."
                                  f"PromptSelector)")
-        if hasattr(inner, "refill_rounds"):  # a selector written for the protocol before dynamic_sampling moved
-            raise ValueError(f"{field}: {spec} declares refill_rounds, no longer part of a selector: DAPO's dynamic "
-                             f"sampling is set for any selector with dynamic_sampling true (dynamic_sampling_rounds "
-                             f"N); remove refill_rounds")
         learns = getattr(inner, "learns", False)
         if not isinstance(learns, bool):
             raise ValueError(f"{field}: {spec} needs learns, a bool (got {learns!r})")

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from podsrl.config import RENAMED, Config
+from podsrl.config import Config
 from podsrl.trainer.checkpoints import list_checkpoints
 
 # What a reused run may differ in from this command's config: where it was written (output_dir:
@@ -27,8 +27,8 @@ BUDGET_OPTIONS = {"max_steps": "--budget_steps", "max_minutes": "--budget_minute
 
 
 def recorded_config(run_dir: Path) -> dict:
-    """A run's config.json as this podsrl reads it: renamed fields under their new names, and a
-    field the run's podsrl did not have yet at its default (it had the default's meaning then)."""
+    """A run's config.json as this podsrl reads it: a field the run's podsrl did not have yet at
+    its default (it had the default's meaning then)."""
     path = run_dir / "config.json"
     try:
         saved = json.loads(path.read_text())
@@ -38,7 +38,7 @@ def recorded_config(run_dir: Path) -> dict:
     if not isinstance(saved, dict):
         raise ValueError(f"output_dir: {path} is not a podsrl run's config; choose another --output_dir")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-    return {**defaults, **{RENAMED.get(name, name): value for name, value in saved.items()}}
+    return {**defaults, **saved}
 
 
 def first_difference(recorded: dict, planned: dict) -> tuple[str, object, object] | None:

@@ -41,11 +41,10 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from podsrl.rollout.base import SAMPLING, Stateless, Stopper, refuse_early_stop, to_rollouts
+from podsrl.rollout.base import MB, SAMPLING, Stateless, Stopper, refuse_early_stop, to_rollouts
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
 
-MB = 2**20
 CPU_KV_CACHE_CAP_MB = 4096  # the CPU default's ceiling: allocating the cache is paid at start-up
 CPU_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM on the CPU (its engine/arg_utils.py)
 # The n samples of a prompt share its KV cache only in full blocks, and the CPU backend's default

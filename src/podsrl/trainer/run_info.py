@@ -1,9 +1,6 @@
 """What a run directory says about the run, read back from its files (``config.json``,
 ``metrics.jsonl``, ``environment.json``, ``data.json``) for ``podsrl export`` and its
 model card.
-
-Config fields are read by name only through :func:`config_names`, so runs written before a
-field was renamed (podsrl.config.RENAMED) still read.
 """
 
 from __future__ import annotations
@@ -12,14 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from podsrl.config import RENAMED
 from podsrl.metrics import read_metrics
-
-
-def config_names(key: str) -> tuple[str, ...]:
-    """``key`` and the names it had before (podsrl.config.RENAMED): runs written under any of them read."""
-    return (key, *(old for old, new in RENAMED.items() if new == key))
-
 
 # the fields a model card lists as the run's key settings (the whole config follows them)
 CARD_KEYS = ("model", "task", "method", "num_generations", "num_kept", "downsampling_rule", "prompts_per_step",
@@ -35,16 +25,8 @@ class RunInfo:
     environment: list[dict]  # one entry per start of the run
     data: dict  # data.json: prompts, system prompt, an example prompt ({} when absent)
 
-    def named(self, key: str) -> tuple[str, object] | None:
-        """(the name the run wrote ``key`` under, its value), or None when absent."""
-        for name in config_names(key):
-            if name in self.config:
-                return name, self.config[name]
-        return None
-
     def value(self, key: str, default=None):
-        found = self.named(key)
-        return default if found is None else found[1]
+        return self.config.get(key, default)
 
     def evals(self, up_to_step: int | None = None) -> list[dict]:
         """The evaluation records (those with ``eval_accuracy``), up to a step if given."""
