@@ -72,7 +72,7 @@ def _duration(seconds: float) -> str:
 
 
 def _settings(info: RunInfo) -> str:
-    rows = [found for found in map(info.named, CARD_KEYS) if found is not None]
+    rows = [(key, info.config[key]) for key in CARD_KEYS if key in info.config]
     return "\n".join(["Key settings (the whole config is at the end):", "", "| field | value |", "| --- | --- |",
                       *[f"| `{name}` | `{json.dumps(value)}` |" for name, value in rows], ""])
 
