@@ -84,6 +84,9 @@ def main() -> int:
     parser.add_argument("--with_grpo", action="store_true", help="also GRPO m/m, and a table with it as the baseline")
     args = parser.parse_args()
     reward = dict(correct_weight=1.0, format_weight=0.0) if args.reward == "correct" else {}
+    malformed = [pair for pair in args.set if "=" not in pair]
+    if malformed:
+        parser.error(f"--set: expected FIELD=VALUE, got {malformed[0]!r}")
     settings = dict(pair.split("=", 1) for pair in args.set)
     base = dataclasses.replace(make_config(args.config, {k: parse_value(k, v) for k, v in settings.items()}),
                                **reward)

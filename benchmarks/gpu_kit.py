@@ -215,6 +215,7 @@ def run_rounds(out: Path, settings: dict, first_seed: int, budget_seconds: float
 
 RUN_FILES = ("config.json", "environment.json", "metrics.jsonl", "summary.json")  # what benchmarks/recorded keeps
 REPORT_FILES = ("compare.md", "compare.json", "accuracy.png")
+CHAIN_FILES = ("engines-chain.json", "RESULTS.md")  # what --regime chain adds to OUT
 
 
 def bring_back(work: Path, out: Path) -> None:
@@ -244,7 +245,8 @@ def chain_engine_steps(out: Path, env: dict) -> None:
 def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: float, tiny: bool,
         carried: Path, regime: str = "headroom") -> int:
     deadline = time.monotonic() + 60 * minutes
-    earlier = [name for name in ("gpu-kit.json", "runs.tar.gz", *REPORT_FILES) if (out / name).exists()]
+    earlier = [name for name in ("gpu-kit.json", "runs.tar.gz", *REPORT_FILES, *CHAIN_FILES)
+               if (out / name).exists() or (out / name).is_symlink()]  # a link: writing would go through it
     if earlier:  # an earlier session's results: never written over
         raise SystemExit(f"run: {out / earlier[0]} exists (an earlier kit's results); name another OUT folder")
     if not tiny:  # refused before any work

@@ -75,6 +75,11 @@ def test_run_refuses_an_out_folder_with_earlier_results(tmp_path):
         gpu_kit.run(out, tmp_path / "work", 1.0, 0, 2.0, True, tmp_path / "carried")
     assert (out / "runs.tar.gz").read_bytes() == b"an earlier session's runs"
     assert not (tmp_path / "work").exists()  # refused before any work
+    (out / "runs.tar.gz").unlink()
+    (out / "RESULTS.md").symlink_to(tmp_path / "elsewhere.md")  # a dangling link: a copy would write through it
+    with pytest.raises(SystemExit, match="RESULTS.md exists"):
+        gpu_kit.run(out, tmp_path / "work", 1.0, 0, 2.0, True, tmp_path / "carried")
+    assert not (tmp_path / "elsewhere.md").exists()
 
 
 @pytest.mark.slow
