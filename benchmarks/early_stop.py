@@ -18,6 +18,8 @@ never fires there (``--reward default`` measures that).
 ``--config configs/tiny-chain.yaml``), ``--set FIELD=VALUE`` overrides one of them, and
 ``--with_grpo`` adds a fourth arm, GRPO m/m on the config's engine, with a second table that
 takes it as the baseline: the best generation settings against GRPO in the same interleaved run.
+``--skip_hf_arm`` leaves plain PODS on the ``hf`` engine out: early stop's baseline is then plain
+PODS on the slots engine, which is the like-for-like one (same engine, same schedule).
 
 Besides the comparison table it prints, per arm, the mean over all steps of: rollouts
 generated per step, generation seconds per step, the kept groups' reward std (the variance
@@ -25,7 +27,7 @@ PODS keeps) and the kept completions' length (early stop favours samples that fi
 
     python benchmarks/early_stop.py [--seeds 3] [--budget_minutes 1.5] [--slots 128]
         [--output_dir runs/early-stop] [--reward correct|default] [--record NAME] [--figures DIR]
-        [--config FILE] [--set FIELD=VALUE ...] [--with_grpo]
+        [--config FILE] [--set FIELD=VALUE ...] [--with_grpo] [--skip_hf_arm]
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ import sys
 from pathlib import Path
 
 from podsrl.config import make_config, parse_value
-from podsrl.experiments.compare import analyze, arm_configs, arm_dir_name, format_table, run_comparison, write_report
+from podsrl.experiments.compare import (
+    analyze,
+    arm_configs,
+    arm_dir_name,
+    format_table,
+    planned_arm_names,
+    run_comparison,
+    write_report,
+)
 from podsrl.metrics import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,6 +92,7 @@ def main() -> int:
     parser.add_argument("--config", default=None, help="shared settings from a YAML config (default: the main job's)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override one setting")
     parser.add_argument("--with_grpo", action="store_true", help="also GRPO m/m, and a table with it as the baseline")
+    parser.add_argument("--skip_hf_arm", action="store_true", help="no plain PODS arm on the hf engine")
     args = parser.parse_args()
     reward = dict(correct_weight=1.0, format_weight=0.0) if args.reward == "correct" else {}
     malformed = [pair for pair in args.set if "=" not in pair]
@@ -93,11 +104,11 @@ def main() -> int:
     slots = dict(generation_engine="slots", generation_schedule="round_robin", generation_micro_group=args.slots)
     plain = dict(method="pods", num_generations=base.num_generations, num_kept=base.num_kept,
                  downsampling_rule="max_variance")
-    arms = [plain, {**plain, **slots}, {**plain, **slots, "group_early_stop": True}]
+    arms = [plain, {**plain, **slots}, {**plain, **slots, "group_early_stop": True}][args.skip_hf_arm:]
     grpo = arm_configs(base, ["grpo"], [], [], [base.num_kept]) if args.with_grpo else []
     run_dirs = run_comparison(base, grpo + arms, args.seeds, args.budget_minutes, args.output_dir / "runs")
     pods_runs = [d for d in run_dirs if not grpo or d.parent.name != arm_dir_name(grpo[0])]
-    result = analyze(pods_runs, baseline=f"pods {base.num_generations}->{base.num_kept} max_variance")
+    result = analyze(pods_runs, baseline=planned_arm_names(base, arms)[0])
     paths = write_report(result, args.output_dir, title="early stop")
     per_step = base.prompts_per_step * base.num_generations
     body = (f"{format_table(result)}\n\nPer step (means over every step of every seed):\n\n"

@@ -268,6 +268,18 @@ def test_length_aware_probe_pauses_and_resumes_and_early_stop_drops_paused_prefi
     assert out.stats["probe_steps"] > 0 and out.stats["decode_steps"] > out.stats["probe_steps"]
 
 
+def test_engine_evaluates_in_slots_without_touching_its_length_predictor(tiny, tiny_prompts):
+    _, prompts = tiny_prompts
+    engine = ENGINES["slots"](GenerationOptions(schedule="length_aware", micro_group=4))
+    before = engine.state_dict()["length_predictor"]
+    expected, _ = full_group_greedy(tiny, prompts[:5], 3, 8)
+    out = engine.generate(tiny.model, tiny.tokenizer, prompts[:5], 3, max_new_tokens=8, temperature=0.0,
+                          batch_size=4)
+    assert out.texts == expected and out.stats["slots"] == 4
+    after = engine.state_dict()["length_predictor"]
+    assert all(torch.equal(torch.as_tensor(before[k]), torch.as_tensor(after[k])) for k in before)
+
+
 @pytest.mark.slow
 def test_length_aware_engine_state_and_a_training_run(tmp_path, tiny):
     options = GenerationOptions(schedule="length_aware", micro_group=8)

@@ -51,10 +51,11 @@ class GenerationEngine(Protocol):
     can), ``memory_capped``, ``runs_schedules``, ``makes_generation_copy``, ``needs_whole_weights``,
     ``reads_options``.
 
-    Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples,
-    **sampling)`` with the signature of :func:`podsrl.rollout.generate` (evaluation then runs on
-    the engine), ``step_record() -> dict[str, float]`` (its numbers for each step's metrics
-    record), ``close()`` (called when the run ends, however it ends)."""
+    Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples, *,
+    max_new_tokens, temperature, top_p, batch_size)`` as :func:`podsrl.rollout.generate` takes them
+    (evaluation's sampler: evaluation then runs on the engine, at its speed), ``step_record() ->
+    dict[str, float]`` (its numbers for each step's metrics record), ``close()`` (called when the
+    run ends, however it ends)."""
 
     early_stop_refusal: str
     memory_capped: bool

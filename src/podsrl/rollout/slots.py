@@ -166,6 +166,15 @@ class SlotsEngine:
                                  refill=options.refill, schedule=self.schedule, predictor=self.predictor,
                                  stopper=stopper, probe_tokens=options.probe_tokens)
 
+    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:
+        """Evaluation's sampler: ``num_samples`` completions per prompt (greedy at temperature 0)
+        in ``batch_size`` slots refilled sample by sample, first come first served. Evaluation
+        decodes long, variable-length completions too, where whole-batch decoding waits for the
+        longest row; the training schedule and its learned length predictor stay untouched."""
+        return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_p=top_p, slots=batch_size or 0)
+
     def state_dict(self) -> dict:
         return {"length_predictor": self.predictor.state_dict()} if self.predictor is not None else {}
 

@@ -239,7 +239,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
                           run_name=str(run_dir)),
         eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine, group_size),
-        eval_generate=getattr(engine, "generate", generate))  # vllm evaluates on its engine
+        eval_generate=getattr(engine, "generate", generate))  # evaluation decodes on the engine (slots, vllm)
     rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
