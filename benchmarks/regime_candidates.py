@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from podsrl.config import make_config
-from podsrl.trainer.evaluate import run_eval
-from podsrl.trainer.setup import eval_options, task_options
+from podsrl.trainer.eval_command import run_eval
+from podsrl.trainer.setup import task_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)
@@ -54,7 +54,7 @@ def main() -> int:
                                      "eval_samples": str(args.samples), "eval_temperature": "0.9",
                                      "output_dir": str(args.output_dir / name.replace(" ", "-")),
                                      **{k: str(v) for k, v in fields.items()}})
-        summary = run_eval(cfg, task_options(cfg), eval_options(cfg, greedy=False))
+        summary = run_eval(cfg, task_options(cfg))
         rows.append(f"| {name} | {summary['prompts']} x {summary['samples_per_prompt']} | "
                     f"{100 * summary['accuracy']:.1f}% | {100 * summary['answered']:.0f}% | {summary['seconds']:.0f} |")
         print(rows[-1], flush=True)

@@ -47,6 +47,7 @@ from podsrl.experiments.compare import analyze, run_plan, write_report
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
 from podsrl.models.precision import autocast
+from podsrl.options import bind
 from podsrl.provenance import record_environment
 from podsrl.rewards import arithmetic_correct, arithmetic_format
 from podsrl.tasks import build_task, prepare_split
@@ -210,15 +211,14 @@ class Budgeted(TrainerCallback):
         self.run_dir, self.clock, self.bundle, self.task, self.split = run_dir, clock, bundle, task, split
         self.budget_s, self.seed, self.every = budget_s, seed, cfg.eval_steps
         self.metrics, self.train_seconds = MetricsLog(run_dir / "metrics.jsonl"), 0.0
-        self.options = EvalOptions(prompts=cfg.eval_prompts, samples=cfg.eval_samples,
-                                   temperature=cfg.eval_temperature, greedy=cfg.eval_greedy,
-                                   max_new_tokens=cfg.max_completion_length, batch_size=cfg.eval_batch_size)
+        self.options, self.max_new_tokens = bind(EvalOptions, cfg), cfg.max_completion_length
         self.autocast = cfg.bf16  # evaluate as the own trainer does: under bf16 autocast when training uses it
 
     def evaluate(self) -> dict:
         was = self.bundle.model.training
         with autocast(self.bundle.model.device, "bfloat16" if self.autocast else ""):
-            accuracies = evaluate(self.bundle, self.task, self.split, self.options, seed=self.seed + 10_007).accuracies
+            accuracies = evaluate(self.bundle, self.task, self.split, self.options, self.max_new_tokens,
+                                  seed=self.seed + 10_007).accuracies
         self.bundle.model.train(was)
         return accuracies
 

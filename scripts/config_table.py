@@ -4,15 +4,19 @@
     python scripts/config_table.py
 """
 
+import dataclasses
+import re
 from pathlib import Path
 
-from podsrl.config import FIELDS
+from podsrl.config import FIELDS, Config
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """# Configuration
 
 One frozen dataclass, `podsrl.config.Config`, is the single source of truth; this page is
-generated from it by `python scripts/config_table.py`. Values come from the defaults
+generated from it by `python scripts/config_table.py`, one table per class that declares fields:
+the config's own, then each job's options, declared in the module that reads them
+([architecture.md](architecture.md#a-runs-life), "Adding a setting"). Values come from the defaults
 below, then `--config FILE.yaml`, then `--field value` options (`podsrl train --help`
 lists the same). Every value is validated before any work, with errors that name the
 field (and the YAML file and line). A field that names a component (`downsampling_rule`,
@@ -28,8 +32,21 @@ podsrl train --config configs/tiny-lora.yaml --learning_rate 5e-4 --output_dir r
 
 
 def render() -> str:
-    rows = "\n".join(f"| `{name}` | `{f.default!r}` | {f.metadata['help']} |" for name, f in FIELDS.items())
-    return HEADER + "| field | default | meaning |\n| --- | --- | --- |\n" + rows + "\n"
+    """One table per class that declares fields, in config.json's order: the config's own
+    fields, then each job's options (declared in the module that reads them)."""
+    sections, seen = [], set()
+    for owner in reversed(Config.__mro__):
+        own = [f for f in dataclasses.fields(owner) if f.name not in seen] if dataclasses.is_dataclass(owner) else []
+        if not own:
+            continue
+        seen |= {f.name for f in own}
+        summary = (owner.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        summary = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", re.sub(r" +", " ", summary))  # Sphinx roles as code
+        rows = "\n".join(f"| `{f.name}` | `{f.default!r}` | {f.metadata['help']} |" for f in own)
+        sections.append(f"## `{owner.__module__}.{owner.__name__}`\n\n{summary}\n\n"
+                        f"| field | default | meaning |\n| --- | --- | --- |\n{rows}\n")
+    assert seen == set(FIELDS), sorted(set(FIELDS) - seen)
+    return HEADER + "\n".join(sections)
 
 
 if __name__ == "__main__":

@@ -53,12 +53,12 @@ def same(a, b) -> bool:
     return a == b
 
 
-def save(tmp_path, state, step=1, retain=3, part_states=None):
+def save(tmp_path, state, step=1, save_total_limit=3, part_states=None):
     model, optimizer, scheduler, parts = state
     return save_checkpoint(tmp_path / "checkpoints", step=step, weights=ckpt.trainable_state(model),
                            optimizer_state=optimizer.state_dict(), scheduler=scheduler,
                            part_states=part_states or [{name: part.state_dict() for name, part in parts.items()}],
-                           retain=retain, trainer_state={"train_seconds": 1.5})
+                           save_total_limit=save_total_limit, trainer_state={"train_seconds": 1.5})
 
 
 def seed_streams(seed):
@@ -181,7 +181,7 @@ def test_files_and_folders_are_synced_around_the_rename(tmp_path, monkeypatch):
 def test_only_the_newest_save_total_limit_checkpoints_remain(tmp_path):
     state = make_state(0)
     for step in (1, 2, 3, 10, 11):
-        save(tmp_path, state, step=step, retain=2)
+        save(tmp_path, state, step=step, save_total_limit=2)
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_0000010", "step_0000011"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000010", "step_0000011"]
 

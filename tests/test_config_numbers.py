@@ -1,5 +1,5 @@
 """Numbers are numbers: every numeric config field, found by introspection, is of its type,
-finite and within its range (podsrl.config_ranges), whichever way it is given (command line,
+finite and within the range its field declares (podsrl.options), whichever way it is given (command line,
 YAML, Python); a group of one rollout is refused for every method; float16 weights are refused.
 Each error is one line that names the field (and, from YAML, the file and line), raised
 before anything loads."""
@@ -15,13 +15,15 @@ import torch
 
 from podsrl import cli
 from podsrl.config import FIELDS, Config, make_config, validate
-from podsrl.config_ranges import RANGES, UNCHECKED, check_numbers
 from podsrl.methods import METHODS
 from podsrl.models import loading
+from podsrl.options import check_numbers
 
 ROOT = Path(__file__).parents[1]
 FLOAT_FIELDS = sorted(name for name, f in FIELDS.items() if type(f.default) is float)
 INT_FIELDS = sorted(name for name, f in FIELDS.items() if type(f.default) is int)
+RANGES = {name: f.metadata["range"] for name, f in FIELDS.items() if "range" in f.metadata}
+UNCHECKED = {name: f.metadata["unchecked"] for name, f in FIELDS.items() if "unchecked" in f.metadata}
 NON_FINITE = [math.nan, math.inf, -math.inf]
 YAML_NON_FINITE = {".nan": "nan", ".inf": "inf", "-.inf": "-inf"}
 

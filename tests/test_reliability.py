@@ -321,9 +321,9 @@ def test_a_checkpoint_holding_another_prompt_selectors_state_does_not_fit_and_is
 
 
 def evaluations_that(monkeypatch, misbehave):
-    """Patch the held-out evaluation Run.evaluate calls: ``misbehave(call)`` runs first at
-    each call (0 = the run's start); returns the calls made."""
-    from podsrl.trainer import run as run_module
+    """Patch the held-out evaluation the run's Evaluator calls: ``misbehave(call)`` runs first
+    at each call (0 = the run's start); returns the calls made."""
+    from podsrl.trainer import evaluate as run_module
 
     real, calls = run_module.evaluate, []
 

@@ -76,11 +76,13 @@ def test_the_cycle_finder_finds_cycles():
 
 # what each layer may import (podsrl modules); the pipeline's stages sit below the trainer
 # podsrl.registry (the one registration form of every extension kind) sits at the bottom, beside types,
-# with the contracts it holds every kind to and the interruptible calls into user code
-BOTTOM = {"podsrl.registry", "podsrl.contracts", "podsrl.interrupts"}
+# with the contracts it holds every kind to, the interruptible calls into user code, and the
+# settings declared beside their readers (podsrl.options: help, range, binding by name)
+BOTTOM = {"podsrl.registry", "podsrl.contracts", "podsrl.interrupts", "podsrl.options"}
 LOWER = {"podsrl.types", "podsrl.algorithms", "podsrl.distributed"} | BOTTOM
 ALLOWED = {
     "podsrl.types": set(),
+    "podsrl.options": set(),
     "podsrl.interrupts": set(),
     "podsrl.contracts": {"podsrl.interrupts"},
     "podsrl.registry": {"podsrl.contracts", "podsrl.interrupts"},

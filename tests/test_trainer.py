@@ -327,15 +327,15 @@ def test_lora_update_changes_only_the_adapter(random_model_dir):
 def test_the_saved_lora_model_is_the_trained_one(random_model_dir, tmp_path):
     """Reloading run/model (base + saved adapter) gives the greedy accuracy the run logged at
     its end: nothing the run trained (e.g. a base weight) is missing from what it saved."""
-    from podsrl.trainer.evaluate import run_eval
-    from podsrl.trainer.setup import eval_options, task_options
+    from podsrl.trainer.eval_command import run_eval
+    from podsrl.trainer.setup import task_options
 
     result = train(quick_config(random_model_dir, tmp_path / "lora", max_steps=3, lora_rank=4, learning_rate=1e-2))
     logged = read_metrics(result.run_dir / "metrics.jsonl")[-1]["eval_greedy_accuracy"]
     trained = torch.load(result.run_dir / "checkpoints" / "step_0000003" / "trainable.pt", weights_only=True)
     assert trained and all("lora_" in name for name in trained)  # what the optimizer updates: the adapter
     cfg = quick_config(str(result.run_dir / "model"), tmp_path / "eval", eval_temperature=0)
-    saved = run_eval(cfg, task_options(cfg), eval_options(cfg, greedy=False))
+    saved = run_eval(cfg, task_options(cfg))
     assert saved["accuracy"] == logged
 
 

@@ -30,9 +30,9 @@ from podsrl.experiments.plots import plot_accuracy
 from podsrl.experiments.report_files import check_report_folder
 from podsrl.provenance import environment_report
 from podsrl.trainer import RunResult, TrainingStopped, train
-from podsrl.trainer.evaluate import default_eval_dir, run_eval
+from podsrl.trainer.eval_command import default_eval_dir, run_eval
 from podsrl.trainer.export import export_run
-from podsrl.trainer.setup import eval_options, task_options
+from podsrl.trainer.setup import task_options
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -125,7 +125,7 @@ def cmd_eval(argv: list[str]) -> int:
     if not _output_dir_given(argv):  # not the main job's runs/podsrl, which a later podsrl train would find taken
         cfg = dataclasses.replace(cfg, output_dir=str(default_eval_dir(cfg.model, cfg.task)))
     try:
-        summary = run_eval(cfg, task_options(cfg), eval_options(cfg, greedy=False))
+        summary = run_eval(cfg, task_options(cfg))
     except (ValueError, OSError) as err:
         print(f"podsrl eval: error: {err}", file=sys.stderr)
         return 2

@@ -12,35 +12,42 @@ import dataclasses
 import difflib
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from podsrl.config_checks import parse_component, require, validate
-from podsrl.config_ranges import check_reward_weights
-from podsrl.config_yaml import as_text, read_yaml
+from podsrl.config_yaml import as_text, check_reward_weights, read_yaml, split_list
 from podsrl.methods import METHODS
+from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, option
 from podsrl.registry import Spec
 from podsrl.rollout.generation_copy import copy_dtype
+from podsrl.trainer.checkpoints import CheckpointOptions
+from podsrl.trainer.evaluate import EvalOptions
+from podsrl.trainer.limits import StopOptions
+from podsrl.trainer.logging import LogOptions
+from podsrl.update import OptimizerOptions
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RESUME_AUTO", "load_yaml", "make_config",
            "parse_value", "split_list", "validate"]
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
+_f = option  # the ~100 fields below: default, help, range
 
 @dataclass(frozen=True)
-class Config:
+class ConfigFields:
+    """The fields of :class:`Config` that no job's owner declares in its own module (yet)."""
+
     # --- what to train -------------------------------------------------------------------
     model: str = _f("tiny", "Built-in model name ('tiny', 'tiny-chain', 'smollm2-135m-instruct'), a local folder, or a "
                            "Hugging Face hub id.")
     task: Spec = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = _f(3, "Difficulty level of the procedural tasks: arithmetic 1-5 "
-                            "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 (podsrl.tasks.chain.CHAIN_LEVELS).")
+                            "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 (podsrl.tasks.chain.CHAIN_LEVELS).",
+                         unchecked="checked against the arithmetic and chain tasks' levels (podsrl.config_checks); "
+                                   "other tasks ignore it")
     data_seed: int = _f(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' "
-                           "data_seed), in [0, 2**32 - 1].")
+                           "data_seed), in [0, 2**32 - 1].", SEED)
     train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "
                              "hub dataset 'name' or 'name:config' (empty = the task's hub default); both load "
                              "through `datasets`.")
@@ -48,26 +55,28 @@ class Config:
     prompt_column: str = _f("prompt", "Prompt column of task 'jsonl': text, or a conversation (a list of "
                                       "{role, content} messages) rendered with the chat template.")
     answer_column: str = _f("answer", "Gold-answer column of task 'jsonl'.")
-    reasoning_gym_size: int = _f(10000, "Train problems generated for a reasoning_gym:NAME task.")
+    reasoning_gym_size: int = _f(10000, "Train problems generated for a reasoning_gym:NAME task.", POSITIVE)
     system_prompt: str = _f("auto", "System prompt; 'auto' = the task's own (the <think>/<answer> "
                                     "instruction for gsm8k/math), '' = none.")
     chat_template: bool = _f(True, "Render prompts with the tokenizer's chat template when it has one.")
     max_prompt_tokens: int = _f(512, "Prompts longer than this many tokens are dropped (and counted). Not "
-                                     "TRL's old max_prompt_length, which truncated prompts (TRL 1.16 has none).")
+                                     "TRL's old max_prompt_length, which truncated prompts (TRL 1.16 has none).",
+                                     POSITIVE)
     # --- method --------------------------------------------------------------------------
     method: str = _f("pods", "'pods': generate n, train on m picked by `rule`; 'grpo': generate and "
                              "train m; 'grpo-ga': generate n, train on all n with gradient accumulation.")
     num_generations: int = _f(16, "n: rollouts generated per prompt (pods, grpo-ga, where it is >= 2; TRL's name). "
-                                  "Ignored by grpo. With adaptive_n, the n of the first step.")
+                                  "Ignored by grpo. With adaptive_n, the n of the first step.", POSITIVE)
     adaptive_n: bool = _f(False, "pods: choose n every step, between num_kept and num_generations_max, for the "
                                  "most non-constant groups per second, from the run's own timings and reward "
                                  "statistics (podsrl.algorithms.rollout_budget); its decisions are logged.")
-    num_generations_max: int = _f(64, "adaptive_n: the largest n it may choose.")
+    num_generations_max: int = _f(64, "adaptive_n: the largest n it may choose.", POSITIVE)
     num_kept: int = _f(4, "m: rollouts kept per prompt and trained on (pods, grpo; >= 2: advantages are "
-                          "normalised over the group). Ignored by grpo-ga.")
+                          "normalised over the group). Ignored by grpo-ga.", POSITIVE)
     downsampling_rule: Spec = _f("max_variance", "Which m of the n rollouts pods keeps "
                                                 "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
-    prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.")
+    prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.",
+                               POSITIVE)
     prompt_selector: Spec = _f("shuffled", "Which train prompts each step generates for (podsrl.prompt_selection."
                                           "PROMPT_SELECTORS): 'shuffled' = a shuffled pass over the train split; "
                                           "'pass_rate' = prompts drawn by the predicted chance that their group is "
@@ -77,37 +86,32 @@ class Config:
                                        "all equal are set aside and the selector asked for more prompts until the "
                                        "step has prompts_per_step informative groups.")
     dynamic_sampling_rounds: int = _f(3, "dynamic_sampling: extra generation rounds per step at most; past them, "
-                                         "constant groups fill the batch.")
+                                         "constant groups fill the batch.",
+                                         Range(1, 100, why="0 extra rounds would be no dynamic sampling"))
     pass_rate_half_life: float = _f(50.0, "pass_rate: steps after which a prompt's pass / fail evidence weighs "
-                                          "half (the policy moves, so old outcomes say less).")
+                                          "half (the policy moves, so old outcomes say less).", POSITIVE)
     pass_rate_prior_strength: float = _f(2.0, "pass_rate: pseudo-observations of the pool's pass rate in each "
-                                              "prompt's belief (prompts seen rarely are judged by the pool).")
+                                              "prompt's belief (prompts seen rarely are judged by the pool).",
+                                              POSITIVE)
     pass_rate_exploration: float = _f(0.1, "pass_rate: share of each draw spread evenly over the train split, so "
-                                           "every prompt keeps a chance of at least this / train prompts.")
+                                           "every prompt keeps a chance of at least this / train prompts.",
+                                           Range(0, 1, low_closed=False, why="0 could starve a prompt forever"))
     max_train_prompts: int = _f(0, "Train on the first this-many prompts of the train split (0 = all), e.g. a "
-                                    "small pool that training revisits epoch after epoch.")
-    # --- optimisation (paper's defaults except learning_rate, which suits the tiny model) --
-    optim: str = _f("adamw_torch", "Optimizer (TRL's field name): 'adamw_torch' = AdamW with adam_beta1, "
-                                    "adam_beta2 and weight_decay (the paper); 'sgd' = plain SGD, no momentum (its "
-                                    "update shows the gradient's scale; the tests use it).")
-    learning_rate: float = _f(2e-4, "Learning rate (TRL's field; the paper used 5e-6 for LoRA on 3B models).")
-    lr_scheduler_type: str = _f("constant_with_warmup", "Learning-rate schedule (TRL's field; any name of "
-                                                        "transformers.get_scheduler: constant_with_warmup, "
-                                                        "linear, cosine, ...), over `max_steps` optimizer steps.")
-    warmup_steps: float = _f(10.0, "Warm-up of the schedule, from lr 0 at the first step (TRL's field): a number "
-                                 ">= 1 of optimizer steps, or a fraction < 1 of `max_steps`.")
-    adam_beta1: float = _f(0.9, "AdamW beta1.")
-    adam_beta2: float = _f(0.99, "AdamW beta2 (paper: 0.99).")
-    weight_decay: float = _f(0.1, "Weight decay: decoupled with AdamW, L2 with SGD (paper: 0.1).")
-    max_grad_norm: float = _f(0.1, "Gradient clipping by global norm (paper: 0.1; 0 = off).")
+                                    "small pool that training revisits epoch after epoch.",
+                                    Range(0, why="0 = all"))
+    # --- the update (the optimizer: podsrl.update.OptimizerOptions) --------------------
+    max_grad_norm: float = _f(0.1, "Gradient clipping by global norm (paper: 0.1; 0 = off).",
+                              Range(0, why="0 = no clipping"))
     micro_batch_size: int = _f(32, "Sequences per forward/backward pass; gradients accumulate over "
-                                    "micro-batches into one optimizer step.")
+                                    "micro-batches into one optimizer step.", POSITIVE)
     num_iterations: int = _f(1, "Optimizer steps per generation batch; >1 reuses the batch with "
-                                "PPO clipping against the generating policy's log-probs.")
-    epsilon: float = _f(0.2, "Lower clip range of the importance ratio: 1 - epsilon (TRL's field).")
+                                "PPO clipping against the generating policy's log-probs.", POSITIVE)
+    epsilon: float = _f(0.2, "Lower clip range of the importance ratio: 1 - epsilon (TRL's field).", FRACTION)
     epsilon_high: float = _f(0.2, "Upper clip range of the importance ratio: 1 + epsilon_high (TRL's field; TRL's "
-                                  "default follows epsilon, this one does not: set both; DAPO uses 0.28).")
-    beta: float = _f(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.")
+                                  "default follows epsilon, this one does not: set both; DAPO uses 0.28).",
+                                  NON_NEGATIVE)
+    beta: float = _f(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.",
+                     NON_NEGATIVE)
     scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std: true or TRL's 'group'; false "
                                    "or 'none' only centres them (Dr. GRPO). TRL's 'batch' is refused.")
     loss_type: Spec = _f("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean (the paper); "
@@ -119,8 +123,8 @@ class Config:
                                            "(podsrl.algorithms.advantages.ADVANTAGES).")
     # --- reward --------------------------------------------------------------------------
     correct_weight: float = _f(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
-                                    "format 80 / 20).")
-    format_weight: float = _f(0.2, "Weight of the format reward.")
+                                    "format 80 / 20).", NON_NEGATIVE)
+    format_weight: float = _f(0.2, "Weight of the format reward.", NON_NEGATIVE)
     reward_funcs: str | list[Spec] = _f("", "Comma-separated reward functions replacing the task's default: built-in "
                                "names (podsrl.rewards.REWARDS) or 'module:function' / 'file.py:function' "
                                "with TRL's signature fn(prompts, completions, completion_ids, trainer_state, "
@@ -132,18 +136,22 @@ class Config:
                                            "value: 'raise' stops the run naming it; 'zero' scores 0, counted.")
     reward_timeout: float = _f(300.0, "Seconds a call of a user reward function may take; past it, its worker "
                                       "process is killed and reward_error_policy applies (0 = the default, 300 s). "
-                                      "podsrl's built-in reward functions run in the trainer, without a limit.")
+                                      "podsrl's built-in reward functions run in the trainer, without a limit.",
+                                      Range(0, why="0 = the default (300 s)"))
     # --- generation ----------------------------------------------------------------------
-    temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0: they are sampled).")
-    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts, in (0, 1].")
-    max_completion_length: int = _f(8, "Maximum completion length in tokens (TRL's field).")
+    temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0: they are sampled).",
+                            Range(0, low_closed=False, why="training rollouts are sampled"))
+    top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts, in (0, 1].",
+                      Range(0, 1, low_closed=False))
+    max_completion_length: int = _f(8, "Maximum completion length in tokens (TRL's field).", POSITIVE)
     generation_engine: Spec = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
                                       "on whole prompt groups; 'slots' = decoding slots refilled sample by sample "
                                       "(n bounded by time, not memory); 'vllm' = a vLLM engine in the training "
                                       "process, the policy's weights pushed to it after every optimizer step, also "
                                       "used for evaluation (needs vLLM: docs/generation.md).")
     generation_batch_size: int = _f(0, "Max sequences per engine call, in whole prompt groups, for every engine "
-                                       "(0 = the whole batch in one call). Not TRL's generation_batch_size.")
+                                       "(0 = the whole batch in one call). Not TRL's generation_batch_size.",
+                                       NON_NEGATIVE)
     generation_dtype: str = _f("auto", "hf engine: generate and evaluate from a copy of the policy in this dtype "
                                        "('bfloat16', 'float32'), LoRA merged, refreshed after every update; '' = "
                                        "from the policy; 'auto' = bfloat16 when the forward passes run in bfloat16 "
@@ -151,7 +159,8 @@ class Config:
     generation_static_cache: bool = _f(False, "With a generation copy: transformers' static KV cache, its decode step "
                                               "compiled on GPUs once per batch shape; prefill then not shared.")
     generation_micro_group: int = _f(0, "slots engine: sequences decoded at once (g); 0 = as many as "
-                                        "generation_memory_mb allows, or all P*n without a cap.")
+                                        "generation_memory_mb allows, or all P*n without a cap.",
+                                        NON_NEGATIVE)
     generation_refill: str = _f("continuous", "slots engine: 'continuous' gives a finished sample's slot to the "
                                               "next pending sample at once; 'group' waits for the whole "
                                               "micro-group (naive micro-groups).")
@@ -163,7 +172,8 @@ class Config:
                                           "within a lane; continuous refill only).")
     generation_probe_tokens: int = _f(4, "generation_schedule length_aware: tokens every sample decodes before "
                                          "its remaining length is predicted from them (>= 2); their keys and "
-                                         "values wait outside the slots until the sample resumes.")
+                                         "values wait outside the slots until the sample resumes.",
+                                         Range(2, why="the length_aware probe decodes at least 2 tokens"))
     group_early_stop: bool = _f(False, "pods + max_variance on the slots engine: stop sampling a prompt once "
                                        "the m rollouts PODS would keep already have the largest variance the "
                                        "reward's declared bounds allow (lossless for the kept variance); its "
@@ -172,7 +182,8 @@ class Config:
                                        "shortest/longest_first) and fewer slots than P*n.")
     generation_memory_mb: float = _f(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and "
                                           "logits, MiB; 0 = none): hf decodes fewer groups together and fails "
-                                          "if one group exceeds it; slots sizes g to fit.")
+                                          "if one group exceeds it; slots sizes g to fit.",
+                                          Range(0, why="0 = no cap"))
     share_prefill: bool = _f(True, "Compute each prompt's KV cache once and copy it to its n samples "
                                    "(same samples, less prompt compute).")
     share_prompt_in_update: bool = _f(True, "In the update's forward/backward, run each prompt once per group "
@@ -180,13 +191,16 @@ class Config:
                                             "log-probs and gradient, fewer tokens).")
     # --- vLLM engine (generation_engine vllm; TRL's names where TRL has the field) -------------
     vllm_gpu_memory_utilization: float = _f(0.3, "Share of the GPU's memory vLLM may take for weights and KV cache "
-                                                 "(TRL's field and default for colocate mode); GPU only.")
+                                                 "(TRL's field and default for colocate mode); GPU only.",
+                                                 Range(0, 1, low_closed=False))
     vllm_kv_cache_memory_mb: float = _f(0.0, "KV-cache size of the vLLM engine in MiB, on any device (0 = on a GPU "
                                              "from vllm_gpu_memory_utilization; on the CPU, room for every row of "
                                              "a step at full length, at most 4096 MiB). vLLM decodes fewer rows at "
-                                             "once when they do not fit.")
+                                             "once when they do not fit.",
+                                             Range(0, why="0 = chosen for the device"))
     vllm_max_model_length: int = _f(0, "Longest sequence (prompt + completion) vLLM plans for (TRL's field); 0 = "
-                                       "max_prompt_tokens + max_completion_length, capped at the model's maximum.")
+                                       "max_prompt_tokens + max_completion_length, capped at the model's maximum.",
+                                       Range(0, why="0 = prompt and completion limits"))
     vllm_enable_sleep_mode: bool = _f(False, "Free vLLM's GPU memory (weights and KV cache) during the update and "
                                              "restore it before generating (TRL's field); CUDA only, refused on "
                                              "the CPU.")
@@ -201,13 +215,13 @@ class Config:
                                                              "clip_max]) or 'sequence_truncate' / 'sequence_mask' "
                                                              "(the sequence's ratio, the product over its tokens).")
     vllm_importance_sampling_clip_max: float = _f(3.0, "Upper bound C_max of the importance ratio (TRL's field; "
-                                                       "was vllm_importance_sampling_cap).")
+                                                       "was vllm_importance_sampling_cap).", POSITIVE)
     vllm_importance_sampling_clip_min: float = _f(0.0, "Lower bound C_min of the importance ratio (TRL's field; 0 = "
-                                                       "none).")
+                                                       "none).", NON_NEGATIVE)
     # --- LoRA (rank 0 = full fine-tuning) ------------------------------------------------
-    lora_rank: int = _f(0, "LoRA rank; 0 trains every parameter.")
-    lora_alpha: float = _f(16.0, "LoRA alpha.")
-    lora_dropout: float = _f(0.0, "LoRA dropout probability, in [0, 1).")
+    lora_rank: int = _f(0, "LoRA rank; 0 trains every parameter.", NON_NEGATIVE)
+    lora_alpha: float = _f(16.0, "LoRA alpha.", POSITIVE)
+    lora_dropout: float = _f(0.0, "LoRA dropout probability, in [0, 1).", FRACTION)
     lora_target_modules: str = _f("", "Comma-separated module names for LoRA; empty = all linear layers.")
     dtype: str = _f("float32", "Model weights dtype: float32 or bfloat16. For low-precision speed keep float32 and "
                                "set bf16: small updates vanish in bfloat16 weights. float16 is refused: without "
@@ -222,38 +236,22 @@ class Config:
     device: str = _f("auto", "Where the policy runs: 'auto' (the launcher's GPU for this process, else the "
                              "first CUDA GPU, else the CPU), 'cpu', 'cuda' or 'cuda:N'. Rollouts, rewards and "
                              "selection stay on the CPU; generation and the update run on the device.")
-    # --- length and evaluation ----------------------------------------------------------
-    max_steps: int = _f(150, "Number of optimizer steps (generation batches; TRL's field).")
-    max_minutes: float = _f(0.0, "Stop after this much training time (eval excluded); 0 = no limit.")
-    eval_steps: int = _f(25, "Evaluate every this many steps, at step 0 and at the end (0 = only those; TRL's field).")
-    eval_prompts: int = _f(300, "Held-out prompts per evaluation.")
-    eval_samples: int = _f(4, "Samples per held-out prompt for sampled accuracy.")
-    eval_temperature: float = _f(0.9, "Temperature of sampled evaluation (paper: 0.9; 0 = greedy, one sample).")
-    eval_greedy: bool = _f(True, "Also log greedy accuracy at each evaluation.")
-    eval_batch_size: int = _f(512, "Max sequences generated at once during evaluation.")
     # --- run bookkeeping ----------------------------------------------------------------
-    seed: int = _f(0, "Seed of every random stream of the run (python, numpy, torch), in [0, 2**32 - 1].")
+    seed: int = _f(0, "Seed of every random stream of the run (python, numpy, torch), in [0, 2**32 - 1].",
+                   SEED)
     output_dir: str = _f("runs/podsrl", "Run directory: config, metrics.jsonl, checkpoints, plot.")
-    save_steps: int = _f(50, "Checkpoint every this many steps; 0 = off (TRL's field; a count, no fraction).")
-    checkpoint_minutes: float = _f(0.0, "Also checkpoint after this many wall-clock minutes (0 = off).")
-    save_total_limit: int = _f(2, "How many most recent checkpoints to keep (TRL's field; here >= 1).")
-    max_consecutive_skips: int = _f(5, "Stop the run after this many consecutive steps skipped for a "
-                                       "non-finite loss or gradient.")
     resume: bool | str = _f(False, "Resume from the latest checkpoint in output_dir: true, false, or auto (resume "
                                    "where output_dir holds a checkpoint, else start the run afresh there as false "
                                    "does, for job scripts that always pass it; says in one line which it did).")
-    progress: bool = _f(True, "Show a progress bar.")
-    report_to: str = _f("none", "Experiment trackers that also get every metrics record (its numbers, at its step), "
-                                "the config and the rollout samples, as TRL's report_to: 'none', 'tensorboard', "
-                                "'wandb', 'trackio', a comma-separated list, or 'all' (every one installed). "
-                                "TensorBoard and wandb write under output_dir/tracking/ (wandb offline unless it "
-                                "finds an API key or WANDB_MODE says otherwise), trackio to its own store; see "
-                                "docs/tracking.md.")
-    log_rollouts: int = _f(1, "Prompt groups per step whose rollouts (prompt, completion, reward, correct, kept) "
-                              "go to rollouts.jsonl and, with report_to, to a table (0 = none). Sampled from the main "
-                              "process's groups: at most prompts_per_step / processes.")
 
-    # ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config(LogOptions, EvalOptions, CheckpointOptions, StopOptions, OptimizerOptions, ConfigFields):
+    """The run's configuration: :class:`ConfigFields`, then each job's options
+    (``OptimizerOptions``, ``StopOptions``, ``CheckpointOptions``, ``EvalOptions``,
+    ``LogOptions``), declared in the module that reads them, under the same names from the YAML
+    file and the command line to their reader (podsrl.options.bind)."""
+
     @property
     def generated_per_prompt(self) -> int:
         """Rollouts generated per prompt (podsrl.methods: m for grpo, n otherwise)."""
@@ -296,11 +294,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def split_list(text: str) -> list[str]:
-    """Comma-separated values, stripped, empty items dropped."""
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 FIELDS = {f.name: f for f in fields(Config)}

@@ -16,10 +16,10 @@ from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.importance import SAMPLER_CORRECTION_MODES
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.select import RULES
-from podsrl.config_ranges import check_numbers
 from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
+from podsrl.options import bind, check_numbers
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import component_label, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
@@ -31,9 +31,7 @@ from podsrl.tasks.arithmetic import LEVELS, space_size
 from podsrl.tasks.chain import CHAIN_LEVELS
 from podsrl.tasks.data import is_local
 from podsrl.tracking import tracker_names
-from podsrl.update import SCHEDULERS
 
-OPTIMIZERS = ("adamw_torch", "sgd")
 # the fields that name a component, each by its registry: a name / module:function, or a mapping
 # {name: ..., argument: value} whose arguments are bound (podsrl.registry; docs/algorithms.md)
 COMPONENTS = {registry.field: registry for registry in (RULES, ADVANTAGES, LOSSES, ENGINES, SCHEDULES, TASKS, REWARDS,
@@ -70,12 +68,21 @@ def parse_component(name: str, raw, source: str = ""):
 
 def validate(cfg) -> None:
     """Reject invalid values and combinations before any work, naming the field: numbers
-    first (types, finiteness and ranges: podsrl.config_ranges), then names, data and
+    first (types, finiteness and ranges: podsrl.options, each field's range), then names, data and
     combinations."""
     check_numbers(cfg)
+    _check_owners(cfg)
     _check_names(cfg)
     _check_data(cfg)
     _check_combinations(cfg)
+
+
+def _check_owners(cfg) -> None:
+    """Each job's options that the config composes check their own rules (an options class's
+    ``check()``, on its fields bound from the config), before anything spanning them."""
+    for owner in type(cfg).__mro__[1:]:
+        if dataclasses.is_dataclass(owner) and "check" in vars(owner):
+            bind(owner, cfg).check()
 
 
 def _check_names(cfg) -> None:
@@ -98,9 +105,6 @@ def _check_names(cfg) -> None:
                 and cfg.generation_refill == "continuous",
                 f"generation_schedule length_aware: plans lanes for continuous refill on the slots engine (got "
                 f"generation_engine {cfg.generation_engine}, generation_refill {cfg.generation_refill})")
-    require(cfg.lr_scheduler_type in SCHEDULERS, f"lr_scheduler_type: unknown schedule {cfg.lr_scheduler_type!r}; "
-                                                  f"known: {', '.join(SCHEDULERS)}")
-    require(cfg.optim in OPTIMIZERS, f"optim: unknown optimizer {cfg.optim!r}; known: {', '.join(OPTIMIZERS)}")
     loss = spec_parts(cfg.loss_type, "loss_type")[0]
     require(loss in LOSSES or ":" in loss,
             f"loss_type: {loss!r} is not implemented; podsrl has {' and '.join(LOSSES)} (TRL's others run "

@@ -1,10 +1,11 @@
 """YAML config files, read strictly: a key given twice is an error naming the file, the key
 and both lines (PyYAML's safe loader silently keeps the last value, so ``learning_rate`` set
-twice would train with whichever came later); and a text field as YAML or the command line
-gives it (:func:`as_text`)."""
+twice would train with whichever came later); a text field as YAML or the command line
+gives it (:func:`as_text`); and comma-separated values (:func:`split_list`, reward weights)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,23 @@ def as_text(name: str, raw: Any, source: str) -> str:
     if isinstance(raw, dict):
         raise ValueError(f"{source}{name}: expected text or a list, got a mapping {raw!r}")
     return str(raw)
+
+
+def split_list(text: str) -> list[str]:
+    """Comma-separated values, stripped, empty items dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def check_reward_weights(items: list[str], text: str) -> list[float]:
+    """The items of ``reward_weights`` (``text``, split by :func:`split_list`) as numbers,
+    each finite (negative ones penalise)."""
+    weights = []
+    for item in items:
+        try:
+            weight = float(item)
+        except ValueError:
+            raise ValueError(f"reward_weights: expected comma-separated numbers, got {text!r}") from None
+        if not math.isfinite(weight):
+            raise ValueError(f"reward_weights: must be finite numbers, got {item} in {text!r}")
+        weights.append(weight)
+    return weights

@@ -22,6 +22,7 @@ from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
 from podsrl.models.memory import UpdateMemory
 from podsrl.models.precision import activation_checkpointing
+from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, option
 from podsrl.types import Rollouts, UpdateBatch
 
 
@@ -45,22 +46,45 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_wi
               "inverse_sqrt")
 
 
+OPTIMIZERS = ("adamw_torch", "sgd")
+
+
 @dataclass(frozen=True)
 class OptimizerOptions:
-    optim: str = "adamw_torch"  # or "sgd"
-    learning_rate: float = 2e-4
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    weight_decay: float = 0.1
-    lr_scheduler_type: str = "constant_with_warmup"  # a name of SCHEDULERS
-    warmup_steps: float = 10  # optimizer steps (>= 1) or a fraction (< 1) of total_steps
-    total_steps: int = 150  # optimizer steps of the run (decaying schedules end there)
+    """The optimizer and its learning-rate schedule (the config's fields of these names: the
+    paper's defaults except learning_rate, which suits the tiny model)."""
+
+    optim: str = option(
+        "adamw_torch", "Optimizer (TRL's field name): 'adamw_torch' = AdamW with adam_beta1, adam_beta2 and "
+                       "weight_decay (the paper); 'sgd' = plain SGD, no momentum (its update shows the "
+                       "gradient's scale; the tests use it).")
+    learning_rate: float = option(
+        2e-4, "Learning rate (TRL's field; the paper used 5e-6 for LoRA on 3B models).", POSITIVE)
+    lr_scheduler_type: str = option(
+        "constant_with_warmup", "Learning-rate schedule (TRL's field; any name of transformers.get_scheduler: "
+                                "constant_with_warmup, linear, cosine, ...), over `max_steps` optimizer steps.")
+    warmup_steps: float = option(
+        10.0, "Warm-up of the schedule, from lr 0 at the first step (TRL's field): a number >= 1 of optimizer "
+              "steps, or a fraction < 1 of `max_steps`.", NON_NEGATIVE)
+    adam_beta1: float = option(0.9, "AdamW beta1.", FRACTION)
+    adam_beta2: float = option(0.99, "AdamW beta2 (paper: 0.99).", FRACTION)
+    weight_decay: float = option(
+        0.1, "Weight decay: decoupled with AdamW, L2 with SGD (paper: 0.1).", NON_NEGATIVE)
+
+    def check(self) -> None:
+        """The names this module knows, before any model loads."""
+        if self.lr_scheduler_type not in SCHEDULERS:
+            raise ValueError(f"lr_scheduler_type: unknown schedule {self.lr_scheduler_type!r}; known: "
+                             f"{', '.join(SCHEDULERS)}")
+        if self.optim not in OPTIMIZERS:
+            raise ValueError(f"optim: unknown optimizer {self.optim!r}; known: {', '.join(OPTIMIZERS)}")
 
 
-def make_optimizer(parameters, options: OptimizerOptions) \
+def make_optimizer(parameters, options: OptimizerOptions, total_steps: int = 150) \
         -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """The optimizer over ``parameters`` and its schedule, from ``transformers.get_scheduler``
-    as TRL's trainers build it (warm-up from lr 0 at the first step)."""
+    """The optimizer over ``parameters`` and its schedule over ``total_steps`` optimizer steps
+    (the run's max_steps: decaying schedules end there), from ``transformers.get_scheduler`` as
+    TRL's trainers build it (warm-up from lr 0 at the first step)."""
     parameters = list(parameters)
     if options.optim == "sgd":
         optimizer = torch.optim.SGD(parameters, lr=options.learning_rate, weight_decay=options.weight_decay)
@@ -68,9 +92,9 @@ def make_optimizer(parameters, options: OptimizerOptions) \
         optimizer = torch.optim.AdamW(parameters, lr=options.learning_rate,
                                       betas=(options.adam_beta1, options.adam_beta2), weight_decay=options.weight_decay)
     warmup = options.warmup_steps
-    warmup = int(warmup) if warmup >= 1 else math.ceil(options.total_steps * warmup)  # transformers' rule
+    warmup = int(warmup) if warmup >= 1 else math.ceil(total_steps * warmup)  # transformers' rule
     scheduler = get_scheduler(options.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
-                              num_training_steps=options.total_steps)
+                              num_training_steps=total_steps)
     return optimizer, scheduler
 
 

@@ -5,8 +5,11 @@ rules' RNG streams), the step counter and elapsed training time.
 
 Writing is crash-safe: everything goes into ``step_XXXXXXX.tmp``, each file and the folder
 are fsync'ed, the folder is renamed, and the parent directory is fsync'ed, so a crash or
-power loss never leaves a folder that looks complete but is not; only the newest ``retain``
-are kept.
+power loss never leaves a folder that looks complete but is not; only the newest
+``save_total_limit`` are kept.
+
+When the run checkpoints (:class:`CheckpointOptions`, declared here only; the config composes
+them) is :class:`CheckpointSchedule`'s.
 
 Reading is all-or-nothing: every file is read (tensors and plain data only, never
 arbitrary pickled objects) and checked against the model, optimizer, scheduler and RNG
@@ -22,12 +25,15 @@ import json
 import os
 import random
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from podsrl.options import NON_NEGATIVE, POSITIVE, Range, option
 from podsrl.registry import error_line
 
 STATE_FILE = "trainer_state.json"
@@ -36,6 +42,58 @@ OPTIMIZER_FILE = "optimizer.pt"
 PARTS_FILE = "parts.pt"  # the learned parts' states, one {name: state} per process, in rank order
 # what writing weights raises on a full disk: OSError, torch.save's RuntimeError, safetensors' own error
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+HELD_BACK_STATE = "held_back_step"  # trainer_state.json's key of a step waiting for its evaluation
+
+
+@dataclass
+class HeldBackStep:
+    """A finished step whose evaluation a stop came before or cut short: its metrics record and
+    rollout rows, not logged yet. Its checkpoint carries them (trainer_state.json); the resumed
+    run evaluates the step first, then logs it, as an uninterrupted run had it."""
+
+    record: dict
+    rollouts: list[dict]
+
+    def trainer_state(self) -> dict:
+        return {HELD_BACK_STATE: {"record": self.record, "rollouts": self.rollouts}}
+
+    @classmethod
+    def saved_in(cls, saved: dict) -> HeldBackStep | None:
+        """The held-back step of a loaded checkpoint (:func:`load_checkpoint`'s result), if any."""
+        held = saved.get(HELD_BACK_STATE)
+        return cls(held["record"], held["rollouts"]) if held else None
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """When the run checkpoints and how many it keeps (the config's fields of these names)."""
+
+    save_steps: int = option(
+        50, "Checkpoint every this many steps; 0 = off (TRL's field; a count, no fraction).", NON_NEGATIVE)
+    checkpoint_minutes: float = option(
+        0.0, "Also checkpoint after this many wall-clock minutes (0 = off).", Range(0, why="0 = off"))
+    save_total_limit: int = option(
+        2, "How many most recent checkpoints to keep (TRL's field; here >= 1).", POSITIVE)
+
+
+class CheckpointSchedule:
+    """When a checkpoint is due: every save_steps steps, and checkpoint_minutes of wall-clock
+    time after the last one (on this process's clock: the processes agree before acting on it)."""
+
+    def __init__(self, options: CheckpointOptions) -> None:
+        self.options = options
+        self.last_time = time.time()
+
+    def restart_clock(self) -> None:
+        """A checkpoint was written (or the steps begin): the minutes count from now."""
+        self.last_time = time.time()
+
+    def due_by_steps(self, step: int) -> bool:
+        return bool(self.options.save_steps and step % self.options.save_steps == 0)
+
+    def due_by_time(self) -> bool:
+        minutes = self.options.checkpoint_minutes
+        return bool(minutes) and time.time() - self.last_time >= minutes * 60
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -82,8 +140,9 @@ def fsync(path: Path) -> None:
 
 
 def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
-                    scheduler, trainer_state: dict, part_states: list[dict[str, dict]], retain: int) -> Path:
-    """Write one checkpoint, keeping the newest ``retain``. ``weights`` are the trainable
+                    scheduler, trainer_state: dict, part_states: list[dict[str, dict]],
+                    save_total_limit: int) -> Path:
+    """Write one checkpoint, keeping the newest ``save_total_limit``. ``weights`` are the trainable
     parameters by name and ``optimizer_state`` the optimizer's state dict, both whole (not
     sharded); ``part_states`` every process's learned parts ({name: state}), in rank order;
     ``trainer_state`` plain data (the training time, a held-back step)."""
@@ -109,7 +168,7 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsync(directory)  # the rename itself reaches the disk
-    for old in list_checkpoints(directory)[:-retain]:
+    for old in list_checkpoints(directory)[:-save_total_limit]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

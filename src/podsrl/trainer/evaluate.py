@@ -1,42 +1,40 @@
-"""Held-out evaluation, one function for training and ``podsrl eval``: sampled accuracy
-(several samples per prompt, at the paper's temperature 0.9) and greedy accuracy, with
-per-sample records.
+"""Held-out evaluation, one function for training and ``podsrl eval``
+(:mod:`podsrl.trainer.eval_command`): sampled accuracy (several samples per prompt, at the
+paper's temperature 0.9) and greedy accuracy, with per-sample records. Its settings
+(:class:`EvalOptions`: when, on how many prompts, how) are declared here and nowhere else;
+the config composes them. During training :class:`Evaluator` is the run's evaluation.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
-import re
-import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from podsrl.distributed import Processes
-from podsrl.models import ModelBundle, load_model
-from podsrl.models.loading import BUILTIN_PATH_TAILS
-from podsrl.registry import component_label
+from podsrl.models import ModelBundle
+from podsrl.options import NON_NEGATIVE, POSITIVE, Range, option
 from podsrl.rewards.scorer import reward_inputs
 from podsrl.rollout import generate
-from podsrl.tasks import PreparedSplit, Task, TaskOptions, build_task, prepare_split
-from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, list_checkpoints
-from podsrl.trainer.run_dir import is_run_folder
+from podsrl.tasks import PreparedSplit, Task
 from podsrl.types import Rollouts
 
 
 @dataclass(frozen=True)
 class EvalOptions:
-    prompts: int = 300  # held-out prompts (the first ones of the split)
-    samples: int = 4  # samples per prompt for the sampled accuracy
-    temperature: float = 0.9  # of the sampled accuracy (0 = greedy, one sample)
-    greedy: bool = True  # also measure greedy accuracy
-    max_new_tokens: int = 8
-    batch_size: int = 512  # sequences generated at once
+    """When and how the run evaluates (the config's fields of these names)."""
+
+    eval_steps: int = option(25, "Evaluate every this many steps, at step 0 and at the end (0 = only those; "
+                                 "TRL's field).", NON_NEGATIVE)
+    eval_prompts: int = option(
+        300, "Held-out prompts per evaluation (the first ones of the split).", POSITIVE)
+    eval_samples: int = option(4, "Samples per held-out prompt for sampled accuracy.", POSITIVE)
+    eval_temperature: float = option(
+        0.9, "Temperature of sampled evaluation (paper: 0.9; 0 = greedy, one sample).", Range(0, why="0 = greedy"))
+    eval_greedy: bool = option(True, "Also log greedy accuracy at each evaluation.")
+    eval_batch_size: int = option(512, "Max sequences generated at once during evaluation.", POSITIVE)
 
 
 @dataclass
@@ -111,25 +109,26 @@ def clustered_standard_error(prompts: float, total: float, total_squares: float)
     return math.sqrt(variance / prompts)
 
 
-def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, seed: int,
-             procs: Processes | None = None, generate_fn: Callable[..., Rollouts] = generate) -> Evaluation:
-    """Accuracy on the first ``options.prompts`` prompts of ``split``: sampled, and greedy
-    when ``options.greedy``. With several processes each grades every world_size-th prompt
-    and the counts are summed. A fixed ``seed`` gives every evaluation of a run the same
-    sampling noise (common random numbers)."""
+def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, max_new_tokens: int,
+             seed: int, procs: Processes | None = None,
+             generate_fn: Callable[..., Rollouts] = generate) -> Evaluation:
+    """Accuracy on the first ``options.eval_prompts`` prompts of ``split`` (completions of at
+    most ``max_new_tokens``): sampled, and greedy when ``options.eval_greedy``. With several
+    processes each grades every world_size-th prompt and the counts are summed. A fixed
+    ``seed`` gives every evaluation of a run the same sampling noise (common random numbers)."""
     procs = procs or Processes()
-    mine = procs.strided(list(range(min(options.prompts, len(split.examples)))))
+    mine = procs.strided(list(range(min(options.eval_prompts, len(split.examples)))))
     split = split.at_prompts(mine)
-    modes = {"eval_accuracy": (options.samples, options.temperature)}
-    if options.greedy:
+    modes = {"eval_accuracy": (options.eval_samples, options.eval_temperature)}
+    if options.eval_greedy:
         modes["eval_greedy_accuracy"] = (1, 0.0)
     result = Evaluation({})
     for name, (samples, temperature) in modes.items():
         with procs.whole_weights(bundle.model):
             records = generate_and_grade(bundle, split, samples=samples, temperature=temperature,
-                                         max_new_tokens=options.max_new_tokens, seed=seed,
+                                         max_new_tokens=max_new_tokens, seed=seed,
                                          correct_fn=task.correct_fn, extract_fn=task.extract_fn,
-                                         batch_size=options.batch_size, generate_fn=generate_fn)
+                                         batch_size=options.eval_batch_size, generate_fn=generate_fn)
         correct, count, *prompt_sums = procs.sum([float(sum(r["correct"] for r in records)),
                                                   float(len(records)), *prompt_moments(records)])
         result.accuracies[name] = correct / max(1.0, count)
@@ -147,111 +146,29 @@ def eval_shortfall(held_out: int, asked: int) -> str:
             f"split has no more)")
 
 
-def check_eval_model(model: str) -> None:
-    """Refuse, saying what to run instead, the folders of a run that are not a model: the run
-    folder itself, a checkpoint (trainable weights and optimizer state, no config or
-    tokenizer), and a run's LoRA adapter whose base_model_name_or_path names another model than
-    the run trained (it would load, or fail as 'damaged', on the wrong base)."""
-    path = Path(model).expanduser()
-    if is_run_folder(path):
-        final = path / "model"
-        if (final / "config.json").exists() or (final / "adapter_config.json").exists():
-            raise ValueError(f"model: {path} is a podsrl run folder, not a model: evaluate its final model with "
-                             f"podsrl eval --model {final}")
-        raise ValueError(f"model: {path} is a podsrl run folder without a final model (not finished); "
-                         f"{_export_advice(path, path / 'checkpoints')}")
-    if (path / WEIGHTS_FILE).is_file() and (path / STATE_FILE).is_file():
-        run = path.parent.parent if path.parent.name == "checkpoints" and is_run_folder(path.parent.parent) else None
-        raise ValueError(f"model: {path} is a podsrl checkpoint (trainable weights and optimizer state), not a "
-                         f"model folder; {_export_advice(run, path.parent, path.name)}")
-    if (path / "adapter_config.json").is_file() and is_run_folder(path.parent):
-        _check_adapter_base(path, json.loads((path.parent / "config.json").read_text()).get("model", ""))
+@dataclass
+class Evaluator:
+    """The run's evaluation, built at set-up: when it is due (:meth:`due`) and the held-out
+    accuracy now (:meth:`__call__`), on the split, with the sampler and the seed it was given."""
 
+    options: EvalOptions
+    bundle: ModelBundle
+    task: Task
+    split: PreparedSplit  # the held-out prompts
+    max_new_tokens: int
+    seed: int  # evaluation's own sampling seed (this process's): every evaluation draws the same noise
+    procs: Processes
+    generate_fn: Callable[..., Rollouts] = generate  # transformers, or the engine's own sampler
 
-def _export_advice(run: Path | None, checkpoints: Path, name: str = "") -> str:
-    """How to evaluate a checkpoint: export it as a model folder first."""
-    name = name or next((p.name for p in reversed(list_checkpoints(checkpoints))), "step_N")
-    return (f"export it first: podsrl export {run or 'RUN_DIR'} EXPORT_DIR --checkpoint {name}, then "
-            f"podsrl eval --model EXPORT_DIR")
+    @property
+    def prompts(self) -> int:
+        """Held-out prompts each evaluation uses: eval_prompts, or fewer when the split is smaller."""
+        return min(self.options.eval_prompts, len(self.split.examples))
 
+    def due(self, step: int, last: bool) -> bool:
+        """Every eval_steps steps, and after the ``last`` step."""
+        return bool(self.options.eval_steps and step % self.options.eval_steps == 0) or last
 
-def _check_adapter_base(adapter: Path, trained_on: str) -> None:
-    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
-    if not trained_on or _same_model(base, trained_on):
-        return
-    raise ValueError(f"model: {adapter / 'adapter_config.json'}: base_model_name_or_path {base!r} is not the model "
-                     f"the run trained this adapter on ({trained_on!r}, in {adapter.parent / 'config.json'}); "
-                     f"set it to {trained_on!r} and run podsrl eval --model {adapter} again")
-
-
-def _same_model(a: str, b: str) -> bool:
-    """Two names of one model: equal, the same folder, a built-in's name and its folder, or a
-    relative folder and the absolute path it was resolved to where the adapter was saved.
-    Lenient: only names that clearly differ are refused."""
-    parts = []
-    for name in (a, b):
-        path = Path(name).expanduser()
-        parts.append(BUILTIN_PATH_TAILS.get(name) or (path.resolve().parts if path.is_dir() else path.parts))
-    short, long = sorted(parts, key=len)
-    return bool(short) and tuple(long[-len(short):]) == tuple(short)
-
-
-def default_eval_dir(model: str, task) -> Path:
-    """``podsrl eval``'s folder when none is given: ``runs/eval/MODEL-TASK``, not the main job's
-    ``runs/podsrl`` (a later ``podsrl train`` would find that folder taken)."""
-    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}-{component_label(task)}").strip("_.")
-    return Path("runs") / "eval" / (label or "model")
-
-
-def _new_eval_files(out_dir: Path, stem: str):
-    """(samples path, its file opened for writing, summary path): ``STEM-samples.jsonl``, else
-    ``STEM-2-samples.jsonl``, ... the first whose files do not exist, created exclusively, so an
-    earlier eval's files (or a concurrent one's) are never overwritten."""
-    for number in itertools.count(1):
-        name = stem if number == 1 else f"{stem}-{number}"
-        samples, summary = out_dir / f"{name}-samples.jsonl", out_dir / f"{name}-summary.json"
-        if summary.exists():
-            continue
-        try:
-            return samples, samples.open("x", encoding="utf-8"), summary
-        except FileExistsError:
-            continue
-
-
-def run_eval(cfg, task_options: TaskOptions, options: EvalOptions) -> dict:
-    """``podsrl eval``: accuracy of ``cfg.model`` on the task's held-out split.
-
-    Writes one JSONL record per sample (prompt, completion, extracted answer, gold,
-    correct) and a summary to ``{output_dir}/eval/``, beside an earlier eval's files (a new
-    number, never over them); returns the summary.
-    """
-    check_eval_model(cfg.model)  # before the data and model load: a wrong folder should cost no time
-    task = build_task(task_options, with_train=False)
-    bundle = load_model(cfg.model, dtype=cfg.dtype)
-    bundle.model.to(Processes().device(cfg.device))
-    split = prepare_split(task.test[:options.prompts], bundle.tokenizer, system_prompt=cfg.system_prompt_for(task),
-                          use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
-    if not split.examples:
-        raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} (dropped {split.dropped} "
-                         f"over max_prompt_tokens={cfg.max_prompt_tokens})")
-    if eval_shortfall(len(split.examples), options.prompts):
-        print(f"warning: {eval_shortfall(len(split.examples), options.prompts)}", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    evaluation = evaluate(bundle, task, split, options, seed=cfg.seed)
-    seconds = time.perf_counter() - start
-    out_dir = Path(cfg.output_dir) / "eval"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)
-    samples_path, samples_file, summary_path = _new_eval_files(out_dir, stem)
-    with samples_file as fh:
-        for record in evaluation.records:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-    records = evaluation.records
-    summary = {"model": cfg.model, "task": task.name, "accuracy": evaluation.accuracies["eval_accuracy"],
-               "prompts": len(split.examples), "dropped_prompts": split.dropped,
-               "samples_per_prompt": 1 if options.temperature == 0 else options.samples,
-               "temperature": options.temperature, "max_completion_length": options.max_new_tokens,
-               "answered": sum(r["extracted"] is not None for r in records) / max(1, len(records)),
-               "seconds": round(seconds, 2), "samples_file": str(samples_path)}
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    def __call__(self) -> dict[str, float]:
+        return evaluate(self.bundle, self.task, self.split, self.options, self.max_new_tokens, self.seed,
+                        self.procs, generate_fn=self.generate_fn).accuracies

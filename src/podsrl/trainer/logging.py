@@ -2,12 +2,14 @@
 down-sampling works: reward mean and spread before and after selection, zero-variance
 groups, completion lengths, seconds per stage), a sample of its rollouts and the progress
 bar. The metrics.jsonl / rollouts.jsonl files are :mod:`podsrl.metrics`, the trackers
-:mod:`podsrl.tracking`."""
+:mod:`podsrl.tracking`; what is logged where (:class:`LogOptions`) is declared here only, and
+the config composes it."""
 
 from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,7 +18,25 @@ from tqdm.auto import tqdm
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.distributed import Processes
 from podsrl.metrics import read_metrics
+from podsrl.options import NON_NEGATIVE, option
 from podsrl.trainer.stages import StepOutcome
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """What the run logs besides metrics.jsonl, and where (the config's fields of these names)."""
+
+    progress: bool = option(True, "Show a progress bar.")
+    report_to: str = option(
+        "none", "Experiment trackers that also get every metrics record (its numbers, at its step), the config "
+                "and the rollout samples, as TRL's report_to: 'none', 'tensorboard', 'wandb', 'trackio', a "
+                "comma-separated list, or 'all' (every one installed). TensorBoard and wandb write under "
+                "output_dir/tracking/ (wandb offline unless it finds an API key or WANDB_MODE says otherwise), "
+                "trackio to its own store; see docs/tracking.md.")
+    log_rollouts: int = option(
+        1, "Prompt groups per step whose rollouts (prompt, completion, reward, correct, kept) go to "
+           "rollouts.jsonl and, with report_to, to a table (0 = none). Sampled from the main process's groups: "
+           "at most prompts_per_step / processes.", NON_NEGATIVE)
 
 
 def say(message: str) -> None:

@@ -9,8 +9,6 @@ config at set-up), so nothing here reads the config.
 
 from __future__ import annotations
 
-import time
-
 from podsrl.algorithms.select import Groups
 from podsrl.trainer.run import Run, RunResult
 from podsrl.trainer.stages import StepOutcome, StepStages
@@ -41,28 +39,33 @@ def training_step(stages: StepStages, step: int, timer: StageTimer) -> StepOutco
 
 def run_steps(run: Run, stops: Stops) -> RunResult:
     """From the start (or the checkpoint) to the last step: each step's pipeline, then its
-    record (hooks included), evaluation when due, its log line, and a checkpoint or stop when due."""
-    state, cadence = run.state, run.cadence
+    record (hooks included), evaluation when due, its log line, a checkpoint when due (or on a
+    signal), and the stops: giving up, or a signal."""
+    state, limits = run.state, run.limits
     stops.before_steps("during set-up")  # a Ctrl-C while the model and data loaded: no evaluation
     initial, latest_eval = run.resume_or_start()
     stops.first_step_begins()
-    first_step, consecutive_skips = state.step, 0
+    first_step = state.step
     trained, informative = 0, 0  # steps whose update was not skipped; steps with a non-zero advantage here
-    cadence.last_checkpoint_time = time.time()
+    run.checkpointing.restart_clock()
     with run.progress_bar() as progress:
-        while cadence.more_steps(state):
+        while limits.more_steps(state):
             state.step += 1
-            with stops.step() as timer:
+            with stops.guard_step() as timer:  # a failing step is abandoned
                 outcome = training_step(run.stages, state.step, timer)
             record = run.step_record(outcome, timer)
-            if cadence.evaluation_due(state):
-                latest_eval = stops.evaluate(record, outcome)
+            if run.evaluation_due():
+                with stops.guard_evaluation(record, outcome):  # a stop holds the record back
+                    latest_eval = run.evaluate_into(record)
             run.log_step(record, outcome)
             progress.update(1)
             progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
                                  refresh=False)
-            consecutive_skips = consecutive_skips + 1 if outcome.update.skipped_step else 0
             trained += not outcome.update.skipped_step
             informative += bool(outcome.advantages.any())
-            stops.after_step(consecutive_skips)
+            stops.give_up_after(outcome)  # e.g. too many non-finite steps in a row
+            signum = stops.agreed_signal()
+            if signum or run.checkpoint_due():
+                run.checkpoint()
+            stops.stop_on(signum)
     return run.finish(initial, latest_eval, first_step, trained, informative)

@@ -1,7 +1,7 @@
-"""A training run (its components, state, cadence and settings) and the bookkeeping around the
-loop: evaluation, resume-or-start, checkpoints, and the files written at the end. Everything
-it reads of the config is bound at set-up (:class:`RunSettings`); where it stops early is
-:mod:`podsrl.trainer.stops`'s."""
+"""A training run (its components, state, limits, checkpoint schedule and settings) and the
+bookkeeping around the loop: evaluation, resume-or-start, checkpoints, and the files written at
+the end. Everything it reads of the config is bound at set-up (:class:`RunSettings`, and each
+job's options in its owner); where it stops early is :mod:`podsrl.trainer.stops`'s."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import json
 import os
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from podsrl.distributed import Processes
 from podsrl.interrupts import interruptible
@@ -21,6 +22,8 @@ from podsrl.provenance import record_environment
 from podsrl.registry import error_line
 from podsrl.trainer.checkpoints import (
     WRITE_ERRORS,
+    CheckpointSchedule,
+    HeldBackStep,
     OlderFormat,
     StateDoesNotFit,
     list_checkpoints,
@@ -28,30 +31,24 @@ from podsrl.trainer.checkpoints import (
     older_format,
     save_checkpoint,
 )
-from podsrl.trainer.components import Cadence, Components
-from podsrl.trainer.evaluate import evaluate
+from podsrl.trainer.components import Components
+from podsrl.trainer.limits import Limits
 from podsrl.trainer.logging import logged_evals, progress_bar, rollout_rows, say, step_record
 from podsrl.trainer.run_dir import RunDirError
 from podsrl.trainer.stages import StepOutcome, StepStages
 from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
 
-HELD_BACK_STATE = "held_back_step"  # a checkpoint's step record (and rollout rows) waiting for its evaluation
-
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What the run reads of its config beyond the step and the cadence, bound at set-up."""
+    """What the run reads of its config beyond the step, evaluation, limits and checkpoint
+    schedule, bound at set-up."""
 
     recorded_config: dict  # the config as config.json and the trackers record it
     resume: bool  # restore the newest usable checkpoint instead of starting
     method: str  # the progress bar's label
-    progress: bool  # draw the progress bar (the main process only)
-    log_rollouts: int  # prompt groups of each step written to rollouts.jsonl
-    eval_seed: int  # evaluation's own sampling seed (this process's)
     forward_dtype: str  # "bfloat16": forward passes autocast to it (bf16); "": as the weights are
-    checkpoints_kept: int  # the newest checkpoints kept on disk (save_total_limit)
-    eval_prompts: int  # held-out prompts each evaluation uses
     part_labels: dict  # learned part -> the component's label (prompt_selector: "shuffled"), for a misfit
     reward_error_policy: str  # said when no reward ever applied
     resume_keeps: frozenset = frozenset()  # the settings a resume may not change (run_dir.RESUME_SAFE_FIELDS' others)
@@ -72,15 +69,17 @@ class RunResult:
 class Run:
     """A training run: its :class:`StepStages` (the step, configured), its :class:`Components`
     (built once by :func:`podsrl.trainer.setup.set_up`), its :class:`RunState` (checkpointed),
-    its :class:`Cadence` and its :class:`RunSettings`, with what the loop asks of them beyond one
-    step: evaluation, resume-or-start, the step's record and log, checkpoints, the final files."""
+    its :class:`Limits`, its :class:`CheckpointSchedule` and its :class:`RunSettings`, with what
+    the loop asks of them beyond one step: evaluation, resume-or-start, the step's record and
+    log, checkpoints, the final files."""
 
-    def __init__(self, stages: StepStages, components: Components, state: RunState, cadence: Cadence,
-                 settings: RunSettings) -> None:
-        self.stages, self.components, self.state, self.cadence = stages, components, state, cadence
+    def __init__(self, stages: StepStages, components: Components, state: RunState, limits: Limits,
+                 checkpointing: CheckpointSchedule, settings: RunSettings) -> None:
+        self.stages, self.components, self.state = stages, components, state
+        self.limits, self.checkpointing = limits, checkpointing
         self.settings = settings
         self.procs: Processes = components.procs  # the collectives every process takes part in
-        self.held_back: dict | None = None  # from the checkpoint resumed: a step whose evaluation a stop cut short
+        self.held_back: HeldBackStep | None = None  # from the checkpoint resumed: its evaluation was cut short
 
     @property
     def checkpoints(self) -> Path:
@@ -92,7 +91,8 @@ class Run:
         return str(good[-1]) if good else "none"
 
     def progress_bar(self):
-        return progress_bar(self.cadence.max_steps, self.state.step, self.settings.method, self.settings.progress)
+        shown = self.components.log_options.progress and self.procs.is_main
+        return progress_bar(self.limits.options.max_steps, self.state.step, self.settings.method, shown)
 
     def step_record(self, outcome: StepOutcome, timer: StageTimer) -> dict:
         """The step's metrics record: its numbers over every process, the prompt source's, and
@@ -110,7 +110,8 @@ class Run:
         self.log(record, self.rollout_rows(outcome))
 
     def rollout_rows(self, outcome: StepOutcome) -> list[dict]:
-        return rollout_rows(self.state.step, outcome, self.settings.log_rollouts if self.procs.is_main else 0)
+        groups = self.components.log_options.log_rollouts if self.procs.is_main else 0
+        return rollout_rows(self.state.step, outcome, groups)
 
     def stopped_here(self) -> str:
         """What a stop leaves: the last checkpoint, and how to go on from it."""
@@ -127,9 +128,17 @@ class Run:
         components = self.components
         stoppable = interruptible("evaluation") if components.procs.world_size == 1 else nullcontext()
         with self.autocast(), stoppable:
-            accuracy = evaluate(components.bundle, components.task, components.test_split, components.eval_options,
-                                self.settings.eval_seed, components.procs, generate_fn=components.eval_generate)
-        return accuracy.accuracies
+            return components.evaluator()
+
+    def checkpoint_due(self) -> bool:
+        """Every save_steps steps, or checkpoint_minutes after the last one on any process's
+        clock (every process takes part, and they agree)."""
+        by_time = bool(self.procs.max([float(self.checkpointing.due_by_time())])[0])
+        return self.checkpointing.due_by_steps(self.state.step) or by_time
+
+    def evaluation_due(self) -> bool:
+        """The evaluator's schedule, and after the last step."""
+        return self.components.evaluator.due(self.state.step, last=not self.limits.more_steps(self.state))
 
     def evaluate_into(self, record: dict) -> dict[str, float]:
         """:meth:`evaluate`, its accuracies and its seconds (``time_eval``) added to ``record``."""
@@ -154,6 +163,15 @@ class Run:
     def autocast(self):
         """Forward passes in bfloat16 under ``bf16`` (weights stay float32), else a no-op."""
         return autocast(self.components.policy.device, self.settings.forward_dtype)
+
+    @contextmanager
+    def timed_step(self) -> Iterator[StageTimer]:
+        """Around the step's pipeline: its timer, the forward passes' precision, and, once the
+        step has finished, the run's training time advanced by the slowest process's."""
+        timer = StageTimer()
+        with self.autocast():
+            yield timer
+        self.state.train_seconds += self.procs.max([timer.total])[0]  # the slowest process sets the pace
 
     def resume_or_start(self) -> tuple[dict[str, float], dict[str, float]]:
         """Restore the newest usable checkpoint (with --resume) or evaluate the initial
@@ -185,8 +203,8 @@ class Run:
                 f"{', evaluating it first (a stop came before its evaluation)' if held_back else ''}")
         components.trackers.start(settings.recorded_config, first_step=self.state.step + (0 if held_back else 1))
         if held_back:  # the evaluation a stop cut short, then the step's log, as an uninterrupted run had them
-            self.evaluate_into(held_back["record"])
-            self.log(held_back["record"], held_back["rollouts"])
+            self.evaluate_into(held_back.record)
+            self.log(held_back.record, held_back.rollouts)
         components.procs.barrier()  # the other processes read the log only once it is rewritten
         return logged_evals(components.run_dir / "metrics.jsonl")
 
@@ -242,7 +260,7 @@ class Run:
                     f"trying the previous one")
                 continue
             state.step, state.train_seconds = saved["step"], saved["train_seconds"]
-            self.held_back = saved.get(HELD_BACK_STATE)
+            self.held_back = HeldBackStep.saved_in(saved)
             for name in saved["fresh"]:
                 if state.parts[name].state_dict():
                     say(f"resume: {candidate} holds no {name} state for process {components.procs.rank} (written by "
@@ -257,7 +275,7 @@ class Run:
             return f"its {part} state does not fit ({misfit.reason})"
         return f"its {part} state is not {label}'s ({misfit.reason}; written with another {part}?)"
 
-    def checkpoint(self, held_back: dict | None = None) -> None:
+    def checkpoint(self, held_back: HeldBackStep | None = None) -> None:
         """Write a checkpoint of the current step (every process must call this): the weights,
         the optimizer, the scheduler and every process's learned parts; ``held_back``: the
         step's record and rollout rows, not logged yet (:meth:`podsrl.trainer.stops.Stops.hold_back_evaluation`)."""
@@ -270,11 +288,11 @@ class Run:
                 log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
             save_checkpoint(components.checkpoints, step=state.step, weights=weights, optimizer_state=optimizer_state,
                             scheduler=components.scheduler, part_states=part_states,
-                            retain=self.settings.checkpoints_kept,
+                            save_total_limit=self.checkpointing.options.save_total_limit,
                             trainer_state={"train_seconds": state.train_seconds,
-                                           **({HELD_BACK_STATE: held_back} if held_back else {})})
+                                           **(held_back.trainer_state() if held_back else {})})
         components.procs.barrier()
-        self.cadence.last_checkpoint_time = time.time()
+        self.checkpointing.restart_clock()
 
     def finish(self, initial: dict[str, float], final: dict[str, float], first_step: int,
                trained: int, informative: int) -> RunResult:
@@ -288,7 +306,7 @@ class Run:
         procs = components.procs
         result = RunResult(run_dir=components.run_dir, initial=initial, final=final, steps=state.step,
                            train_seconds=state.train_seconds, is_main=procs.is_main,
-                           eval_prompts=self.settings.eval_prompts)
+                           eval_prompts=components.evaluator.prompts)
         if state.step == first_step and (components.run_dir / "summary.json").exists():
             if procs.is_main:
                 say(f"{components.run_dir} finished earlier at step {state.step}; nothing to do (raise max_steps or "

@@ -26,6 +26,7 @@ from podsrl.distributed import Processes
 from podsrl.methods import METHODS
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
+from podsrl.options import bind
 from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, PromptSelector
 from podsrl.provenance import record_environment
 from podsrl.registry import component_label
@@ -36,11 +37,13 @@ from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, capability, 
 from podsrl.rollout.vllm import check_fits
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
-from podsrl.trainer.components import Cadence, Components
+from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule
+from podsrl.trainer.components import Components
 from podsrl.trainer.early_stop import reward_bounds
-from podsrl.trainer.evaluate import EvalOptions, eval_shortfall
+from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
 from podsrl.trainer.hooks import step_hooks
-from podsrl.trainer.logging import say
+from podsrl.trainer.limits import Limits, StopOptions
+from podsrl.trainer.logging import LogOptions, say
 from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
 from podsrl.trainer.run import Run, RunSettings
 from podsrl.trainer.run_dir import RESUME_SAFE_FIELDS, claim_run_dir
@@ -131,19 +134,6 @@ def sampler_correction(cfg: Config) -> SamplerCorrection | None:
                              clip_max=cfg.vllm_importance_sampling_clip_max)
 
 
-def optimizer_options(cfg: Config) -> OptimizerOptions:
-    return OptimizerOptions(optim=cfg.optim, learning_rate=cfg.learning_rate, adam_beta1=cfg.adam_beta1,
-                            adam_beta2=cfg.adam_beta2, weight_decay=cfg.weight_decay,
-                            lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps,
-                            total_steps=cfg.max_steps)
-
-
-def eval_options(cfg: Config, greedy: bool | None = None) -> EvalOptions:
-    return EvalOptions(prompts=cfg.eval_prompts, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
-                       greedy=cfg.eval_greedy if greedy is None else greedy, max_new_tokens=cfg.max_completion_length,
-                       batch_size=cfg.eval_batch_size)
-
-
 # --- building a run --------------------------------------------------------------------------------
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -186,7 +176,8 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     return run
 
 
-def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
+def _check_sharding(cfg: Config, procs: Processes) -> None:
+    """Under FSDP no process holds whole weights: refuse what needs them."""
     if procs.sharded and capability(ENGINES.resolve(cfg.generation_engine), "needs_whole_weights"):
         raise ValueError(f"generation_engine: {cfg.generation_engine} is not supported with FSDP (each process's "
                          f"engine needs whole weights); use DDP, or PODS inside TRL (podsrl.trl), whose vLLM path "
@@ -194,6 +185,10 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     if procs.sharded and cfg.generation_dtype not in ("", "auto"):
         raise ValueError("generation_dtype: the generation copy is not supported with FSDP (it is refreshed from "
                          "whole weights); use DDP, or generation_dtype auto (no copy under FSDP)")
+
+
+def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
+    _check_sharding(cfg, procs)
     seed_everything(cfg.seed)
     task = build_task(task_options(cfg))
     if not task.test:  # before the model loads: data problems should cost no time
@@ -229,37 +224,38 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     policy.train()
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
-    optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad), optimizer_options(cfg))
+    optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad),
+                                          bind(OptimizerOptions, cfg), total_steps=cfg.max_steps)
     group_size = group_size_policy(cfg)
     components = Components(
-        procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0], test_split=splits[1],
+        procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0],
         scorer=scorer, engine=engine, policy=policy, reference=reference, optimizer=optimizer, scheduler=scheduler,
         metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
         trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
-                          run_name=str(run_dir)),
-        eval_options=eval_options(cfg), hooks=step_hooks(cfg, procs, engine, group_size),
-        eval_generate=getattr(engine, "generate", generate))  # evaluation decodes on the engine (slots, vllm)
+                          run_name=str(run_dir)), log_options=bind(LogOptions, cfg),
+        evaluator=evaluator(cfg, bundle, task, splits[1], procs, engine),
+        hooks=step_hooks(cfg, procs, engine, group_size))
     rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
                             "generation_engine": PerProcess(engine), "rule_generator": GeneratorState(rule_generator)})
     stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds)
-    return Run(stages, components, state, cadence(cfg), run_settings(cfg, procs, len(splits[1].examples)))
+    return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
+               CheckpointSchedule(bind(CheckpointOptions, cfg)), run_settings(cfg, procs))
 
 
-def cadence(cfg: Config) -> Cadence:
-    return Cadence(max_steps=cfg.max_steps, max_consecutive_skips=cfg.max_consecutive_skips,
-                   max_minutes=cfg.max_minutes, eval_steps=cfg.eval_steps, save_steps=cfg.save_steps,
-                   checkpoint_minutes=cfg.checkpoint_minutes)
+def evaluator(cfg: Config, bundle, task, split, procs: Processes, engine) -> Evaluator:
+    """The run's evaluation on the held-out ``split``, with its own seed stream per process,
+    decoding on the engine where it has a sampler of its own (slots, vllm)."""
+    return Evaluator(bind(EvalOptions, cfg), bundle, task, split, cfg.max_completion_length,
+                     seed=cfg.seed + EVAL_SEED_OFFSET + procs.rank, procs=procs,
+                     generate_fn=getattr(engine, "generate", generate))
 
 
-def run_settings(cfg: Config, procs: Processes, test_prompts: int) -> RunSettings:
+def run_settings(cfg: Config, procs: Processes) -> RunSettings:
     return RunSettings(recorded_config=cfg.to_dict(), resume=cfg.resume, method=cfg.method,
-                       progress=cfg.progress and procs.is_main, log_rollouts=cfg.log_rollouts,
-                       eval_seed=cfg.seed + EVAL_SEED_OFFSET + procs.rank,
-                       forward_dtype="bfloat16" if cfg.bf16 else "", checkpoints_kept=cfg.save_total_limit,
-                       eval_prompts=min(cfg.eval_prompts, test_prompts),
+                       forward_dtype="bfloat16" if cfg.bf16 else "",
                        part_labels={PROMPT_SELECTOR_STATE: component_label(cfg.prompt_selector),
                                     "generation_engine": component_label(cfg.generation_engine)},
                        reward_error_policy=cfg.reward_error_policy,

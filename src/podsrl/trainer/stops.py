@@ -28,6 +28,7 @@ from podsrl import interrupts
 from podsrl.contracts import UserCodeError
 from podsrl.interrupts import StopNow
 from podsrl.rewards import RewardError
+from podsrl.trainer.checkpoints import HeldBackStep
 from podsrl.trainer.run import Run
 from podsrl.trainer.stages import StepOutcome
 from podsrl.trainer.timer import StageTimer
@@ -85,15 +86,11 @@ class Stops:
         """The run whose stops this decides, once it is set up."""
         self.run = run
 
-    def _agreed_signal(self) -> int:
-        """The signal any process got (a signal may reach one process only), or 0."""
-        return int(self.run.procs.max([float(self.signum or 0)])[0])
-
     # --- the points of the run where a stop lands -------------------------------------------------
     def before_steps(self, where: str = "") -> None:
         """A stop asked for while the run was set up (``where``: its files are then as a stopped
         run leaves them, a resumed run's as they were) or evaluated its start: no step is begun."""
-        signum = self._agreed_signal()
+        signum = self.agreed_signal()
         if signum:
             raise TrainingStopped(f"stopped by {signal.Signals(signum).name} "
                                   f"{where or f'before step {self.run.state.step + 1}'}; {self.run.stopped_here()}",
@@ -105,30 +102,30 @@ class Stops:
         self.setting_up = False
 
     @contextmanager
-    def step(self) -> Iterator[StageTimer]:
-        """Around the step's pipeline: its timer, the forward passes' precision, and the run's
-        training time advanced by the slowest process's. A reward failure (the 'raise' policy),
-        a user component's failure or a stop that could not wait abandons the step
-        (:meth:`abandon`)."""
+    def guard_step(self) -> Iterator[StageTimer]:
+        """Around the step (:meth:`Run.timed_step`: its timer, precision and training time): a
+        reward failure (the 'raise' policy), a user component's failure or a stop that could
+        not wait abandons the step (:meth:`abandon`)."""
         run = self.run
-        timer, before = StageTimer(), run.state.snapshot()
+        before = run.state.snapshot()
+        timer = None
         try:
-            with run.autocast():
+            with run.timed_step() as timer:
                 yield timer
         except RewardError as err:
             raise self.abandon(before, err, "fix the reward function") from None
         except UserCodeError as err:
-            raise self.abandon(before, err, "fix it", update_began="update" in timer.seconds,
+            raise self.abandon(before, err, "fix it", update_began=_update_began(timer),
                                kept=self._kept_setting(err)) from None
         except StopNow as stop:
-            raise self.abandon(before, stop, "", update_began="update" in timer.seconds) from None
-        run.state.train_seconds += run.procs.max([timer.total])[0]  # the slowest process sets the pace
+            raise self.abandon(before, stop, "", update_began=_update_began(timer)) from None
 
-    def evaluate(self, record: dict, outcome: StepOutcome) -> dict[str, float]:
-        """The evaluation due after this step, added to its ``record``. A stop does not wait for
-        it (an evaluation of a large model can outlast a scheduler's grace period between
-        SIGTERM and SIGKILL): asked for before it, the evaluation is not begun; asked for during
-        it, it gets the grace, then is cut short (:meth:`Run.evaluate`). Either way the step is
+    @contextmanager
+    def guard_evaluation(self, record: dict, outcome: StepOutcome) -> Iterator[None]:
+        """Around the evaluation due after this step. A stop does not wait for it (an
+        evaluation of a large model can outlast a scheduler's grace period between SIGTERM and
+        SIGKILL): asked for before it, the evaluation is not begun; asked for during it, it
+        gets the grace, then is cut short (:meth:`Run.evaluate`). Either way the step is
         checkpointed with its record held back (:meth:`hold_back_evaluation`). A multi-process
         run waits for the evaluation: a signal may reach one process only, and a checkpoint
         needs every process."""
@@ -136,27 +133,31 @@ class Stops:
         if single and self.signum:
             raise self.hold_back_evaluation(record, outcome, self.signum)
         try:
-            return self.run.evaluate_into(record)
+            yield
         except StopNow as interrupted:
             if not (interrupted.waited and single):  # a second signal: stop at once, no checkpoint
                 raise
             raise self.hold_back_evaluation(record, outcome, interrupted.signum) from None
 
-    def after_step(self, consecutive_skips: int) -> None:
-        """Checkpoint when due (every save_steps steps, every checkpoint_minutes, or on a
-        signal); stop on a signal or too many non-finite steps in a row."""
+    def give_up_after(self, outcome: StepOutcome) -> None:
+        """Give up where the run's :class:`~podsrl.trainer.limits.Limits` say so after this
+        step (too many non-finite steps in a row), leaving the last good checkpoint as it is."""
         run = self.run
-        state, cadence, procs = run.state, run.cadence, run.procs
-        if consecutive_skips >= cadence.max_consecutive_skips:
-            raise TrainingStopped(f"stopped at step {state.step}: {consecutive_skips} consecutive steps had a "
-                                  f"non-finite loss or gradient (max_consecutive_skips); last good checkpoint: "
+        given_up = run.limits.give_up(outcome)
+        if given_up:
+            raise TrainingStopped(f"stopped at step {run.state.step}: {given_up}; last good checkpoint: "
                                   f"{run.last_checkpoint()}")
-        signum = self._agreed_signal()
-        due_by_time = bool(procs.max([float(cadence.checkpoint_due_by_time())])[0])  # every process must agree
-        if cadence.checkpoint_due_by_steps(state) or due_by_time or signum:
-            run.checkpoint()
+
+    def agreed_signal(self) -> int:
+        """The signal any process got since the run began (a signal may reach one process
+        only), or 0: the run checkpoints, then :meth:`stop_on` stops it."""
+        return int(self.run.procs.max([float(self.signum or 0)])[0])
+
+    def stop_on(self, signum: int) -> None:
+        """After a signal's checkpoint: the stop."""
         if signum:
-            raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {state.step}; checkpoint "
+            run = self.run
+            raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}; checkpoint "
                                   f"written to {run.checkpoints}; continue with the same command plus --resume "
                                   f"true", signum=signum)
 
@@ -175,7 +176,7 @@ class Stops:
         with its record and rollout rows held back (not logged), and return the one-line stop
         to raise. The resumed run evaluates the step first, then logs it (:meth:`Run.resume_or_start`)."""
         run = self.run
-        run.checkpoint(held_back={"record": record, "rollouts": run.rollout_rows(outcome)})
+        run.checkpoint(held_back=HeldBackStep(record, run.rollout_rows(outcome)))
         return TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}, before its "
                                f"evaluation; checkpoint written to {run.checkpoints}; continue with the same "
                                f"command plus --resume true (it evaluates step {run.state.step} first)",
@@ -222,3 +223,8 @@ class Stops:
             run.checkpoint()
         return TrainingStopped(f"stopped in step {state.step + 1}: {how}; checkpoint of step {state.step} in "
                                f"{run.checkpoints}: {resume}", signum=signum)
+
+
+def _update_began(timer: StageTimer | None) -> bool:
+    """Whether the step's update had begun (the weights may have moved) when it failed."""
+    return timer is not None and "update" in timer.seconds
