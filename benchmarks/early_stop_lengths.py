@@ -38,7 +38,7 @@ from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import generate_in_slots
 from podsrl.rollout.schedule import PrefixLengthPredictor
 from podsrl.tasks import TaskOptions, build_task, prepare_split
-from podsrl.trainer.early_stop import SaturationStopper, reward_bounds
+from podsrl.trainer.saturation import SaturationStopper, reward_bounds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)

@@ -36,7 +36,7 @@ def worker(way: str, args) -> dict:
     from vllm.lora.request import LoRARequest
 
     from podsrl.models import load_model
-    from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
+    from podsrl.rollout import VLLMEngine, VLLMOptions
     from podsrl.rollout.vllm import CPU_BLOCK_SIZE, load_weights_into
 
     bundle = load_model(MODELS[args.model], lora_rank=args.rank, lora_alpha=2 * args.rank)
@@ -57,8 +57,8 @@ def worker(way: str, args) -> dict:
     adapters = Path(scratch.name)
     engine = None
     if way == "merged":
-        engine = VLLMEngine(GenerationOptions(max_new_tokens=args.tokens, vllm=VLLMOptions(
-            dtype=args.dtype, max_model_length=max_model_len, enforce_eager=True)))
+        engine = VLLMEngine(VLLMOptions(max_new_tokens=args.tokens, compute_dtype=args.dtype,
+                                        max_model_length=max_model_len, enforce_eager=True))
         engine(model, tokenizer, batch[:1], 1)  # builds the engine and pushes the weights
         llm = engine.llm
     else:  # in process, as the engine runs (weights passed by reference)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from podsrl.config import FIELDS, Config
+from podsrl.rollout import ENGINES, FLAT_OPTIONS, capability
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """# Configuration
@@ -46,7 +47,34 @@ def render() -> str:
         sections.append(f"## `{owner.__module__}.{owner.__name__}`\n\n{summary}\n\n"
                         f"| field | default | meaning |\n| --- | --- | --- |\n{rows}\n")
     assert seen == set(FIELDS), sorted(set(FIELDS) - seen)
-    return HEADER + "\n".join(sections)
+    return HEADER + "\n".join(sections) + "\n" + engine_tables()
+
+
+def engine_tables() -> str:
+    """Each built-in engine's own options (its options class, in its module), set as the engine
+    spec's arguments or by their flat config names (podsrl.rollout.FLAT_OPTIONS)."""
+    flat_names = {option: name for name, option in FLAT_OPTIONS.items()}
+    sections = []
+    for name, engine in ENGINES.items():
+        kind = capability(engine, "options_type")
+        own = [f for f in dataclasses.fields(kind) if f.name not in kind.run_fields]
+        rows = "\n".join(f"| `{f.name}` | `{f.default!r}` | "
+                         f"{'`' + flat_names[f.name] + '`' if f.name in flat_names else ''} | {f.metadata['help']} |"
+                         for f in own)
+        sections.append(f"### `{name}`: `{kind.__module__}.{kind.__name__}`\n\n| option | default | flat name | "
+                        f"meaning |\n| --- | --- | --- | --- |\n{rows}\n")
+    return (ENGINE_HEADER + "\n".join(sections))
+
+
+ENGINE_HEADER = """## Engine options
+
+Each engine's options are its own, declared in its module; set them as the engine spec's
+arguments, `generation_engine: {name: slots, micro_group: 64}`, or by their flat names above
+(a spec's argument wins). Sampling (`max_new_tokens`, `temperature`, `top_p`) and what the
+run knows (the policy's dtype, the seed, the processes) are the run's to set
+([generation.md](generation.md)).
+
+"""
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def crc_parity(prompts, completions, **_columns):
 
 
 def _parity_task(options, with_train=True):
-    task = build_arithmetic(level=3, num_train=200, num_test=options.num_test, seed=options.data_seed)
+    task = build_arithmetic(level=3, num_train=200, num_test=options.eval_prompts, seed=options.data_seed)
     return Task(name="parity", train=task.train, test=task.test, correct_fn=crc_parity, format_fn=crc_parity,
                 extract_fn=lambda completion: completion)
 

@@ -78,7 +78,7 @@ def test_steps_are_log_uniform_with_a_long_tail():
 
 
 def test_the_task_and_its_format_reward_are_registered():
-    task = build_task(TaskOptions(task="chain", task_level=2, num_test=50))
+    task = build_task(TaskOptions(task="chain", task_level=2, eval_prompts=50))
     assert task.name == "chain" and len(task.test) == 50 and task.format_fn is chain_format
     assert REWARDS.resolve("chain_format") is chain_format
     with pytest.raises(ValueError, match="task_level: unknown chain level 9"):

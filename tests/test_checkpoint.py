@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from podsrl.prompt_selection import ShuffledPass
-from podsrl.rollout import GenerationOptions, SlotsEngine
+from podsrl.rollout import SlotsEngine, SlotsOptions
 from podsrl.trainer import checkpoints as ckpt
 from podsrl.trainer.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from podsrl.trainer.state import GeneratorState, PerProcess
@@ -187,7 +187,7 @@ def test_only_the_newest_save_total_limit_checkpoints_remain(tmp_path):
 
 
 def test_slots_length_predictor_round_trips_and_mismatches_are_refused(tmp_path):
-    engine = SlotsEngine(GenerationOptions(schedule="shortest_first"))
+    engine = SlotsEngine(SlotsOptions(schedule="shortest_first"))
     features = engine.predictor.features([[1, 2, 3], [4, 5, 6, 7, 8]])
     engine.predictor.update(features, torch.tensor([[3, 4], [9, 11]]))
     path = save(tmp_path, make_state(0), part_states=[{"generation_engine": engine.state_dict()}])
@@ -199,7 +199,7 @@ def test_slots_length_predictor_round_trips_and_mismatches_are_refused(tmp_path)
                                parts={"generation_engine": PerProcess(engine)}, rank=rank)
     assert load(fresh)["fresh"] == []
     assert torch.equal(fresh.predictor.predict(features), engine.predictor.predict(features))
-    fifo = SlotsEngine(GenerationOptions())
+    fifo = SlotsEngine(SlotsOptions())
     with pytest.raises(ValueError, match="keeps no state"):
         load(fifo)
     # a checkpoint of fewer processes holds no state for rank 1: the engine stays fresh, and says so

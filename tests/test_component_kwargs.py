@@ -81,7 +81,7 @@ def crc_parity(prompts, completions, **columns):
 
 def build(options, with_train=True, num_train=100):
     SEEN["task"] = num_train
-    task = build_arithmetic(level=3, num_train=num_train, num_test=options.num_test, seed=options.data_seed)
+    task = build_arithmetic(level=3, num_train=num_train, num_test=options.eval_prompts, seed=options.data_seed)
     return Task(name="parity", train=task.train, test=task.test, correct_fn=crc_parity, format_fn=crc_parity,
                 extract_fn=lambda completion: completion)
 
@@ -122,6 +122,15 @@ KINDS = [("downsampling_rule", "ranked", "keep", "highest", "rewards"),
          ("prompt_selector", "Offset", "offset", 3, "size")]
 
 
+# what a component takes besides its own keyword argument: the user's engine subclasses the slots
+# engine, so it takes the slots engine's options too (podsrl.rollout.SlotsOptions)
+TAKES_TOO = {"generation_engine": ["memory_mb", "micro_group", "probe_tokens", "refill", "schedule"]}
+
+
+def takes(field: str, key: str) -> str:
+    return ", ".join(sorted([key, *TAKES_TOO.get(field, [])]))
+
+
 def bound_arguments(obj) -> dict:
     """The keyword arguments bound to a resolved component (a schedule's go to its pick)."""
     return (obj.pick if isinstance(obj, Schedule) else obj).keywords
@@ -134,7 +143,8 @@ def test_every_kind_binds_checked_keyword_arguments(user, field, name, key, valu
     misspelled = {"name": user(name), key + "x": value}
     with pytest.raises(ValueError) as refused:
         registry.resolve(misspelled)
-    assert str(refused.value) == f"{field}: {user(name)} takes no argument {key + 'x'!r} (it takes: {key})"
+    assert str(refused.value) == (f"{field}: {user(name)} takes no argument {key + 'x'!r} (it takes: "
+                                  f"{takes(field, key)})")
     with pytest.raises(ValueError, match=rf"^{field}: .*: argument {passed!r} gets what podsrl passes \(it is called "
                                          rf"as .*\); it cannot be set in the config$"):
         registry.resolve({"name": user(name), passed: value})
@@ -304,7 +314,8 @@ def test_a_keyword_only_argument_is_bound_for_every_kind_and_a_wrong_name_still_
     for field, name, key, value, _ in KINDS:
         spec = f"{path}:{name}"
         assert bound_arguments(COMPONENTS[field].resolve({"name": spec, key: value})) == {key: value}
-        with pytest.raises(ValueError, match=rf"^{field}: .* takes no argument '{key}x' \(it takes: {key}\)$"):
+        refusal = rf"^{field}: .* takes no argument '{key}x' \(it takes: {takes(field, key)}\)$"
+        with pytest.raises(ValueError, match=refusal):
             COMPONENTS[field].resolve({"name": spec, key + "x": value})
     rewards = torch.tensor([[0.0, 1.0, 0.5, 0.25]])
     assert select({"name": f"{path}:ranked", "keep": "highest"}, rewards, 2).tolist() == [[1, 2]]

@@ -21,7 +21,7 @@ from podsrl.algorithms.select import RULES, Groups, max_variance, select
 from podsrl.config import make_config, validate
 from podsrl.contracts import UserCodeError
 from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, add_selector_record
-from podsrl.rollout import ENGINES, GenerationOptions
+from podsrl.rollout import ENGINES, HFOptions
 from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer.checkpoints import list_checkpoints
 
@@ -244,7 +244,7 @@ def test_an_engines_rollouts_must_have_the_group_shape(tmp_path, tiny):
         def __call__(self, model, tokenizer, prompts, num_samples, stopper=None):
             return super().__call__(model, tokenizer, prompts[:1], num_samples, stopper)
     """
-    engine = ENGINES.checked(user_file(tmp_path, source) + ":Short")(GenerationOptions(max_new_tokens=3))
+    engine = ENGINES.checked(user_file(tmp_path, source) + ":Short")(HFOptions(max_new_tokens=3))
     with pytest.raises(UserCodeError, match=r"generation_engine: .*Short returned completion_ids of shape \[1, 2, "):
         engine(tiny.model, tiny.tokenizer, ["1+1=", "2+2="], 2)
     assert engine.state_dict() == {}  # the rest is the engine's own

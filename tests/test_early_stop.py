@@ -16,11 +16,11 @@ from podsrl.algorithms.select import max_variance
 from podsrl.config import Config, validate
 from podsrl.rewards import RewardError, bounded, in_process
 from podsrl.rewards.scorer import Scorer, ScoringOptions
-from podsrl.rollout import ENGINES, GenerationOptions, generate_in_slots
+from podsrl.rollout import ENGINES, HFOptions, generate_in_slots
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer import train
-from podsrl.trainer.early_stop import SaturationStopper, reward_bounds
 from podsrl.trainer.logging import group_stats
+from podsrl.trainer.saturation import SaturationStopper, reward_bounds
 
 
 def best_subset_variance(values: list[float], m: int) -> float:
@@ -116,7 +116,7 @@ def test_scoring_skips_samples_never_generated(tiny, arithmetic_split):
     task, split = arithmetic_split
     scorer = Scorer.build(task, ScoringOptions())
     torch.manual_seed(0)
-    rollouts = ENGINES["hf"](GenerationOptions())(tiny.model, tiny.tokenizer, split.prompts, 5)
+    rollouts = ENGINES["hf"](HFOptions())(tiny.model, tiny.tokenizer, split.prompts, 5)
     full = scorer(split, rollouts)
     generated = torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) < 0.6
     masked = scorer(split, dataclasses.replace(rollouts, generated=generated))

@@ -12,7 +12,7 @@ from transformers import CompileConfig
 
 from podsrl.config import make_config
 from podsrl.models import load_model
-from podsrl.rollout import GenerationCopy, GenerationOptions, HFEngine
+from podsrl.rollout import GenerationCopy, HFEngine, HFOptions
 from podsrl.trainer import train
 from tests.conftest import quick
 
@@ -45,7 +45,7 @@ def last_logits(model, tokenizer) -> torch.Tensor:
 
 def test_float32_copy_samples_what_the_lora_policy_samples_and_follows_updates():
     policy, tokenizer = lora_policy()
-    engine, plain = HFEngine(GenerationOptions(max_new_tokens=6, copy_dtype="float32")), HFEngine(GenerationOptions(
+    engine, plain = HFEngine(HFOptions(max_new_tokens=6, copy_dtype="float32")), HFEngine(HFOptions(
         max_new_tokens=6))
     for step in range(3):
         torch.manual_seed(step)
@@ -100,9 +100,9 @@ def test_static_cache_compiles_the_decode_step_once_not_every_step():
     policy, tokenizer = lora_policy()
     compile_config = CompileConfig(backend="eager")
     compile_config._compile_all_devices = True  # transformers compiles on GPUs only unless told
-    engine = HFEngine(GenerationOptions(max_new_tokens=6, copy_dtype="float32", static_cache=True,
+    engine = HFEngine(HFOptions(max_new_tokens=6, copy_dtype="float32", static_cache=True,
                                         compile_config=compile_config))
-    plain = HFEngine(GenerationOptions(max_new_tokens=6))
+    plain = HFEngine(HFOptions(max_new_tokens=6))
     graphs = []
     for step in range(4):
         prompts = [prompt + "9" * step for prompt in PROMPTS]  # each step's prompts are longer than the last's
@@ -139,7 +139,14 @@ def test_config_refuses_what_the_copy_cannot_do(overrides, message):
     ({"generation_dtype": "float32"}, "float32"),
 ])
 def test_auto_makes_a_bfloat16_copy_where_the_forward_passes_run_in_bfloat16(overrides, expected):
-    assert make_config(overrides=overrides).generation_copy_dtype == expected
+    options = make_config(overrides=overrides).generation_options()
+    assert (options.copy() if hasattr(options, "copy") else "") == expected
+
+
+def test_fsdp_makes_no_copy_and_refuses_one_asked_for():
+    assert make_config(overrides={"bf16": "true"}).generation_options(sharded=True).copy() == ""
+    with pytest.raises(ValueError, match="^generation_dtype: the generation copy is not supported with FSDP"):
+        make_config(overrides={"generation_dtype": "float32"}).generation_options(sharded=True).check()
 
 
 @pytest.mark.parametrize("overrides, copied", [(dict(generation_dtype="float32", lora_rank=4), True),

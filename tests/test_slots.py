@@ -9,7 +9,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 
 from podsrl.config import Config, validate
 from podsrl.models import load_model
-from podsrl.rollout import ENGINES, GenerationOptions, generate, generate_in_slots, generation_memory_bytes
+from podsrl.rollout import ENGINES, HFOptions, SlotsOptions, generate, generate_in_slots, generation_memory_bytes
 from podsrl.rollout.lanes import balance_lanes, makespan
 from podsrl.rollout.sampling import warp_logits
 from podsrl.rollout.schedule import LaneQueue, LengthPredictor, PendingSamples, PrefixLengthPredictor
@@ -270,7 +270,7 @@ def test_length_aware_probe_pauses_and_resumes_and_early_stop_drops_paused_prefi
 
 def test_engine_evaluates_in_slots_without_touching_its_length_predictor(tiny, tiny_prompts):
     _, prompts = tiny_prompts
-    engine = ENGINES["slots"](GenerationOptions(schedule="length_aware", micro_group=4))
+    engine = ENGINES["slots"](SlotsOptions(schedule="length_aware", micro_group=4))
     before = engine.state_dict()["length_predictor"]
     expected, _ = full_group_greedy(tiny, prompts[:5], 3, 8)
     out = engine.generate(tiny.model, tiny.tokenizer, prompts[:5], 3, max_new_tokens=8, temperature=0.0,
@@ -282,7 +282,7 @@ def test_engine_evaluates_in_slots_without_touching_its_length_predictor(tiny, t
 
 @pytest.mark.slow
 def test_length_aware_engine_state_and_a_training_run(tmp_path, tiny):
-    options = GenerationOptions(schedule="length_aware", micro_group=8)
+    options = SlotsOptions(schedule="length_aware", micro_group=8)
     engine = ENGINES["slots"](options)
     assert set(engine.state_dict()) == {"length_predictor"}
     with pytest.raises(ValueError, match="length predictor state"):
@@ -299,9 +299,9 @@ def test_memory_cap_hf_refuses_a_group_that_does_not_fit_and_slots_fits_it(tiny,
     prompts = prompts[:2]
     longest = max(len(tiny.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     full_mb = generation_memory_bytes(tiny.model.config, 2 * 256, longest + 8) / 2**20
-    options = GenerationOptions(memory_mb=full_mb / 4)
+    options = SlotsOptions(memory_mb=full_mb / 4)
     with pytest.raises(MemoryError, match="generation_memory_mb"):
-        ENGINES["hf"](options)(tiny.model, tiny.tokenizer, prompts, 256)
+        ENGINES["hf"](HFOptions(memory_mb=full_mb / 4))(tiny.model, tiny.tokenizer, prompts, 256)
     torch.manual_seed(0)
     out = ENGINES["slots"](options)(tiny.model, tiny.tokenizer, prompts, 256)
     assert out.completion_ids.shape[:2] == (2, 256)
@@ -326,10 +326,12 @@ def test_pods_at_n256_trains_under_a_memory_cap_full_group_generation_exceeds(tm
 
 
 def test_config_names_bad_slots_fields():
+    """The slots engine's options are checked by it (SlotsOptions.check); with another engine they
+    are read by nobody, a warning (tests/test_config.py)."""
     with pytest.raises(ValueError, match="generation_refill"):
-        validate(dataclasses.replace(Config(), generation_refill="eager"))
+        validate(dataclasses.replace(Config(), generation_engine="slots", generation_refill="eager"))
     with pytest.raises(ValueError, match="generation_schedule"):
-        validate(dataclasses.replace(Config(), generation_schedule="random"))
+        validate(dataclasses.replace(Config(), generation_engine="slots", generation_schedule="random"))
     with pytest.raises(ValueError, match="generation_memory_mb"):
         validate(dataclasses.replace(Config(), generation_memory_mb=-1))
     with pytest.raises(ValueError, match="generation_refill group"):

@@ -85,7 +85,7 @@ ALLOWED = {
     "podsrl.options": set(),
     "podsrl.interrupts": set(),
     "podsrl.contracts": {"podsrl.interrupts"},
-    "podsrl.registry": {"podsrl.contracts", "podsrl.interrupts"},
+    "podsrl.registry": {"podsrl.contracts", "podsrl.interrupts", "podsrl.options"},
     "podsrl.algorithms": BOTTOM,
     "podsrl.models": {"podsrl.build"} | BOTTOM,  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
     "podsrl.rollout": {"podsrl.types"} | BOTTOM,
@@ -186,3 +186,31 @@ def test_the_tree_is_clean_under_the_linter_config():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "src", "tests",
                            "benchmarks", "scripts", "examples"], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# a registered name compared outside the registries where the word means something else here
+NOT_A_COMPONENT = {("rollout/slot_decoder.py", "group"): "a refill mode (REFILLS), not the group advantage estimator",
+                   ("rewards/grading.py", "gsm8k"): "the grader's number dialect (gsm8k or math), not the task"}
+
+
+def test_no_component_is_told_apart_by_its_name_outside_the_registries():
+    """Checks read what a component declares (an engine's options class and capabilities, a
+    rule's early_stop_lossless, a task's check_options, a selector's check_size), never
+    ``== "vllm"``; experiments/ names recorded arms by their components (labels, not decisions)."""
+    import re
+
+    from podsrl.config_checks import COMPONENTS
+
+    names = sorted({name for registry in COMPONENTS.values() for name in registry}, key=len, reverse=True)
+    words = "|".join(map(re.escape, names))
+    compared = re.compile(rf"""(==|!=)\s*["']({words})["']|["']({words})["']\s*(==|!=)""")
+    found = []
+    for path in sorted((SRC / "podsrl").rglob("*.py")):
+        relative = path.relative_to(SRC / "podsrl").as_posix()
+        if relative.startswith("experiments/"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            match = compared.search(line)
+            if match and (relative, match.group(2) or match.group(3)) not in NOT_A_COMPONENT:
+                found.append(f"{relative}:{number}: {line.strip()}")
+    assert not found, found

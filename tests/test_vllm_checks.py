@@ -12,14 +12,8 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig
 
-from podsrl.rollout.vllm import (
-    CONFIG_FOLDER_PREFIX,
-    OWNER_FILE,
-    VLLMOptions,
-    _process_start,
-    check_fits,
-    remove_stale_config_folders,
-)
+from podsrl.rollout.vllm import VLLMOptions, check_fits
+from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, OWNER_FILE, _process_start, remove_stale_config_folders
 
 CONFIG = LlamaConfig(max_position_embeddings=2048)
 

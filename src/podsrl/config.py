@@ -19,9 +19,11 @@ from typing import Any
 from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_yaml import as_text, check_reward_weights, read_yaml, split_list
 from podsrl.methods import METHODS
-from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, option
+from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, option
+from podsrl.prompt_selection import FLAT_OPTIONS as SELECTION_FLAT_OPTIONS
+from podsrl.prompt_selection import PromptSelectionOptions
 from podsrl.registry import Spec
-from podsrl.rollout.generation_copy import copy_dtype
+from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, engine_options
 from podsrl.trainer.checkpoints import CheckpointOptions
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
@@ -267,10 +269,20 @@ class Config(LogOptions, EvalOptions, CheckpointOptions, StopOptions, OptimizerO
         """The policy's forward passes run in bfloat16: mixed precision (bf16) or bfloat16 weights."""
         return self.bf16 or self.dtype == "bfloat16"
 
-    @property
-    def generation_copy_dtype(self) -> str:
-        """The hf engine's generation copy's dtype ('' = none), 'auto' resolved (rollout.generation_copy)."""
-        return copy_dtype(self.generation_dtype, self.generation_engine, self.computes_in_bfloat16)
+    def prompt_selection_options(self) -> PromptSelectionOptions:
+        """The prompt selector's options: the run's, and pass_rate's from their flat fields (a spec's
+        arguments replace them when the selector is built: podsrl.registry.bind_options)."""
+        return bind(PromptSelectionOptions, self, **{option: getattr(self, name)
+                                                     for name, option in SELECTION_FLAT_OPTIONS.items()})
+
+    def generation_options(self, processes: int = 1, sharded: bool = False) -> EngineOptions:
+        """The options the run's engine is built with (its own class, podsrl.rollout.engine_options):
+        the flat generation_* / vllm_* fields, the run's own values, then the spec's arguments."""
+        run = dict(max_new_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
+                   compute_dtype="bfloat16" if self.computes_in_bfloat16 else "float32", sharded=sharded,
+                   seed=self.seed, processes=processes, device=self.device, max_prompt_tokens=self.max_prompt_tokens)
+        return engine_options(ENGINES.resolve(self.generation_engine),
+                              {name: getattr(self, name) for name in FLAT_OPTIONS}, run)
 
     @property
     def reward_specs(self) -> list[str]:

@@ -23,12 +23,8 @@ from podsrl.options import bind, check_numbers
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import component_label, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
-from podsrl.rollout import ENGINES, REFILLS, SCHEDULES, capability, early_stop_refusal
-from podsrl.rollout.generation_copy import COPY_DTYPES
-from podsrl.rollout.vllm import INSTALL_HINT, vllm_available
-from podsrl.tasks import TASKS, check_task_spec, is_known_task
-from podsrl.tasks.arithmetic import LEVELS, space_size
-from podsrl.tasks.chain import CHAIN_LEVELS
+from podsrl.rollout import ENGINES, FLAT_OPTIONS, SCHEDULES, capability, early_stop_refusal, reads_option
+from podsrl.tasks import TASKS, TaskOptions, check_task_options, is_known_task
 from podsrl.tasks.data import is_local
 from podsrl.tracking import tracker_names
 
@@ -38,20 +34,9 @@ COMPONENTS = {registry.field: registry for registry in (RULES, ADVANTAGES, LOSSE
                                                         PROMPT_SELECTORS)}
 
 
-# config fields one engine reads and another does not, by the GenerationOptions field that carries
-# them (an engine's reads_options); vLLM's importance-sampling correction applies to what vLLM sampled
-VLLM_FIELDS = ("vllm_gpu_memory_utilization", "vllm_kv_cache_memory_mb", "vllm_max_model_length",
-               "vllm_enable_sleep_mode", "vllm_enforce_eager", "vllm_importance_sampling_correction",
-               "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
-               "vllm_importance_sampling_clip_min")
-ENGINE_FIELDS = {"share_prefill": "share_prefill", "generation_micro_group": "micro_group",
-                 "generation_refill": "refill", "generation_schedule": "schedule",
-                 "generation_probe_tokens": "probe_tokens", **dict.fromkeys(VLLM_FIELDS, "vllm")}
-
-
-def _engine_capability(cfg, name: str):
-    """What the run's engine declares it can do (podsrl.rollout.base.CAPABILITIES), never its name."""
-    return capability(ENGINES.resolve(cfg.generation_engine), name)
+# vLLM's importance-sampling correction: read where the engine reports its own sampling log-probs
+SAMPLER_FIELDS = ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                  "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
 
 
 def require(ok: bool, message: str) -> None:
@@ -95,16 +80,9 @@ def _check_names(cfg) -> None:
     # a registered name, or module:function (imported now: errors early), or a mapping of one and keyword
     # arguments, bound and checked against its signature now; here and below
     RULES.resolve(cfg.downsampling_rule)
-    ENGINES.resolve(cfg.generation_engine)
     ADVANTAGES.resolve(cfg.advantage_estimator)
     PROMPT_SELECTORS.resolve(cfg.prompt_selector)
-    require(cfg.generation_refill in REFILLS,
-             f"generation_refill: unknown {cfg.generation_refill!r}; known: {', '.join(REFILLS)}")
-    if SCHEDULES.resolve(cfg.generation_schedule).plans_lanes:
-        require(_engine_capability(cfg, "runs_schedules")
-                and cfg.generation_refill == "continuous",
-                f"generation_schedule length_aware: plans lanes for continuous refill on the slots engine (got "
-                f"generation_engine {cfg.generation_engine}, generation_refill {cfg.generation_refill})")
+    _check_engine(cfg)
     loss = spec_parts(cfg.loss_type, "loss_type")[0]
     require(loss in LOSSES or ":" in loss,
             f"loss_type: {loss!r} is not implemented; podsrl has {' and '.join(LOSSES)} (TRL's others run "
@@ -118,6 +96,9 @@ def _check_names(cfg) -> None:
     require(cfg.vllm_importance_sampling_mode in SAMPLER_CORRECTION_MODES,
             f"vllm_importance_sampling_mode: unknown mode {cfg.vllm_importance_sampling_mode!r}; known: "
             f"{', '.join(SAMPLER_CORRECTION_MODES)}")
+    require(cfg.vllm_importance_sampling_clip_min <= cfg.vllm_importance_sampling_clip_max,
+            f"vllm_importance_sampling_clip_min: {cfg.vllm_importance_sampling_clip_min} is above "
+            f"vllm_importance_sampling_clip_max {cfg.vllm_importance_sampling_clip_max}")
     require(cfg.reward_error_policy in ("raise", "zero"),
              f"reward_error_policy: must be 'raise' or 'zero', got {cfg.reward_error_policy!r}")
     tracker_names(cfg.report_to)  # a missing tracker package fails now, not after the model loads
@@ -129,25 +110,28 @@ def _check_names(cfg) -> None:
              f"reward_weights: {len(weights)} weights for {len(cfg.reward_specs)} reward_funcs")
 
 
+def _check_engine(cfg) -> None:
+    """The engine's spec (its arguments against its options class), its options' own rules, and
+    the flat fields that only some engines read, by what the engine declares, never its name."""
+    engine = ENGINES.resolve(cfg.generation_engine)
+    cfg.generation_options().check()
+    label = component_label(cfg.generation_engine)
+    require(not cfg.generation_memory_mb or reads_option(engine, "memory_mb"),
+            f"generation_memory_mb: caps what the hf and slots engines decode at once; generation_engine {label} "
+            f"sizes its own memory (the vllm engine: vllm_kv_cache_memory_mb, vllm_gpu_memory_utilization)")
+    require(cfg.generation_dtype in ("", "auto") or reads_option(engine, "copy_dtype"),
+            f"generation_dtype: the generation copy is the hf engine's (got generation_engine {label}; vllm "
+            f"computes in its own dtype, the slots engine generates from the policy)")
+
+
 def _check_data(cfg) -> None:
     require(is_known_task(cfg.task), f"task: unknown task {cfg.task!r}; known: {', '.join(sorted(TASKS))}, "
                                       f"reasoning_gym:NAME, or 'module:builder' / 'file.py:builder'")
-    check_task_spec(cfg.task)  # a mapping's arguments, against its builder
     for name in ("train_data", "test_data"):
         spec = getattr(cfg, name)
         if spec and is_local(spec) and not Path(spec).expanduser().is_file():
             raise FileNotFoundError(f"{name}: file not found: {spec}")
-    require(cfg.task != "jsonl" or bool(cfg.test_data),
-             "test_data: task 'jsonl' needs test_data, the held-out prompts that training and `podsrl eval` "
-             "measure accuracy on (and train_data to train)")
-    if cfg.task == "arithmetic":
-        require(cfg.task_level in LEVELS, f"task_level: unknown level {cfg.task_level}; known: {sorted(LEVELS)}")
-        size = space_size(LEVELS[cfg.task_level])
-        require(cfg.eval_prompts < size, f"eval_prompts: level {cfg.task_level} has only {size} distinct "
-                                          f"problems; hold out fewer than that")
-    if cfg.task == "chain":
-        require(cfg.task_level in CHAIN_LEVELS,
-                f"task_level: unknown chain level {cfg.task_level}; known: {sorted(CHAIN_LEVELS)}")
+    check_task_options(bind(TaskOptions, cfg))  # the spec's arguments and the task's own rules
 
 
 def _check_combinations(cfg) -> None:
@@ -157,20 +141,14 @@ def _check_combinations(cfg) -> None:
     require(cfg.num_kept <= cfg.num_generations or not METHODS[cfg.method].generates_n,
              f"num_kept: must be <= num_generations (got {cfg.num_kept} > {cfg.num_generations}); PODS keeps m of "
              f"the n rollouts it generates")
-    require(cfg.prompt_selector != "pass_rate" or not cfg.max_train_prompts
-            or cfg.max_train_prompts >= cfg.prompts_per_step,
-            f"max_train_prompts: pass_rate draws prompts_per_step = {cfg.prompts_per_step} different prompts per "
-            f"step, more than the {cfg.max_train_prompts} train prompts kept")
+    check_size = getattr(PROMPT_SELECTORS.resolve(cfg.prompt_selector), "check_size", None)  # optional
+    if cfg.max_train_prompts and check_size is not None:
+        try:
+            check_size(cfg.max_train_prompts, cfg.prompt_selection_options())
+        except ValueError as err:
+            raise ValueError(f"max_train_prompts: {err}") from None
     if cfg.group_early_stop:
         _check_early_stop(cfg)
-    require(not cfg.generation_memory_mb or _engine_capability(cfg, "memory_capped"),
-            f"generation_memory_mb: caps what the hf and slots engines decode at once; generation_engine "
-            f"{cfg.generation_engine} sizes its own memory (the vllm engine: vllm_kv_cache_memory_mb, "
-            f"vllm_gpu_memory_utilization)")
-    if cfg.generation_engine == "vllm":  # the vllm engine's own fields
-        _check_vllm(cfg)
-    if cfg.generation_dtype not in ("", "auto") or cfg.generation_static_cache:
-        _check_generation_copy(cfg)
     if cfg.adaptive_n:
         require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
                                              f"{cfg.method} trains on what it generates")
@@ -190,57 +168,33 @@ def _check_groups(cfg) -> None:
 
 
 def _check_early_stop(cfg) -> None:
-    require(METHODS[cfg.method].selects and cfg.downsampling_rule == "max_variance",
+    lossless = getattr(RULES.resolve(cfg.downsampling_rule), "early_stop_lossless", False)  # a rule's declaration
+    require(METHODS[cfg.method].selects and lossless,
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
     refusal = early_stop_refusal(ENGINES.resolve(cfg.generation_engine), component_label(cfg.generation_engine))
     require(not refusal, refusal)
-    refusal = SCHEDULES.resolve(cfg.generation_schedule).early_stop_refusal
+    refusal = cfg.generation_options().early_stop_refusal()
     require(not refusal, f"group_early_stop: {refusal}")
-    require(bool(cfg.generation_micro_group or cfg.generation_memory_mb),
-            "group_early_stop: with generation_micro_group 0 and no generation_memory_mb every sample starts at "
-            "once, leaving nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")
-
-
-def _check_vllm(cfg) -> None:
-    require(vllm_available(), INSTALL_HINT)
-    require(cfg.vllm_importance_sampling_clip_min <= cfg.vllm_importance_sampling_clip_max,
-            f"vllm_importance_sampling_clip_min: {cfg.vllm_importance_sampling_clip_min} is above "
-            f"vllm_importance_sampling_clip_max {cfg.vllm_importance_sampling_clip_max}")
-    if cfg.vllm_enable_sleep_mode:
-        import torch
-
-        require(cfg.device != "cpu" and torch.cuda.is_available(),
-                "vllm_enable_sleep_mode: vLLM's sleep mode frees CUDA memory; it is refused on the CPU (no GPU here "
-                "or device cpu)")
-
-
-def _check_generation_copy(cfg) -> None:
-    require(cfg.generation_dtype in ("", "auto", *COPY_DTYPES),
-            f"generation_dtype: expected '', 'auto', {' or '.join(COPY_DTYPES)}, got {cfg.generation_dtype!r}")
-    require(_engine_capability(cfg, "makes_generation_copy")
-            or cfg.generation_dtype in ("", "auto"),
-            f"generation_dtype: the generation copy is the hf engine's (got generation_engine "
-            f"{cfg.generation_engine}; vllm computes in its own dtype, the slots engine generates from the policy)")
-    require(bool(cfg.generation_copy_dtype) or not cfg.generation_static_cache,
-            "generation_static_cache: needs a generation copy (generation_dtype bfloat16 or float32, or auto with "
-            "bf16): the static cache is compiled over the copy, whose weights are refreshed in place")
 
 
 # --- warnings: fields set that change nothing in this run (set_up says them once; the run goes on)
 def ignored_fields(cfg) -> list[str]:
     """Warnings, one line each, about fields set away from their default that change nothing in
-    this run: another engine's options (a config copied between engines is common: warned, not
-    refused; read from the engine's declared reads_options, none for one that declares none),
-    dynamic_sampling_rounds without dynamic_sampling."""
+    this run: flat engine options the engine's options class does not have (a config copied
+    between engines is common: warned, not refused), the importance-sampling correction where
+    the engine reports no sampling log-probs, dynamic_sampling_rounds without dynamic_sampling."""
     changed = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
+    engine = ENGINES.resolve(cfg.generation_engine)
     warnings = []
-    reads = _engine_capability(cfg, "reads_options")
-    unread = [name for name in ENGINE_FIELDS if name in changed and reads is not None
-              and ENGINE_FIELDS[name] not in reads]
+    readers = {name: _readers(lambda engine, option=option: reads_option(engine, option))
+               for name, option in FLAT_OPTIONS.items() if not reads_option(engine, option)}
+    if not capability(engine, "reports_sampling_logp"):
+        readers.update(dict.fromkeys(SAMPLER_FIELDS, _readers(lambda engine: capability(engine,
+                                                                                        "reports_sampling_logp"))))
+    unread = [name for name in readers if name in changed]
     if unread:
-        shown = ", ".join(f"{name} = {json.dumps(getattr(cfg, name))} (read by {_readers(ENGINE_FIELDS[name])})"
-                          for name in unread)
+        shown = ", ".join(f"{name} = {json.dumps(getattr(cfg, name))} (read by {readers[name]})" for name in unread)
         warnings.append(f"generation_engine {component_label(cfg.generation_engine)} does not read {shown}: "
                         f"{'it has' if len(unread) == 1 else 'they have'} no effect in this run")
     if "dynamic_sampling_rounds" in changed and not cfg.dynamic_sampling:
@@ -249,7 +203,6 @@ def ignored_fields(cfg) -> list[str]:
     return warnings
 
 
-def _readers(option: str) -> str:
-    """The built-in engines that read a GenerationOptions field, by name: 'slots', 'hf or slots'."""
-    return " or ".join(name for name, engine in ENGINES.items() if option in (capability(engine, "reads_options")
-                                                                              or ()))
+def _readers(reads) -> str:
+    """The built-in engines for which ``reads(engine)`` holds, by name: 'slots', 'hf or slots'."""
+    return " or ".join(name for name, engine in ENGINES.items() if reads(engine)) or "none"

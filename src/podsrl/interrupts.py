@@ -34,14 +34,14 @@ class StopNow(KeyboardInterrupt):
         self.signum, self.where, self.waited = signum, where, waited
 
 
-class _Stops:
+class _SignalState:
     """The process's one view of stops: which interruptible code runs now, and the pending signal."""
 
     inside: str | None = None  # a label of the code running now ('advantage_estimator my.py:adv', 'evaluation')
     pending: int | None = None  # the signal of a stop asked for and not yet done
 
 
-_stops = _Stops()
+_signal_state = _SignalState()
 
 
 def _in_main_thread() -> bool:
@@ -50,8 +50,8 @@ def _in_main_thread() -> bool:
 
 def _raise_if_inside(_signum, _frame) -> None:
     """SIGALRM: the grace is over; interrupt the code still running."""
-    if _stops.inside is not None and _stops.pending is not None:
-        raise StopNow(_stops.pending, _stops.inside, waited=True)
+    if _signal_state.inside is not None and _signal_state.pending is not None:
+        raise StopNow(_signal_state.pending, _signal_state.inside, waited=True)
 
 
 def _arm(seconds: float) -> None:
@@ -69,31 +69,31 @@ def _disarm() -> None:
 def interruptible(label: str):
     """Run code that may not return soon (``label`` names it, e.g. ``"loss_type
     my_losses.py:mean"``) where a stop can end it: see the module's docstring."""
-    outer, _stops.inside = _stops.inside, label
-    if outer is None and _stops.pending is not None:
+    outer, _signal_state.inside = _signal_state.inside, label
+    if outer is None and _signal_state.pending is not None:
         _arm(GRACE_SECONDS)  # a stop is pending: this call gets the grace, not forever
     try:
         yield
     finally:
-        _stops.inside = outer
+        _signal_state.inside = outer
         if outer is None:
             _disarm()
 
 
 def stop_requested(signum: int) -> None:
     """A first signal: the run stops after the step; interruptible code running now gets the grace."""
-    _stops.pending = signum
-    if _stops.inside is not None:
+    _signal_state.pending = signum
+    if _signal_state.inside is not None:
         _arm(GRACE_SECONDS)
 
 
 def stop_now(signum: int) -> None:
     """A second signal: stop wherever the run is."""
-    _stops.pending = signum
-    raise StopNow(signum, _stops.inside or "")
+    _signal_state.pending = signum
+    raise StopNow(signum, _signal_state.inside or "")
 
 
 def clear() -> None:
     """The run is over (or a new one starts): no stop pending, no timer left."""
-    _stops.pending, _stops.inside = None, None
+    _signal_state.pending, _signal_state.inside = None, None
     _disarm()

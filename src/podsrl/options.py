@@ -18,10 +18,11 @@ checkpoint_minutes, max_grad_norm). Each error is one line that names the field:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["FRACTION", "NON_NEGATIVE", "POSITIVE", "SEED", "Range", "bind", "check_numbers", "option"]
+__all__ = ["FRACTION", "NON_NEGATIVE", "POSITIVE", "SEED", "Range", "bind", "check_numbers", "check_option", "option"]
 
 T = TypeVar("T")
 
@@ -80,6 +81,17 @@ def check_numbers(options: Any) -> None:
         if limits is not None and not limits.admits(value):
             why = f" ({limits.why})" if limits.why else ""
             raise ValueError(f"{f.name}: must be {limits.describe()}{why}, got {value}")
+
+
+def check_option(field: dataclasses.Field, value: Any, where: str) -> None:
+    """A value for the option ``field`` set by a component spec's argument (of its default's kind,
+    checked by the caller): a whole number where the default is one, within the field's range."""
+    if type(field.default) is int and not isinstance(value, int):  # a count: 2.5 slots is no count
+        raise ValueError(f"{where}: expected an integer like its default {field.default!r}, got {value!r}")
+    limits = field.metadata.get("range")
+    if limits is not None and not isinstance(value, bool) and not limits.admits(value):
+        why = f" ({limits.why})" if limits.why else ""
+        raise ValueError(f"{where} = {json.dumps(value)}: must be {limits.describe()}{why}")
 
 
 def bind(options_type: type[T], source: Any, **values: Any) -> T:

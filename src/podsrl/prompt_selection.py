@@ -26,23 +26,39 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
 
 from podsrl.algorithms.pass_rate import PassRatePosterior, draw_probabilities, nonconstant_probability
 from podsrl.contracts import broken, calling, error_line, index_list, number_record
-from podsrl.registry import Range, Registry, bind_options, positive
+from podsrl.options import POSITIVE, Range, option
+from podsrl.registry import Registry, bind_options
 
 
 @dataclass(frozen=True)
 class PromptSelectionOptions:
+    """A selector's settings: the run's (seed, prompts_per_step) and pass_rate's own, set as its
+    spec's arguments (``{name: pass_rate, half_life: 20}``) or by their flat config names
+    (:data:`FLAT_OPTIONS`; a spec's argument wins)."""
+
+    run_fields: ClassVar[frozenset[str]] = frozenset({"seed", "prompts_per_step"})
+
     seed: int = 0  # the run's seed: the order of the pass, the draws
     prompts_per_step: int = 1  # prompts taken per generation round
-    half_life: float = 50.0  # pass_rate: steps after which a prompt's evidence weighs half
-    prior_strength: float = 2.0  # pass_rate: pseudo-observations of the pool's pass rate per prompt
-    exploration: float = 0.1  # pass_rate: share of each draw spread evenly over the train split
+    half_life: float = option(50.0, "pass_rate: steps after which a prompt's pass / fail evidence weighs half (the "
+                                    "policy moves, so old outcomes say less).", POSITIVE)
+    prior_strength: float = option(2.0, "pass_rate: pseudo-observations of the pool's pass rate in each prompt's "
+                                        "belief (prompts seen rarely are judged by the pool).", POSITIVE)
+    exploration: float = option(0.1, "pass_rate: share of each draw spread evenly over the train split, so every "
+                                     "prompt keeps a chance of at least this / train prompts.",
+                                Range(0, 1, low_closed=False, why="0 could starve a prompt forever"))
+
+
+# the config's flat spellings of pass_rate's options
+FLAT_OPTIONS = {"pass_rate_half_life": "half_life", "pass_rate_prior_strength": "prior_strength",
+                "pass_rate_exploration": "exploration"}
 
 
 class PromptSelector(Protocol):
@@ -63,6 +79,9 @@ class PromptSelector(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    # optional: check_size(size, options), a static method refusing a train split of ``size``
+    # prompts before any model loads (where the config caps the split: max_train_prompts)
 
 
 class ShuffledPass:
@@ -110,13 +129,21 @@ class PassRateSelector:
     option_fields = ("half_life", "prior_strength", "exploration")  # settable as keyword arguments
 
     def __init__(self, size: int, options: PromptSelectionOptions = PromptSelectionOptions()) -> None:
-        if size < options.prompts_per_step:
-            raise ValueError(f"prompt_selector: pass_rate draws prompts_per_step = {options.prompts_per_step} "
-                             f"different prompts per step, more than the {size} usable train prompts")
+        try:
+            self.check_size(size, options)
+        except ValueError as err:
+            raise ValueError(f"prompt_selector: {err}") from None
         self.size, self.options = size, options
         self.posterior = PassRatePosterior(size, options.half_life, options.prior_strength)
         self.rng = np.random.default_rng([options.seed, 0x9A55])
         self.last: dict[str, float] = {}
+
+    @staticmethod
+    def check_size(size: int, options: PromptSelectionOptions) -> None:
+        """It draws prompts_per_step different prompts a step: the split must hold that many."""
+        if size < options.prompts_per_step:
+            raise ValueError(f"pass_rate draws prompts_per_step = {options.prompts_per_step} different prompts per "
+                             f"step, more than the {size} usable train prompts")
 
     def probabilities(self, step: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(draw probabilities [N], informativeness [N]) at ``step`` for groups of ``group_size``."""
@@ -212,11 +239,8 @@ def checked_selector(value, args: tuple, field: str, spec: str):
 
 
 # {name: pass_rate, half_life: 20}: a built-in's settings as keyword arguments, over the flat
-# fields (pass_rate_half_life ...); seed and prompts_per_step are the run's
-OPTION_RANGES = {"half_life": positive, "prior_strength": positive,
-                 "exploration": Range("in (0, 1]", lambda value: 0 < value <= 1, why="0 could starve a prompt")}
+# fields (pass_rate_half_life ...), in their options' ranges; seed and prompts_per_step are the run's
 PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", {
     "shuffled": ShuffledPass, "pass_rate": PassRateSelector},
     takes="(size, options)", arity=2, check_output=checked_selector,
-    binds=bind_options(PromptSelectionOptions, frozenset({"seed", "prompts_per_step"}), "prompt_selector",
-                       "(size, options)", 2, OPTION_RANGES))
+    binds=bind_options(PromptSelectionOptions, frozenset(), "prompt_selector", "(size, options)", 2))

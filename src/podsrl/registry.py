@@ -40,6 +40,7 @@ from podsrl.contracts import (
     probability,
     spec_name,
 )
+from podsrl.options import check_option
 
 __all__ = ["NAME_KEY", "Bound", "Checked", "OptionsBound", "Range", "Registry", "Spec", "argument_ranges",
            "bind_kwargs", "bind_options", "component_label", "error_line", "load_object", "non_negative", "positive",
@@ -235,18 +236,17 @@ class OptionsBound(Bound):
         return f"OptionsBound({component_label({NAME_KEY: spec_name(self.func), **self.fields})})"
 
 
-def bind_options(options_type, run_fields: frozenset[str], field: str, takes: str, arity: int,
-                 ranges: dict[str, Range] | None = None):
-    """A registry's ``binds`` for components that take an options dataclass last: a spec's
-    keyword argument that the component's own signature takes is bound to it (a user's
-    component, :func:`bind_kwargs`); any other must name a field of ``options_type`` that the run
-    does not set itself (``run_fields``) and the component reads (its ``option_fields``, where it
-    declares them), of its default's type and in its range (``ranges``),
-    and replaces that field in the options the component is built with, over the config's
-    flat field. Built-ins thus take keyword arguments as user components do."""
-    fields = {field.name: field for field in dataclasses.fields(options_type) if field.name not in run_fields}
-
+def bind_options(options_type, run_fields: frozenset[str], field: str, takes: str, arity: int):
+    """A registry's ``binds`` for components that take an options dataclass last: a spec's keyword
+    argument in the component's own signature is bound to it (:func:`bind_kwargs`); any other must
+    be a field of ``options_type`` (None: the component's ``options_type``, as engines declare it),
+    not set by the run (``run_fields`` and the class's), read by the component (its ``option_fields``,
+    where declared), of its default's type and in its field's range (:func:`podsrl.options.option`), and
+    replaces that field, over the config's flat field. Built-ins take arguments as user components do."""
     def binds(obj, kwargs: dict[str, Any], name: str):
+        kind = options_type or getattr(obj, "options_type", None)
+        skip = run_fields | getattr(kind, "run_fields", frozenset())
+        fields = {f.name: f for f in dataclasses.fields(kind) if f.init and f.name not in skip} if kind else {}
         try:
             own = {p.name for p in inspect.signature(obj).parameters.values() if p.kind in _SETTABLE}
         except (TypeError, ValueError):
@@ -259,8 +259,7 @@ def bind_options(options_type, run_fields: frozenset[str], field: str, takes: st
                 takes_too = sorted((own - {"options", "size"}) | settable) or ["none"]
                 raise ValueError(f"{field}: {name} takes no argument {key!r} (it takes: {', '.join(takes_too)})")
             _check_type(fields[key].default, value, f"{field}: {name}: argument {key}")
-            if key in (ranges or {}):
-                ranges[key].check(value, f"{field}: {name}: argument {key}")
+            check_option(fields[key], value, f"{field}: {name}: argument {key}")
         if not mine:  # bind_kwargs checks the signature with the arguments bound
             check_signature(obj, field, name, takes, arity)
         bound = bind_kwargs(obj, mine, field, name, takes, arity) if mine else obj

@@ -106,13 +106,13 @@ class Rollouts:
                                    else self.early_scores.at_prompts(indices))
 
     @staticmethod
-    def concat(parts: list["Rollouts"], pad_token_id: int) -> "Rollouts":
+    def concat(chunks: list["Rollouts"], pad_token_id: int) -> "Rollouts":
         """Rollouts of consecutive prompt chunks as one batch: prompts re-padded on the left,
         completions on the right (masks padded with 0), group axis kept."""
-        if len(parts) == 1:
-            return parts[0]
-        prompt_width = max(r.prompt_ids.shape[1] for r in parts)
-        completion_width = max(r.completion_ids.shape[2] for r in parts)
+        if len(chunks) == 1:
+            return chunks[0]
+        prompt_width = max(r.prompt_ids.shape[1] for r in chunks)
+        completion_width = max(r.completion_ids.shape[2] for r in chunks)
         pad = torch.nn.functional.pad
 
         def left(t, value):
@@ -121,17 +121,17 @@ class Rollouts:
         def right(t, value):
             return pad(t, (0, completion_width - t.shape[2]), value=value)
 
-        stats = {k: sum(r.stats[k] for r in parts) for k in ("generated_tokens", "decode_steps")}
-        generated = None if all(r.generated is None for r in parts) else torch.cat([r.generated_mask for r in parts])
-        sampling_logp = None if any(r.sampling_logp is None for r in parts) else torch.cat(
-            [right(r.sampling_logp, 0.0) for r in parts])  # [P, n, Lc]
-        early_scores = None if any(r.early_scores is None for r in parts) else Scores.concat(
-            [r.early_scores for r in parts])  # [P, n]
-        return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in parts]),  # [P, Lp]
-                        prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in parts]),
-                        completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in parts]),
-                        completion_mask=torch.cat([right(r.completion_mask, 0) for r in parts]),  # [P, n, Lc]
-                        texts=[group for r in parts for group in r.texts], stats=stats, generated=generated,
+        stats = {k: sum(r.stats[k] for r in chunks) for k in ("generated_tokens", "decode_steps")}
+        generated = None if all(r.generated is None for r in chunks) else torch.cat([r.generated_mask for r in chunks])
+        sampling_logp = None if any(r.sampling_logp is None for r in chunks) else torch.cat(
+            [right(r.sampling_logp, 0.0) for r in chunks])  # [P, n, Lc]
+        early_scores = None if any(r.early_scores is None for r in chunks) else Scores.concat(
+            [r.early_scores for r in chunks])  # [P, n]
+        return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in chunks]),  # [P, Lp]
+                        prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in chunks]),
+                        completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in chunks]),
+                        completion_mask=torch.cat([right(r.completion_mask, 0) for r in chunks]),  # [P, n, Lc]
+                        texts=[group for r in chunks for group in r.texts], stats=stats, generated=generated,
                         sampling_logp=sampling_logp, early_scores=early_scores)
 
 
@@ -150,23 +150,23 @@ class Scores:
     format: torch.Tensor
     unverifiable: torch.Tensor
 
-    def parts(self) -> tuple[torch.Tensor, ...]:
-        """The four tensors, in field order (``Scores(*parts)`` rebuilds them)."""
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The four tensors, in field order (``Scores(*tensors)`` rebuilds them)."""
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
     def kept(self, keep: torch.Tensor) -> "Scores":
         """The scores at ``keep`` [P, m] (indices into the group axis), prompt axis unchanged."""
-        return Scores(*(part.gather(1, keep) for part in self.parts()))
+        return Scores(*(tensor.gather(1, keep) for tensor in self.tensors()))
 
     def at_prompts(self, indices: list[int]) -> "Scores":
         """The scores of the prompt groups at ``indices`` (along P), in that order."""
         rows = torch.tensor(indices, dtype=torch.long)
-        return Scores(*(part[rows] for part in self.parts()))
+        return Scores(*(tensor[rows] for tensor in self.tensors()))
 
     @staticmethod
-    def concat(parts: list["Scores"]) -> "Scores":
+    def concat(chunks: list["Scores"]) -> "Scores":
         """Scores of consecutive prompt chunks as one batch [sum P, n]."""
-        return Scores(*(torch.cat(same) for same in zip(*(s.parts() for s in parts))))
+        return Scores(*(torch.cat(same) for same in zip(*(s.tensors() for s in chunks))))
 
 
 @dataclass

@@ -149,10 +149,10 @@ def test_trls_direct_load_fails_where_vllms_cpu_backend_repacked_the_layers():
     """Why PODSTrainer carries its own sync on the CPU: TRL's colocate sync calls the engine
     model's load_weights, which cannot load into a layer vLLM's CPU backend has repacked for
     oneDNN (float32 here). If this starts passing, vLLM fixed it and CPUWeightSync can go."""
-    from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
+    from podsrl.rollout import VLLMEngine, VLLMOptions
 
     bundle = load_model("tiny")
-    engine = VLLMEngine(GenerationOptions(max_new_tokens=4, vllm=VLLMOptions(dtype="float32", enforce_eager=True)))
+    engine = VLLMEngine(VLLMOptions(max_new_tokens=4, compute_dtype="float32", enforce_eager=True))
     try:
         engine(bundle.model, bundle.tokenizer, [TASK.test[0].prompt], 1)  # builds it
         model = engine.llm.llm_engine.model_executor.driver_worker.model_runner.model

@@ -20,7 +20,7 @@ from greedy_oracle import assert_greedy_agrees  # noqa: E402
 
 from podsrl.models import load_model  # noqa: E402
 from podsrl.models.logprobs import token_logprobs  # noqa: E402
-from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions, generate  # noqa: E402
+from podsrl.rollout import VLLMEngine, VLLMOptions, generate  # noqa: E402
 from podsrl.tasks.arithmetic import build_arithmetic  # noqa: E402
 
 PROMPTS = [example.prompt for example in build_arithmetic(level=3, num_train=10, num_test=24, seed=3).test]
@@ -32,7 +32,7 @@ def completions(rollouts) -> list[list[int]]:
 
 def make_engine(max_new_tokens=8, **vllm_options):
     vllm_options.setdefault("enforce_eager", True)  # compiling costs minutes on the CPU, for no speed
-    return VLLMEngine(GenerationOptions(max_new_tokens=max_new_tokens, vllm=VLLMOptions(**vllm_options)))
+    return VLLMEngine(VLLMOptions(max_new_tokens=max_new_tokens, **vllm_options))
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_seeded_calls_repeat_and_building_an_engine_leaves_the_random_streams_al
 
 
 def test_float32_and_bfloat16_engines_start_and_sample(tiny):
-    engine = make_engine(dtype="bfloat16")
+    engine = make_engine(compute_dtype="bfloat16")
     torch.manual_seed(0)
     rollouts = engine(tiny.model, tiny.tokenizer, PROMPTS[:4], 4)
     engine.close()

@@ -104,7 +104,7 @@ def test_a_sequence_length_that_would_cut_completions_short_is_refused_before_an
     run at 0% that 'succeeds'), and refuses a longer prompt with a long traceback: refused at
     set-up over every prompt, and by the engine for any call that does not fit."""
     from podsrl.models import load_model
-    from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
+    from podsrl.rollout import VLLMEngine, VLLMOptions
 
     for length in (24, 8):  # below prompt + completion; below the prompt itself
         with pytest.raises(ValueError, match=r"^vllm_max_model_length: the longest prompt \(\d+ tokens\) plus "
@@ -114,7 +114,7 @@ def test_a_sequence_length_that_would_cut_completions_short_is_refused_before_an
                                max_completion_length=16))
         assert not (tmp_path / f"run{length}").exists()
     bundle = load_model("tiny")
-    engine = VLLMEngine(GenerationOptions(max_new_tokens=16, vllm=VLLMOptions(max_model_length=24)))
+    engine = VLLMEngine(VLLMOptions(max_new_tokens=16, max_model_length=24))
     with pytest.raises(ValueError, match="^vllm_max_model_length: .* needs"):
         engine.generate(bundle.model, bundle.tokenizer, ["What is 12 + 30? Answer in format: 'Answer: {result}'"],
                         2, max_new_tokens=16)
@@ -187,8 +187,8 @@ def test_a_killed_runs_engine_config_folder_is_removed_by_the_next_engine(tmp_pa
     import tempfile
 
     from podsrl.models import load_model
-    from podsrl.rollout import GenerationOptions, VLLMEngine, VLLMOptions
-    from podsrl.rollout.vllm import CONFIG_FOLDER_PREFIX
+    from podsrl.rollout import VLLMEngine, VLLMOptions
+    from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX
 
     def folders() -> set[Path]:
         return set(Path(tempfile.gettempdir()).glob(f"{CONFIG_FOLDER_PREFIX}*"))
@@ -208,7 +208,7 @@ def test_a_killed_runs_engine_config_folder_is_removed_by_the_next_engine(tmp_pa
     left = folders() - before
     assert len(left) == 1, "a killed run leaves its engine's config folder"
     bundle = load_model("tiny")
-    engine = VLLMEngine(GenerationOptions(max_new_tokens=4, vllm=VLLMOptions(enforce_eager=True)))
+    engine = VLLMEngine(VLLMOptions(max_new_tokens=4, enforce_eager=True))
     try:
         engine.generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?"], 1, max_new_tokens=4)
         assert not left & folders(), "the next engine removes it"

@@ -101,6 +101,9 @@ def max_variance(rewards: torch.Tensor, m: int, generator: torch.Generator | Non
     return order.gather(1, positions).sort(dim=1).values
 
 
+max_variance.early_stop_lossless = True  # algorithms/early_stop.py proves saturation for this rule's selection
+
+
 def max_reward(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """The m highest rewards (paper's ablation; it collapsed to 67.3% on GSM8K).
     Ties go to the lower index (stable sort)."""

@@ -161,7 +161,7 @@ class Scorer:
                                       [ids[i] for i in samples], trainer_state)
         flat = self._score(inputs, (len(where),))
         return Scores(*(old.flatten().index_copy(0, where, new).view(shape)
-                        for old, new in zip(known.parts(), flat.parts())))
+                        for old, new in zip(known.tensors(), flat.tensors())))
 
     def sample_scores(self, split: PreparedSplit, prompt_index: list[int], texts: list[str],
                       completion_ids: list[list[int]], trainer_state: Any = None) -> Scores:

@@ -1,7 +1,8 @@
 """The generate stage: prompts [P] -> Rollouts [P, n, Lc], by an engine registered by name.
 
-``ENGINES.resolve(name)(options)`` builds an engine once per run from :class:`GenerationOptions`
-(a registered name, or ``module:Class`` / ``file.py:Class``: :mod:`podsrl.registry`);
+``ENGINES.resolve(spec)(options)`` builds an engine once per run from its own options class
+(:func:`engine_options`; a registered name, or ``module:Class`` / ``file.py:Class``, or a mapping
+of one and options to set: :mod:`podsrl.registry`);
 an engine is ``engine(model, tokenizer, prompts, num_samples, stopper=None) -> Rollouts``
 with the group axis kept (``stopper``: early stop of saturated groups), plus ``state_dict()``
 (a snapshot: copies, not live references) / ``load_state_dict()`` / ``check_state()`` for
@@ -27,36 +28,60 @@ of :func:`generate`, which evaluation then uses (:class:`~podsrl.rollout.base.Ge
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from podsrl.contracts import broken, calling
-from podsrl.registry import Registry
-from podsrl.rollout.base import GenerationEngine, Stopper, capability, early_stop_refusal, to_rollouts
+from podsrl.registry import Registry, bind_options
+from podsrl.rollout.base import (
+    EngineOptions,
+    GenerationEngine,
+    Stopper,
+    capability,
+    early_stop_refusal,
+    reads_option,
+    to_rollouts,
+)
 from podsrl.rollout.generation_copy import GenerationCopy
-from podsrl.rollout.hf import HFEngine, generate
+from podsrl.rollout.hf import HFEngine, HFOptions, generate
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor, Schedule
-from podsrl.rollout.slots import SlotsEngine, generate_in_slots
+from podsrl.rollout.slots import SlotsEngine, SlotsOptions, generate_in_slots
 from podsrl.rollout.vllm import VLLMEngine, VLLMOptions
 from podsrl.types import Rollouts
 
+# The config's flat spellings of engine options (generation_* and TRL's vllm_* names), each setting
+# the option of that name in whichever engine's options class has it; a spec's own arguments win:
+# generation_engine: {name: vllm, gpu_memory_utilization: 0.5} over vllm_gpu_memory_utilization.
+FLAT_OPTIONS = {
+    "generation_memory_mb": "memory_mb",
+    "generation_batch_size": "batch_size",
+    "share_prefill": "share_prefill",
+    "generation_dtype": "copy_dtype",
+    "generation_static_cache": "static_cache",
+    "generation_micro_group": "micro_group",
+    "generation_refill": "refill",
+    "generation_schedule": "schedule",
+    "generation_probe_tokens": "probe_tokens",
+    "vllm_gpu_memory_utilization": "gpu_memory_utilization",
+    "vllm_kv_cache_memory_mb": "kv_cache_memory_mb",
+    "vllm_max_model_length": "max_model_length",
+    "vllm_enable_sleep_mode": "enable_sleep_mode",
+    "vllm_enforce_eager": "enforce_eager",
+}
 
-@dataclass(frozen=True)
-class GenerationOptions:
-    max_new_tokens: int = 8  # completion length cap in tokens
-    temperature: float = 1.0
-    top_p: float = 1.0
-    memory_mb: float = 0.0  # cap on the estimated memory of what is decoded at once (0 = none)
-    batch_size: int = 0  # hf: sequences decoded at once, in whole prompt groups (0 = all)
-    share_prefill: bool = True  # hf: each prompt's KV cache computed once for its n samples
-    micro_group: int = 0  # slots: sequences decoded at once (0 = what memory_mb allows, or all)
-    refill: str = "continuous"  # slots: "continuous" or "group"
-    schedule: str = "fifo"  # slots: a name in SCHEDULES, or module:Schedule
-    probe_tokens: int = 4  # slots, schedule length_aware: tokens decoded before the length prediction
-    vllm: VLLMOptions = VLLMOptions()  # vllm: how the engine is built
-    copy_dtype: str = ""  # hf: generate from a copy in this dtype with LoRA merged ('' = from the policy)
-    static_cache: bool = False  # hf, with a copy: transformers' static KV cache (its decode step compiled on GPUs)
-    compile_config: object = None  # static_cache: a transformers.CompileConfig (None = transformers' default)
+
+def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> EngineOptions:
+    """The options ``engine`` (``ENGINES.resolve(spec)``) is built with: its ``options_type``
+    filled from the config's ``flat`` fields (by :data:`FLAT_OPTIONS`) and the ``run``'s own
+    values (max_new_tokens, temperature, ...: each taken where the class has the field), then
+    the spec's arguments over them (checked when the spec was resolved)."""
+    options_type = capability(engine, "options_type")
+    names = {f.name for f in dataclasses.fields(options_type) if f.init}
+    values = {option: flat[name] for name, option in FLAT_OPTIONS.items() if option in names and name in flat}
+    values.update((name, value) for name, value in run.items() if name in names)
+    return dataclasses.replace(options_type(**values), **getattr(engine, "fields", {}))
 
 
 class CheckedEngine:
@@ -96,10 +121,13 @@ def checked_engine(value, args: tuple, field: str, spec: str):
     return value if type(value) in (HFEngine, SlotsEngine, VLLMEngine) else CheckedEngine(value, field, spec)
 
 
+# a spec's arguments set the engine's own options (its options_type), as selectors' set theirs
 ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine, "vllm": VLLMEngine},
-                   takes="(options)", arity=1, check_output=checked_engine)
+                   takes="(options)", arity=1, check_output=checked_engine,
+                   binds=bind_options(None, frozenset(), "generation_engine", "(options)", 1))
 
-__all__ = ["ENGINES", "REFILLS", "SCHEDULES", "GenerationCopy", "GenerationEngine", "GenerationOptions", "HFEngine",
-           "LengthPredictor", "PrefixLengthPredictor", "Schedule", "SlotsEngine", "Stopper", "VLLMEngine",
-           "VLLMOptions", "capability", "early_stop_refusal", "generate", "generate_in_slots",
-           "generation_memory_bytes", "to_rollouts"]
+__all__ = ["ENGINES", "FLAT_OPTIONS", "REFILLS", "SCHEDULES", "EngineOptions", "GenerationCopy", "GenerationEngine",
+           "HFEngine", "HFOptions", "LengthPredictor", "PrefixLengthPredictor", "Schedule", "SlotsEngine",
+           "SlotsOptions", "Stopper", "VLLMEngine", "VLLMOptions", "capability", "early_stop_refusal",
+           "engine_options", "generate", "generate_in_slots", "generation_memory_bytes", "reads_option",
+           "to_rollouts"]

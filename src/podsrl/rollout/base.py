@@ -6,10 +6,13 @@ it: :mod:`podsrl.rollout.hf`, :mod:`podsrl.rollout.slots`, :mod:`podsrl.rollout.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Protocol
 
 import torch
 
+from podsrl.options import NON_NEGATIVE, POSITIVE, Range, option
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.types import Rollouts, completion_mask_from_eos
 
@@ -19,21 +22,41 @@ MB = 2**20
 # prompts whose groups are saturated after these N newly finished samples
 Stopper = Callable[[list[int], list[list[int]]], list[int]]
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """What every engine samples with: the run sets these (from max_completion_length,
+    temperature and top_p), a spec's arguments do not. An engine's own options subclass it in
+    the engine's module (:class:`podsrl.rollout.slots.SlotsOptions`), each field an
+    :func:`~podsrl.options.option` (its help text and range travel with it), and the engine
+    names the class as its ``options_type``; ``generation_engine: {name: slots, micro_group: 8}``
+    sets a field (checked in type and range at validation, before any model loads)."""
+
+    # fields the run sets, never a spec's arguments (a subclass adds its own: ClassVar, not a field)
+    run_fields: ClassVar[frozenset[str]] = frozenset({"max_new_tokens", "temperature", "top_p"})
+
+    max_new_tokens: int = option(8, "Completion length cap in tokens.", POSITIVE)
+    temperature: float = option(1.0, "Sampling temperature (0: greedy).", NON_NEGATIVE)
+    top_p: float = option(1.0, "Nucleus sampling threshold.", Range(0, 1, low_closed=False))
+
+    def check(self) -> None:
+        """Rules among this engine's own options, one line naming the field (at validation)."""
+
+    def early_stop_refusal(self) -> str:
+        """Why group_early_stop cannot run with these options ('' = it can)."""
+        return ""
+
+
 # what an engine that does not declare a capability is taken to have: config checks read these
 # from the engine's class, so a capability is tested, never an engine's name
 CAPABILITIES = {
     "early_stop_refusal": "declares no early_stop_refusal ('' = it takes the stopper group_early_stop passes)",
-    "memory_capped": False,  # honours generation_memory_mb
-    "runs_schedules": False,  # runs generation_schedule and generation_refill (SCHEDULES)
-    "makes_generation_copy": False,  # generates from a generation copy (generation_dtype)
     "needs_whole_weights": False,  # each process's engine needs the whole weights (refused under FSDP)
-    # the GenerationOptions fields it reads; the config warns about another engine's options set for it
-    # (None: undeclared, a user's engine may read any, so nothing is warned about)
-    "reads_options": None,
+    "reports_sampling_logp": False,  # Rollouts.sampling_logp: what the vllm_importance_sampling_* correction reads
+    # its options class (an EngineOptions): which options it reads, and what a spec's arguments may set
+    "options_type": EngineOptions,
+    # check_prompts(options, model_config, longest_prompt): refuse, before any step, prompts it cannot take
+    "check_prompts": None,
 }
-
-
-SAMPLING = frozenset({"max_new_tokens", "temperature", "top_p"})  # GenerationOptions every engine reads
 
 
 def capability(engine, name: str):
@@ -41,15 +64,20 @@ def capability(engine, name: str):
     return getattr(engine, name, CAPABILITIES[name])
 
 
+def reads_option(engine, option_name: str) -> bool:
+    """Whether ``engine``'s options class has the option ``option_name``."""
+    return option_name in {f.name for f in dataclasses.fields(capability(engine, "options_type"))}
+
+
 class GenerationEngine(Protocol):
-    """What the trainer asks of an engine. The live policy is passed to every call, so an
-    engine always generates with the current weights (one that keeps its own copy of them, as
-    vLLM does, takes them from there when they changed).
+    """What the trainer asks of an engine, built as ``engine(options)`` from its ``options_type``.
+    The live policy is passed to every call, so an engine always generates with the current
+    weights (one that keeps its own copy of them, as vLLM does, takes them from there when
+    they changed).
 
     Capabilities, class attributes (:data:`CAPABILITIES`: what an engine that does not declare
     one is taken to have): ``early_stop_refusal`` (why it cannot take a ``stopper``; "" = it
-    can), ``memory_capped``, ``runs_schedules``, ``makes_generation_copy``, ``needs_whole_weights``,
-    ``reads_options``.
+    can), ``needs_whole_weights``, ``reports_sampling_logp``, ``options_type``, ``check_prompts``.
 
     Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples, *,
     max_new_tokens, temperature, top_p, batch_size)`` as :func:`podsrl.rollout.generate` takes them
@@ -58,11 +86,9 @@ class GenerationEngine(Protocol):
     run ends, however it ends)."""
 
     early_stop_refusal: str
-    memory_capped: bool
-    runs_schedules: bool
-    makes_generation_copy: bool
     needs_whole_weights: bool
-    reads_options: frozenset[str] | None
+    reports_sampling_logp: bool
+    options_type: type[EngineOptions]
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:

@@ -21,17 +21,6 @@ from podsrl.rollout.weights import inference_weights, weights_version
 COPY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def copy_dtype(generation_dtype: str, engine: str, low_precision: bool) -> str:
-    """The copy a run generates from ('' = the policy itself). 'auto': a bfloat16 copy on the hf
-    engine when the policy's forward passes run in bfloat16 (``low_precision``: bf16, or
-    bfloat16 weights), measured faster there; none in float32, where the copy gained nothing
-    on the CPU and generating from the policy keeps samples exact (benchmarks/RESULTS.md, "The
-    hf engine's generation copy (#39)")."""
-    if generation_dtype != "auto":
-        return generation_dtype
-    return "bfloat16" if engine == "hf" and low_precision else ""
-
-
 class GenerationCopy:
     """``copy(policy)`` -> a plain model in ``dtype`` holding the policy's current weights."""
 

@@ -3,14 +3,16 @@ n samples per prompt, group axis kept (:func:`generate`, also evaluation's sampl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from transformers import DynamicCache
 
+from podsrl.options import NON_NEGATIVE, option
 from podsrl.rollout.base import (
     MB,
-    SAMPLING,
+    EngineOptions,
     Stateless,
     Stopper,
     longest_prompt,
@@ -19,12 +21,49 @@ from podsrl.rollout.base import (
     rows_within,
     to_rollouts,
 )
-from podsrl.rollout.generation_copy import GenerationCopy
+from podsrl.rollout.generation_copy import COPY_DTYPES, GenerationCopy
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.types import Rollouts
 
-if TYPE_CHECKING:
-    from podsrl.rollout import GenerationOptions
+
+@dataclass(frozen=True)
+class HFOptions(EngineOptions):
+    """The ``hf`` engine's options (their flat config names: podsrl.rollout.FLAT_OPTIONS)."""
+
+    run_fields: ClassVar[frozenset[str]] = EngineOptions.run_fields | {"compute_dtype", "sharded", "compile_config"}
+
+    memory_mb: float = option(0.0, "Cap on the estimated memory of the whole prompt groups decoded at once "
+                                   "(0 = none).", NON_NEGATIVE)
+    batch_size: int = option(0, "Sequences decoded at once, in whole prompt groups (0 = all).", NON_NEGATIVE)
+    share_prefill: bool = option(True, "Each prompt's KV cache computed once for its n samples.")
+    copy_dtype: str = option("auto", "Generate from a copy of the policy in this dtype with LoRA merged: '' = "
+                                     "from the policy, 'auto' = bfloat16 when the policy computes in bfloat16.")
+    static_cache: bool = option(False, "With a copy: transformers' static KV cache (its decode step compiled on "
+                                       "GPUs).")
+    compute_dtype: str = "float32"  # the policy's forward passes' dtype (bfloat16 under bf16 or bfloat16 weights)
+    sharded: bool = False  # FSDP: no process holds whole weights, so no copy
+    compile_config: object = None  # static_cache: a transformers.CompileConfig (None = transformers' default)
+
+    def copy(self) -> str:
+        """The copy's dtype ('' = none). 'auto': bfloat16 where the policy computes in bfloat16,
+        measured faster there; none in float32, where the copy gained nothing on the CPU and
+        generating from the policy keeps samples exact (benchmarks/RESULTS.md, "The hf engine's
+        generation copy (#39)"), and none under FSDP."""
+        if self.copy_dtype != "auto":
+            return self.copy_dtype
+        return "bfloat16" if self.compute_dtype == "bfloat16" and not self.sharded else ""
+
+    def check(self) -> None:
+        if self.copy_dtype not in ("", "auto", *COPY_DTYPES):
+            raise ValueError(f"generation_dtype: expected '', 'auto', {' or '.join(COPY_DTYPES)}, got "
+                             f"{self.copy_dtype!r}")
+        if self.sharded and self.copy_dtype not in ("", "auto"):
+            raise ValueError("generation_dtype: the generation copy is not supported with FSDP (it is refreshed from "
+                             "whole weights); use DDP, or generation_dtype auto (no copy under FSDP)")
+        if self.static_cache and not self.copy():
+            raise ValueError("generation_static_cache: needs a generation copy (generation_dtype bfloat16 or float32, "
+                             "or auto with bf16): the static cache is compiled over the copy, whose weights are "
+                             "refreshed in place")
 
 
 def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: int, share_prefill: bool,
@@ -107,22 +146,17 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
 
 
 class HFEngine(Stateless):
-    """transformers ``generate`` on whole prompt groups; learns nothing across steps. With
-    ``copy_dtype`` it generates (and evaluates, through :meth:`generate`) from a
+    """transformers ``generate`` on whole prompt groups; learns nothing across steps. With a
+    copy (``HFOptions.copy()``) it generates (and evaluates, through :meth:`generate`) from a
     :class:`GenerationCopy` of the policy, refreshed when the policy changed."""
 
     name = "hf"
     early_stop_refusal = "needs generation_engine slots (the hf engine generates whole groups at once)"
-    memory_capped = True  # the cap bounds how many whole groups are decoded together
-    runs_schedules = False
-    makes_generation_copy = True
-    needs_whole_weights = False
-    reads_options = SAMPLING | {"memory_mb", "batch_size", "share_prefill", "copy_dtype", "static_cache",
-                                "compile_config"}
+    options_type = HFOptions
 
-    def __init__(self, options: GenerationOptions) -> None:
+    def __init__(self, options: HFOptions) -> None:
         self.options = options
-        self.copy = GenerationCopy(options.copy_dtype) if options.copy_dtype else None
+        self.copy = GenerationCopy(options.copy()) if options.copy() else None
         if self.copy is not None:  # only then: without a copy the run's metrics keep their fields
             self.step_record = self.copy.step_record
 

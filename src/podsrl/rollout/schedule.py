@@ -265,7 +265,8 @@ def check_options(refill: str, schedule: Schedule, probe_tokens: int) -> None:
         raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
     if schedule.plans_lanes and (refill != "continuous" or probe_tokens < 2):
         raise ValueError(f"generation_schedule length_aware needs generation_refill continuous and "
-                         f"generation_probe_tokens >= 2 (got {refill!r}, {probe_tokens})")
+                         f"generation_probe_tokens >= 2 (got generation_refill {refill}, generation_probe_tokens "
+                         f"{probe_tokens})")
 
 
 def predictor_for(schedule: Schedule, predictor: LengthPredictor | PrefixLengthPredictor | None):

@@ -36,11 +36,13 @@ g x (longest prompt + max_new_tokens).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from podsrl.rollout.base import SAMPLING, Stopper, longest_prompt, rows_within, to_rollouts
+from podsrl.options import NON_NEGATIVE, POSITIVE, option
+from podsrl.registry import Spec
+from podsrl.rollout.base import EngineOptions, Stopper, longest_prompt, rows_within, to_rollouts
 from podsrl.rollout.schedule import (
     SCHEDULES,
     LengthPredictor,
@@ -55,8 +57,33 @@ from podsrl.rollout.schedule import (
 from podsrl.rollout.slot_decoder import SlotDecoder, decode, prefill
 from podsrl.types import Rollouts
 
-if TYPE_CHECKING:
-    from podsrl.rollout import GenerationOptions
+
+@dataclass(frozen=True)
+class SlotsOptions(EngineOptions):
+    """The ``slots`` engine's options (their flat config names: podsrl.rollout.FLAT_OPTIONS)."""
+
+    memory_mb: float = option(0.0, "Cap on the estimated memory of what is decoded at once: bounds the slots "
+                                   "(0 = none).", NON_NEGATIVE)
+    micro_group: int = option(0, "Sequences decoded at once, the slots (g); 0 = as many as memory_mb allows, or "
+                                 "all P*n without a cap.", NON_NEGATIVE)
+    refill: str = option("continuous", "'continuous' gives a finished sample's slot to the next pending sample at "
+                                       "once; 'group' waits for the whole micro-group (naive micro-groups).")
+    schedule: Spec = option("fifo", "Order of pending samples: a name in podsrl.rollout.SCHEDULES, or "
+                                    "module:Schedule.")
+    probe_tokens: int = option(4, "Schedule length_aware: tokens every sample decodes before its length is "
+                                  "predicted.", POSITIVE)
+
+    def check(self) -> None:
+        check_options(self.refill, SCHEDULES.resolve(self.schedule), self.probe_tokens)
+
+    def early_stop_refusal(self) -> str:
+        refusal = SCHEDULES.resolve(self.schedule).early_stop_refusal
+        if refusal:
+            return refusal
+        if not (self.micro_group or self.memory_mb):
+            return ("with generation_micro_group 0 and no generation_memory_mb every sample starts at once, leaving "
+                    "nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")
+        return ""
 
 
 def pack(completions: list[list[list[int]]], pad: int) -> torch.Tensor:
@@ -135,14 +162,10 @@ class SlotsEngine:
     """Decoding slots refilled sample by sample (:func:`generate_in_slots`); with a
     length-aware schedule it carries a completion-length predictor learned across steps."""
 
-    early_stop_refusal = ""  # it stops saturated groups (the stopper)
-    memory_capped = True  # the cap bounds the decoding slots
-    runs_schedules = True
-    makes_generation_copy = False
-    needs_whole_weights = False
-    reads_options = SAMPLING | {"memory_mb", "micro_group", "refill", "schedule", "probe_tokens"}  # prefill: shared
+    early_stop_refusal = ""  # it stops saturated groups (the stopper), as its options allow
+    options_type = SlotsOptions
 
-    def __init__(self, options: GenerationOptions) -> None:
+    def __init__(self, options: SlotsOptions) -> None:
         self.options = options
         self.schedule = SCHEDULES.resolve(options.schedule)
         self.predictor = self.schedule.new_predictor()

@@ -27,7 +27,6 @@ vLLM is imported when the engine is built; without it, building says which extra
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -36,12 +35,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import ClassVar, Iterable
 
 import numpy as np
 import torch
 
-from podsrl.rollout.base import MB, SAMPLING, Stateless, Stopper, refuse_early_stop, to_rollouts
+from podsrl.options import NON_NEGATIVE, Range, option
+from podsrl.rollout.base import MB, EngineOptions, Stateless, Stopper, refuse_early_stop, to_rollouts
+from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
 
@@ -57,22 +58,43 @@ CPU_BLOCK_SIZE = 32
 INSTALL_HINT = ("generation_engine: 'vllm' needs vLLM, which is not installed here: on a GPU `pip install "
                 "\"podsrl[vllm] @ file://$PWD\"` from a podsrl clone; on an x86 CPU vLLM's CPU build goes in its own "
                 "environment, `bash scripts/test_vllm.sh` builds it (.venv-vllm; docs/generation.md#vllm)")
-CONFIG_FOLDER_PREFIX = "podsrl-vllm-"  # the engine's temporary config folder: tempdir/podsrl-vllm-XXXX
-OWNER_FILE = "podsrl-owner.json"  # in that folder: which process made it (stale folders of killed runs go)
 
 
 @dataclass(frozen=True)
-class VLLMOptions:
-    """How the vLLM engine is built (the config's ``vllm_*`` fields)."""
+class VLLMOptions(EngineOptions):
+    """How the vLLM engine is built (their flat config names, TRL's: podsrl.rollout.FLAT_OPTIONS)."""
 
-    dtype: str = "float32"  # vLLM's compute dtype: bfloat16 under bf16 or bfloat16 weights
+    run_fields: ClassVar[frozenset[str]] = EngineOptions.run_fields | {
+        "compute_dtype", "seed", "processes", "device", "max_prompt_tokens"}
+
+    gpu_memory_utilization: float = option(0.3, "Share of the GPU's memory vLLM may take for weights and KV cache "
+                                                "(TRL's field).", Range(0, 1, low_closed=False))
+    kv_cache_memory_mb: float = option(0.0, "KV-cache size in MiB, on any device (0 = on a GPU from "
+                                            "gpu_memory_utilization; on the CPU, room for vLLM's most sequences at "
+                                            "full length, up to 4 GiB).", NON_NEGATIVE)
+    max_model_length: int = option(0, "Longest sequence (prompt + completion) vLLM plans for (TRL's field); 0 = "
+                                      "max_prompt_tokens + max_completion_length, capped at the model's maximum.",
+                                   NON_NEGATIVE)
+    enable_sleep_mode: bool = option(False, "Free vLLM's GPU memory during the update (CUDA only).")
+    enforce_eager: bool = option(False, "Run vLLM without compilation or CUDA graphs (vLLM's enforce_eager).")
+    compute_dtype: str = "float32"  # the policy's forward passes' dtype, vLLM's too (bfloat16 under bf16)
     seed: int = 0
-    max_model_length: int = 0  # longest prompt + completion; capped at the model's maximum (0: that maximum)
-    kv_cache_memory_mb: float = 0.0  # 0: on a GPU from gpu_memory_utilization, on the CPU sized below
-    gpu_memory_utilization: float = 0.3
-    enable_sleep_mode: bool = False  # CUDA only (config_checks refuses it on the CPU)
-    enforce_eager: bool = False  # vLLM's default: compile (CUDA graphs on a GPU)
     processes: int = 1  # data-parallel training processes, each with its own engine
+    device: str = "auto"  # the run's device setting
+    max_prompt_tokens: int = 0  # the run's prompt cap: with max_new_tokens, the length planned for by default
+
+    def planned_length(self) -> int:
+        """The configured length, else max_prompt_tokens + max_new_tokens (0 when neither is known)."""
+        return self.max_model_length or (self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0)
+
+    def check(self) -> None:
+        require_vllm(ValueError)
+        if self.enable_sleep_mode:
+            import torch
+
+            if self.device == "cpu" or not torch.cuda.is_available():
+                raise ValueError("vllm_enable_sleep_mode: vLLM's sleep mode frees CUDA memory; it is refused on the "
+                                 "CPU (no GPU here or device cpu)")
 
 
 def vllm_available() -> bool:
@@ -86,10 +108,10 @@ def vllm_available() -> bool:
     return True
 
 
-def require_vllm() -> None:
-    """ImportError with the one-line install hint when vLLM is not installed."""
+def require_vllm(error: type[Exception] = ImportError) -> None:
+    """``error`` with the one-line install hint when vLLM is not installed."""
     if not vllm_available():
-        raise ImportError(INSTALL_HINT)
+        raise error(INSTALL_HINT)
 
 
 def kv_bytes_per_token(config, dtype: str) -> int:
@@ -106,21 +128,23 @@ class VLLMEngine(Stateless):
 
     name = "vllm"
     early_stop_refusal = "needs generation_engine slots (the vllm engine schedules its own samples)"
-    memory_capped = False  # vLLM sizes its own KV cache (vllm_kv_cache_memory_mb, vllm_gpu_memory_utilization)
-    runs_schedules = False
-    makes_generation_copy = False  # it computes in its own dtype
     needs_whole_weights = True  # each process's engine is fed whole weights
-    reads_options = SAMPLING | {"vllm"}
+    reports_sampling_logp = True
+    options_type = VLLMOptions
 
-    def __init__(self, options) -> None:  # options: podsrl.rollout.GenerationOptions
+    def __init__(self, options: VLLMOptions) -> None:
         require_vllm()
         self.options = options
-        self.vllm: VLLMOptions = options.vllm
         self.llm = None
         self.config_dir: str | None = None
         self.pushed_version: tuple | None = None  # parameter versions of the weights vLLM holds
         self.weights_asleep = False
         self.push_seconds = 0.0  # time spent pushing weights since the last step_record
+
+    @staticmethod
+    def check_prompts(options: VLLMOptions, model_config, longest_prompt: int) -> None:
+        """At set-up, every prompt: not the first long one some steps in (:func:`check_fits`)."""
+        check_fits(options, model_config, longest_prompt, options.max_new_tokens)
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
@@ -142,7 +166,7 @@ class VLLMEngine(Stateless):
 
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] left-padded
-        check_fits(self.vllm, _base_config(model), int(prompt_mask.sum(1).max()), max_new_tokens)
+        check_fits(self.options, _base_config(model), int(prompt_mask.sum(1).max()), max_new_tokens)
         requests = [TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
                     for ids, mask in zip(prompt_ids, prompt_mask)]
         sampling = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p if temperature else 1.0,
@@ -153,7 +177,7 @@ class VLLMEngine(Stateless):
         with torch.autocast(model.device.type, enabled=False):
             llm = self._ready(model)
             outputs = llm.generate(requests, sampling, use_tqdm=False)
-            if self.vllm.enable_sleep_mode:  # the update gets the memory back (TRL's colocate mode)
+            if self.options.enable_sleep_mode:  # the update gets the memory back (TRL's colocate mode)
                 llm.sleep(level=2)
                 self.weights_asleep = True
         return self._rollouts(tokenizer, prompt_ids, prompt_mask, outputs, num_samples)
@@ -209,15 +233,15 @@ class VLLMEngine(Stateless):
         _hide_expected_warnings(config)
         remove_stale_config_folders()
         self.config_dir = tempfile.mkdtemp(prefix=CONFIG_FOLDER_PREFIX)
-        _write_owner(Path(self.config_dir))
+        write_owner(Path(self.config_dir))
         config.save_pretrained(self.config_dir)  # the architecture only: the weights come from the policy
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: weights by reference, no orphans
         cpu = vllm_runs_on_cpu()
         if cpu:  # the engine runs in the trainer's process: it needs no core of its own
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        options = self.vllm
+        options = self.options
         max_model_len = model_length(options, config)
-        kwargs = dict(model=self.config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=options.dtype,
+        kwargs = dict(model=self.config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=options.compute_dtype,
                       seed=options.seed, max_model_len=max_model_len, enforce_eager=options.enforce_eager,
                       logprobs_mode="raw_logprobs", generation_config="vllm",
                       enable_sleep_mode=options.enable_sleep_mode)
@@ -234,9 +258,9 @@ class VLLMEngine(Stateless):
     def _kv_cache_mb(self, config, max_model_len: int) -> float:
         """The configured size, else on the CPU room for vLLM's most sequences at once at full
         length, at most CPU_KV_CACHE_CAP_MB, and at least one full-length sequence."""
-        if self.vllm.kv_cache_memory_mb:
-            return self.vllm.kv_cache_memory_mb
-        per_token = kv_bytes_per_token(config, self.vllm.dtype)
+        if self.options.kv_cache_memory_mb:
+            return self.options.kv_cache_memory_mb
+        per_token = kv_bytes_per_token(config, self.options.compute_dtype)
         wanted = CPU_MAX_NUM_SEQS * max_model_len * per_token / MB
         return max(min(wanted, CPU_KV_CACHE_CAP_MB), max_model_len * per_token / MB)
 
@@ -294,8 +318,8 @@ def _base_config(model):
 def model_length(options: VLLMOptions, config) -> int:
     """The longest sequence (prompt + completion) the engine plans for: the configured length,
     capped at the model's own maximum (``max_position_embeddings``)."""
-    limit = getattr(config, "max_position_embeddings", None) or options.max_model_length
-    return min(options.max_model_length or limit, limit)
+    limit = getattr(config, "max_position_embeddings", None) or options.planned_length()
+    return min(options.planned_length() or limit, limit)
 
 
 def check_fits(options: VLLMOptions, config, longest_prompt: int, max_new_tokens: int) -> None:
@@ -307,50 +331,11 @@ def check_fits(options: VLLMOptions, config, longest_prompt: int, max_new_tokens
         return
     cap = getattr(config, "max_position_embeddings", None)
     why = (f"the model's maximum (max_position_embeddings) is {cap}" if cap == limit and
-           options.max_model_length != cap else f"vllm_max_model_length is {options.max_model_length}")
+           options.planned_length() != cap else f"vllm_max_model_length is {options.planned_length()}")
     raise ValueError(f"vllm_max_model_length: the longest prompt ({longest_prompt} tokens) plus max_completion_length "
                      f"({max_new_tokens}) needs {need} tokens, but {why}; vLLM would cut completions short: raise "
                      f"vllm_max_model_length to at least {need} (0 = max_prompt_tokens + max_completion_length), or "
                      f"lower max_prompt_tokens / max_completion_length")
-
-
-def _write_owner(folder: Path) -> None:
-    """Who made this config folder: the process and its start time (a pid alone is reused)."""
-    (folder / OWNER_FILE).write_text(json.dumps({"made_by": "podsrl vllm engine", "pid": os.getpid(),
-                                                 "process_start": _process_start(os.getpid())}))
-
-
-def _process_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (Linux), '' when it is gone or unknown."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def remove_stale_config_folders() -> list[Path]:
-    """Remove the config folders of vllm engines whose process is gone (a run killed with SIGKILL
-    cannot remove its own), and only those podsrl can prove it wrote: the folder holds its owner
-    file naming a process that no longer runs, and nothing but that file and a model's
-    config.json / generation_config.json. Anything else in a folder keeps it. Returns those removed."""
-    removed = []
-    for folder in Path(tempfile.gettempdir()).glob(f"{CONFIG_FOLDER_PREFIX}*"):
-        try:
-            owner = json.loads((folder / OWNER_FILE).read_text())
-            # no start time recorded (not Linux): whether the process lives cannot be told, so it stays
-            alive = not owner["process_start"] or _process_start(owner["pid"]) == owner["process_start"]
-            names = {p.name for p in folder.iterdir()}
-            if (owner.get("made_by") != "podsrl vllm engine" or alive or folder.is_symlink()
-                    or not names <= {OWNER_FILE, "config.json", "generation_config.json"}
-                    or "model_type" not in json.loads((folder / "config.json").read_text())):
-                continue
-            for name in names:
-                (folder / name).unlink()
-            folder.rmdir()
-            removed.append(folder)
-        except (OSError, ValueError, KeyError, TypeError):  # unreadable, foreign or in use: left as it is
-            continue
-    return removed
 
 
 def load_weights_into(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

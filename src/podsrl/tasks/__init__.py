@@ -5,7 +5,9 @@ multi-step task, worked one step per line), ``gsm8k``, ``math`` (MATH / MATH-500
 ``jsonl`` (your own data), and ``reasoning_gym:NAME`` for any reasoning-gym dataset.
 Register your own with ``@TASKS.register("name")`` (or ``TASKS["name"] = builder``), or name
 it in the config as ``module:builder`` / ``file.py:builder`` (:mod:`podsrl.registry`);
-``builder(options: TaskOptions, with_train: bool) -> Task``.
+``builder(options: TaskOptions, with_train: bool) -> Task``. A builder may declare its own rules on
+the options with :func:`checks` (``builder.check_options(options)``): validation runs them before
+any data or model loads (:func:`check_task_options`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from podsrl.registry import Registry, Spec, spec_parts
-from podsrl.tasks.arithmetic import build_arithmetic
+from podsrl.tasks.arithmetic import build_arithmetic, check_level
 from podsrl.tasks.base import (
     REASONING_GYM_PREFIX,
     THINK_ANSWER_SYSTEM_PROMPT,
@@ -27,7 +29,7 @@ from podsrl.tasks.base import (
     render_prompt,
     reward_columns,
 )
-from podsrl.tasks.chain import build_chain
+from podsrl.tasks.chain import build_chain, check_chain_level
 from podsrl.tasks.gsm8k import build_gsm8k
 from podsrl.tasks.jsonl import build_jsonl
 from podsrl.tasks.math import build_math
@@ -43,18 +45,48 @@ class TaskOptions:
     prompt_column: str = "prompt"  # jsonl
     answer_column: str = "answer"  # jsonl
     reasoning_gym_size: int = 10000  # train problems of a reasoning_gym:NAME task
-    num_test: int = 300  # held-out problems generated (arithmetic, chain, reasoning-gym)
+    eval_prompts: int = 300  # held-out problems generated (arithmetic, chain, reasoning-gym)
 
 
 TaskBuilder = Callable[[TaskOptions, bool], Task]
 
+
+def checks(rule: Callable[[TaskOptions], None]) -> Callable[[TaskBuilder], TaskBuilder]:
+    """Decorator: ``rule(options)``, the builder's own check of its options (one-line
+    ValueError naming the field), run at validation before any data loads."""
+    def declare(builder: TaskBuilder) -> TaskBuilder:
+        builder.check_options = rule
+        return builder
+    return declare
+
+
+@checks(lambda o: check_level(o.task_level, o.eval_prompts))
+def arithmetic_task(o: TaskOptions, with_train: bool) -> Task:
+    return build_arithmetic(level=o.task_level, num_test=o.eval_prompts, seed=o.data_seed)
+
+
+@checks(lambda o: check_chain_level(o.task_level))
+def chain_task(o: TaskOptions, with_train: bool) -> Task:
+    return build_chain(level=o.task_level, num_test=o.eval_prompts, seed=o.data_seed)
+
+
+def _needs_test_data(o: TaskOptions) -> None:
+    if not o.test_data:
+        raise ValueError("test_data: task 'jsonl' needs test_data, the held-out prompts that training and `podsrl "
+                         "eval` measure accuracy on (and train_data to train)")
+
+
+@checks(_needs_test_data)
+def jsonl_task(o: TaskOptions, with_train: bool) -> Task:
+    return build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column, with_train=with_train)
+
+
 TASKS = Registry("task", "task", {
-    "arithmetic": lambda o, with_train: build_arithmetic(level=o.task_level, num_test=o.num_test, seed=o.data_seed),
-    "chain": lambda o, with_train: build_chain(level=o.task_level, num_test=o.num_test, seed=o.data_seed),
+    "arithmetic": arithmetic_task,
+    "chain": chain_task,
     "gsm8k": lambda o, with_train: build_gsm8k(o.train_data, o.test_data, with_train=with_train),
     "math": lambda o, with_train: build_math(o.train_data, o.test_data, with_train=with_train),
-    "jsonl": lambda o, with_train: build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column,
-                                               with_train=with_train),
+    "jsonl": jsonl_task,
 }, takes="(options, with_train)", arity=2)
 
 
@@ -72,6 +104,17 @@ def check_task_spec(spec: Spec) -> None:
         TASKS.resolve(spec)
 
 
+def check_task_options(options: TaskOptions) -> None:
+    """The task's spec (a mapping's arguments against its builder) and the builder's own rules
+    on the options (:func:`checks`), before any data loads."""
+    check_task_spec(options.task)
+    name = spec_parts(options.task, "task")[0]
+    if not name.startswith(REASONING_GYM_PREFIX):
+        rule = getattr(TASKS.resolve(options.task), "check_options", None)  # declared by checks(), where it is
+        if rule is not None:
+            rule(options)
+
+
 def build_task(options: TaskOptions, with_train: bool = True) -> Task:
     """The configured task. ``with_train=False`` skips reading the train split (evaluation)."""
     name = spec_parts(options.task, "task")[0]
@@ -80,10 +123,10 @@ def build_task(options: TaskOptions, with_train: bool = True) -> Task:
         from podsrl.tasks.reasoning_gym import build_reasoning_gym  # optional dependency, imported on use
 
         return build_reasoning_gym(name[len(REASONING_GYM_PREFIX):], num_train=options.reasoning_gym_size,
-                                   num_test=options.num_test, seed=options.data_seed)
+                                   num_test=options.eval_prompts, seed=options.data_seed)
     return TASKS.resolve(options.task)(options, with_train)
 
 
 __all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "Messages", "PreparedSplit", "Task", "TaskOptions",
-           "build_task", "check_task_spec", "is_known_task", "prepare_split", "prompt_messages", "render_prompt",
-           "reward_columns"]
+           "build_task", "check_task_options", "check_task_spec", "checks", "is_known_task", "prepare_split",
+           "prompt_messages", "render_prompt", "reward_columns"]

@@ -62,6 +62,16 @@ def make_example(expression: str) -> Example:
                    answer=str(evaluate_expression(expression)))
 
 
+def check_level(level: int, num_test: int) -> None:
+    """A known level with more distinct problems than ``num_test`` held out (at validation too)."""
+    if level not in LEVELS:
+        raise ValueError(f"task_level: unknown arithmetic level {level}; known: {sorted(LEVELS)}")
+    total = space_size(LEVELS[level])
+    if num_test >= total:
+        raise ValueError(f"eval_prompts: level {level} has only {total} distinct problems; hold out fewer than that "
+                         f"(got {num_test})")
+
+
 def build_arithmetic(level: int = 3, num_train: int = 20000, num_test: int = 500,
                      seed: int = 0) -> Task:
     """Seeded train / held-out splits of distinct expressions that never overlap.
@@ -69,13 +79,9 @@ def build_arithmetic(level: int = 3, num_train: int = 20000, num_test: int = 500
     When the level's expression space is smaller than ``num_train + num_test`` the train
     split gets every expression not held out (so it is smaller than asked).
     """
-    if level not in LEVELS:
-        raise ValueError(f"task_level: unknown arithmetic level {level}; known: {sorted(LEVELS)}")
+    check_level(level, num_test)
     spec = LEVELS[level]
     total = space_size(spec)
-    if num_test >= total:
-        raise ValueError(f"eval_prompts: level {level} has only {total} distinct problems; "
-                         f"cannot hold out {num_test}")
     rng = random.Random(f"podsrl-arithmetic-{level}-{seed}")
     held_out: dict[str, None] = {}
     while len(held_out) < num_test:

@@ -98,12 +98,16 @@ def make_chain_example(expression: str) -> Example:
                    columns={"chain": expression, "steps": len(expression.split()) // 2})
 
 
+def check_chain_level(level: int) -> None:
+    if level not in CHAIN_LEVELS:
+        raise ValueError(f"task_level: unknown chain level {level}; known: {sorted(CHAIN_LEVELS)}")
+
+
 def build_chain(level: int = 3, num_train: int = 20000, num_test: int = 500, seed: int = 0) -> Task:
     """Seeded train / held-out splits of distinct chains that never overlap (the spaces are
     far larger than the splits: level 1 alone holds over 10^6 chains of 4 steps; chains of one
     step, 18 x (max_start + 1) of them, repeat, so train holds fewer of them than drawn)."""
-    if level not in CHAIN_LEVELS:
-        raise ValueError(f"task_level: unknown chain level {level}; known: {sorted(CHAIN_LEVELS)}")
+    check_chain_level(level)
     spec = CHAIN_LEVELS[level]
     rng = random.Random(f"podsrl-chain-{level}-{seed}")
     held_out: dict[str, None] = {}

@@ -27,19 +27,17 @@ from podsrl.methods import METHODS
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
 from podsrl.options import bind
-from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, PromptSelector
+from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelector
 from podsrl.provenance import record_environment
 from podsrl.registry import component_label
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rewards.worker import reward_name
-from podsrl.rollout import ENGINES, GenerationOptions, VLLMOptions, capability, generate
-from podsrl.rollout.vllm import check_fits
+from podsrl.rollout import ENGINES, capability, generate
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule
 from podsrl.trainer.components import Components
-from podsrl.trainer.early_stop import reward_bounds
 from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.limits import Limits, StopOptions
@@ -47,6 +45,7 @@ from podsrl.trainer.logging import LogOptions, say
 from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
 from podsrl.trainer.run import Run, RunSettings
 from podsrl.trainer.run_dir import RESUME_SAFE_FIELDS, claim_run_dir
+from podsrl.trainer.saturation import reward_bounds
 from podsrl.trainer.stages import (
     Advantages,
     ExtraLogprobs,
@@ -67,30 +66,7 @@ PROMPT_SELECTOR_STATE = "prompt_selector"  # the prompt selector's learned part,
 
 # --- config fields -> the stages' options -------------------------------------------------------
 def task_options(cfg: Config) -> TaskOptions:
-    return TaskOptions(task=cfg.task, task_level=cfg.task_level, data_seed=cfg.data_seed, train_data=cfg.train_data,
-                       test_data=cfg.test_data, prompt_column=cfg.prompt_column, answer_column=cfg.answer_column,
-                       reasoning_gym_size=cfg.reasoning_gym_size, num_test=cfg.eval_prompts)
-
-
-def generation_options(cfg: Config, processes: int = 1, sharded: bool = False) -> GenerationOptions:
-    copy = "" if sharded and cfg.generation_dtype == "auto" else cfg.generation_copy_dtype  # FSDP: no copy
-    return GenerationOptions(max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p,
-                             memory_mb=cfg.generation_memory_mb, batch_size=cfg.generation_batch_size,
-                             share_prefill=cfg.share_prefill, micro_group=cfg.generation_micro_group,
-                             refill=cfg.generation_refill, schedule=cfg.generation_schedule,
-                             probe_tokens=cfg.generation_probe_tokens, vllm=vllm_options(cfg, processes),
-                             copy_dtype=copy, static_cache=cfg.generation_static_cache)
-
-
-def vllm_options(cfg: Config, processes: int = 1) -> VLLMOptions:
-    """The vllm engine computes in bfloat16 where the policy's forward passes do (bf16, or
-    bfloat16 weights), else in float32."""
-    return VLLMOptions(dtype="bfloat16" if cfg.computes_in_bfloat16 else "float32", seed=cfg.seed,
-                       max_model_length=cfg.vllm_max_model_length or cfg.max_prompt_tokens + cfg.max_completion_length,
-                       kv_cache_memory_mb=cfg.vllm_kv_cache_memory_mb,
-                       gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                       enable_sleep_mode=cfg.vllm_enable_sleep_mode, enforce_eager=cfg.vllm_enforce_eager,
-                       processes=processes)
+    return bind(TaskOptions, cfg)
 
 
 def reward_functions(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> list[RewardFn]:
@@ -177,18 +153,17 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
 
 
 def _check_sharding(cfg: Config, procs: Processes) -> None:
-    """Under FSDP no process holds whole weights: refuse what needs them."""
+    """Under FSDP no process holds whole weights: refuse an engine that needs them."""
     if procs.sharded and capability(ENGINES.resolve(cfg.generation_engine), "needs_whole_weights"):
-        raise ValueError(f"generation_engine: {cfg.generation_engine} is not supported with FSDP (each process's "
-                         f"engine needs whole weights); use DDP, or PODS inside TRL (podsrl.trl), whose vLLM path "
-                         f"gathers them")
-    if procs.sharded and cfg.generation_dtype not in ("", "auto"):
-        raise ValueError("generation_dtype: the generation copy is not supported with FSDP (it is refreshed from "
-                         "whole weights); use DDP, or generation_dtype auto (no copy under FSDP)")
+        raise ValueError(f"generation_engine: {component_label(cfg.generation_engine)} is not supported with FSDP "
+                         f"(each process's engine needs whole weights); use DDP, or PODS inside TRL (podsrl.trl), "
+                         f"whose vLLM path gathers them")
 
 
 def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
     _check_sharding(cfg, procs)
+    engine_options = cfg.generation_options(procs.world_size, procs.sharded)
+    engine_options.check()  # again, now that the processes are known (FSDP)
     seed_everything(cfg.seed)
     task = build_task(task_options(cfg))
     if not task.test:  # before the model loads: data problems should cost no time
@@ -209,15 +184,15 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
-    if cfg.generation_engine == "vllm":  # every prompt now, not the first long one some steps in
-        check_fits(vllm_options(cfg), bundle.model.config, max(split.longest_prompt for split in splits),
-                   cfg.max_completion_length)
+    check_prompts = capability(ENGINES.resolve(cfg.generation_engine), "check_prompts")
+    if check_prompts is not None:  # every prompt now, not the first long one some steps in
+        check_prompts(engine_options, bundle.model.config, max(split.longest_prompt for split in splits))
     for warning in data_warnings(cfg, train, splits[1].examples) if procs.is_main else ():
         say(f"warning: {warning}")  # once, at set-up; the run goes on
     # the same on every process; built before the run's files are written: a selector that
     # refuses the train split (pass_rate, fewer prompts than prompts_per_step) leaves no files
     selector = prompt_selector(cfg, len(splits[0].examples))
-    engine = ENGINES.checked(cfg.generation_engine)(generation_options(cfg, procs.world_size, procs.sharded))
+    engine = ENGINES.checked(cfg.generation_engine)(engine_options)
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs, bundle.tokenizer)
     policy = bundle.model.to(procs.device(cfg.device))
@@ -345,10 +320,7 @@ def _same_file(train_data: str, test_data: str) -> str:
 
 def prompt_selector(cfg: Config, train_prompts: int) -> PromptSelector:
     """Which train prompts each step generates for (podsrl.prompt_selection)."""
-    options = PromptSelectionOptions(seed=cfg.seed, prompts_per_step=cfg.prompts_per_step,
-                                     half_life=cfg.pass_rate_half_life, prior_strength=cfg.pass_rate_prior_strength,
-                                     exploration=cfg.pass_rate_exploration)
-    return PROMPT_SELECTORS.checked(cfg.prompt_selector)(train_prompts, options)
+    return PROMPT_SELECTORS.checked(cfg.prompt_selector)(train_prompts, cfg.prompt_selection_options())
 
 
 def group_size_policy(cfg: Config) -> GroupSizePolicy:

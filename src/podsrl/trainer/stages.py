@@ -29,8 +29,8 @@ from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import Scorer, TrainerProgress
 from podsrl.rollout import GenerationEngine
 from podsrl.tasks.base import Example, PreparedSplit
-from podsrl.trainer.early_stop import SaturationStopper
 from podsrl.trainer.prompt_source import PromptSource
+from podsrl.trainer.saturation import SaturationStopper
 from podsrl.trainer.state import sampling_seed
 from podsrl.types import Rollouts, Scores, UpdateBatch
 from podsrl.update import UpdateOptions, UpdateResult, batch_logprobs, update_policy

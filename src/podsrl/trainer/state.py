@@ -24,7 +24,11 @@ def sampling_seed(seed: int, step: int, first_prompt: int) -> int:
 class Stateful(Protocol):
     """A part of the run that learns or draws across steps. ``state_dict`` is a snapshot
     (copies, not live references) of tensors and plain data; ``load_state_dict`` raises on a
-    state that is not its own (the checkpoint does not fit)."""
+    state that is not its own (the checkpoint does not fit).
+
+    Optional members, read where present: ``per_process`` (True: each process keeps its own
+    state, :class:`PerProcess`; absent means False) and ``check_state(state)`` (raise ValueError,
+    before anything is loaded, on a state that does not fit)."""
 
     def state_dict(self) -> dict: ...
 

@@ -61,7 +61,7 @@ class SaturationStopper:
         except RewardError as err:
             self.failure = err
             return []
-        rows = zip(*(part.tolist() for part in scores.parts()))
+        rows = zip(*(part.tolist() for part in scores.tensors()))
         for prompt, ids, reward, row in zip(prompt_index, completion_ids, scores.reward.tolist(), rows):
             self.rewards[prompt].append(reward)
             self.scored[prompt][tuple(ids)].append(row)
@@ -82,7 +82,7 @@ class SaturationStopper:
         sample finished unreported (the reward stage scores it)."""
         shape = rollouts.completion_ids.shape[:2]
         known = unscored(shape)
-        columns = [part.view(-1) for part in known.parts()]  # each [P*n]
+        columns = [part.view(-1) for part in known.tensors()]  # each [P*n]
         pending = [{ids: list(rows) for ids, rows in by_tokens.items()} for by_tokens in self.scored]
         ids = rollouts.completion_id_lists()
         for i in rollouts.generated_mask.flatten().nonzero().squeeze(1).tolist():
