@@ -107,6 +107,11 @@ class Scorer:
     correct_weight: float
     format_weight: float
 
+    @property
+    def error_policy(self) -> str:
+        """What a failing reward function scores: "raise" (the step fails) or "zero" (counted)."""
+        return self.correct.error_policy
+
     @classmethod
     def build(cls, task: Task, options: ScoringOptions) -> "Scorer":
         def stack(fns, weights):

@@ -26,7 +26,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +74,17 @@ class CheckpointOptions:
         0.0, "Also checkpoint after this many wall-clock minutes (0 = off).", Range(0, why="0 = off"))
     save_total_limit: int = option(
         2, "How many most recent checkpoints to keep (TRL's field; here >= 1).", POSITIVE)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A resume: whether this run restores its newest usable checkpoint, how to name a learned
+    part that does not fit (its component's label: prompt_selector "shuffled"), and the settings
+    a resume may not change (the config's fields but run_dir.RESUME_SAFE_FIELDS)."""
+
+    wanted: bool = False
+    part_labels: dict[str, str] = field(default_factory=dict)
+    keeps: frozenset[str] = frozenset()
 
 
 class CheckpointSchedule:

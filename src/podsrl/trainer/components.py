@@ -2,7 +2,7 @@
 
 * :class:`~podsrl.trainer.stages.StepStages`: the step's stages, configured (the loop calls them);
 * :class:`Components`: what the run is built from, once, by :func:`podsrl.trainer.setup.set_up`
-  (no config: what the run reads of it is bound there, :class:`podsrl.trainer.run.RunSettings`);
+  (no config: what the run reads of it is bound at set-up, each job's options in its owner);
 * :class:`~podsrl.trainer.state.RunState`: the counters and the learned parts a checkpoint
   restores besides the weights, the optimizer and the scheduler;
 * :class:`StepHook`: what sees a finished step (:class:`~podsrl.trainer.stages.StepOutcome`).
@@ -57,6 +57,8 @@ class Components:
     rollout_log: MetricsLog | None  # rollouts.jsonl (log_rollouts groups per step); only the main process
     trackers: Trackers  # none but on the main process with report_to
     log_options: LogOptions  # the progress bar, rollout samples, trackers
+    recorded_config: dict  # the config as config.json and the trackers record it
+    forward_dtype: str  # "bfloat16": forward passes autocast to it (bf16); "": as the weights are
     evaluator: Evaluator  # when the run evaluates, and on what (the held-out split)
     hooks: list[StepHook] = field(default_factory=list)  # run after each step, in order
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()

@@ -1,7 +1,7 @@
-"""A training run (its components, state, limits, checkpoint schedule and settings) and the
+"""A training run (its components, state, limits, checkpoint schedule and resume) and the
 bookkeeping around the loop: evaluation, resume-or-start, checkpoints, and the files written at
-the end. Everything it reads of the config is bound at set-up (:class:`RunSettings`, and each
-job's options in its owner); where it stops early is :mod:`podsrl.trainer.stops`'s."""
+the end. Everything it reads of the config is bound at set-up (each job's options in its owner);
+where it stops early is :mod:`podsrl.trainer.stops`'s."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from podsrl.trainer.checkpoints import (
     CheckpointSchedule,
     HeldBackStep,
     OlderFormat,
+    Resume,
     StateDoesNotFit,
     list_checkpoints,
     load_checkpoint,
@@ -38,20 +39,6 @@ from podsrl.trainer.run_dir import RunDirError
 from podsrl.trainer.stages import StepOutcome, StepStages
 from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What the run reads of its config beyond the step, evaluation, limits and checkpoint
-    schedule, bound at set-up."""
-
-    recorded_config: dict  # the config as config.json and the trackers record it
-    resume: bool  # restore the newest usable checkpoint instead of starting
-    method: str  # the progress bar's label
-    forward_dtype: str  # "bfloat16": forward passes autocast to it (bf16); "": as the weights are
-    part_labels: dict  # learned part -> the component's label (prompt_selector: "shuffled"), for a misfit
-    reward_error_policy: str  # said when no reward ever applied
-    resume_keeps: frozenset = frozenset()  # the settings a resume may not change (run_dir.RESUME_SAFE_FIELDS' others)
 
 
 @dataclass
@@ -69,15 +56,14 @@ class RunResult:
 class Run:
     """A training run: its :class:`StepStages` (the step, configured), its :class:`Components`
     (built once by :func:`podsrl.trainer.setup.set_up`), its :class:`RunState` (checkpointed),
-    its :class:`Limits`, its :class:`CheckpointSchedule` and its :class:`RunSettings`, with what
+    its :class:`Limits`, its :class:`CheckpointSchedule` and its :class:`Resume`, with what
     the loop asks of them beyond one step: evaluation, resume-or-start, the step's record and
     log, checkpoints, the final files."""
 
     def __init__(self, stages: StepStages, components: Components, state: RunState, limits: Limits,
-                 checkpointing: CheckpointSchedule, settings: RunSettings) -> None:
+                 checkpointing: CheckpointSchedule, resume: Resume) -> None:
         self.stages, self.components, self.state = stages, components, state
-        self.limits, self.checkpointing = limits, checkpointing
-        self.settings = settings
+        self.limits, self.checkpointing, self.resume = limits, checkpointing, resume
         self.procs: Processes = components.procs  # the collectives every process takes part in
         self.held_back: HeldBackStep | None = None  # from the checkpoint resumed: its evaluation was cut short
 
@@ -92,7 +78,8 @@ class Run:
 
     def progress_bar(self):
         shown = self.components.log_options.progress and self.procs.is_main
-        return progress_bar(self.limits.options.max_steps, self.state.step, self.settings.method, shown)
+        return progress_bar(self.limits.options.max_steps, self.state.step,
+                            self.components.recorded_config["method"], shown)
 
     def step_record(self, outcome: StepOutcome, timer: StageTimer) -> dict:
         """The step's metrics record: its numbers over every process, the prompt source's, and
@@ -162,7 +149,7 @@ class Run:
 
     def autocast(self):
         """Forward passes in bfloat16 under ``bf16`` (weights stay float32), else a no-op."""
-        return autocast(self.components.policy.device, self.settings.forward_dtype)
+        return autocast(self.components.policy.device, self.components.forward_dtype)
 
     @contextmanager
     def timed_step(self) -> Iterator[StageTimer]:
@@ -177,16 +164,16 @@ class Run:
         """Restore the newest usable checkpoint (with --resume) or evaluate the initial
         model; wrap the policy for the update. Returns the first and the latest evaluation.
         A resume that finds no usable checkpoint refuses, leaving the run's files as they were."""
-        components, settings = self.components, self.settings
-        if settings.resume:
+        components, recorded = self.components, self.components.recorded_config
+        if self.resume.wanted:
             resumed = self._restore()
             if resumed is None:
                 raise self._no_usable_checkpoint()
         # DDP / FSDP
         components.model, components.optimizer = components.procs.prepare(components.policy, components.optimizer)
         self.stages.update.bind(components.model, components.optimizer)
-        if not settings.resume:
-            components.trackers.start(settings.recorded_config, first_step=0)
+        if not self.resume.wanted:
+            components.trackers.start(recorded, first_step=0)
             initial = self.evaluate()
             self.log({"step": 0, "train_seconds": 0.0, **initial})
             return initial, initial
@@ -196,12 +183,12 @@ class Run:
                 log.truncate_after(self.state.step - bool(held_back))  # and its own when held back (logged below)
             # the run as it would be started from scratch: the fields a resume may change, as changed
             # now (checked against the checkpoint's config); each start's command is in environment.json
-            started = {**settings.recorded_config, "resume": False}
+            started = {**recorded, "resume": False}
             (components.run_dir / "config.json").write_text(json.dumps(started, indent=2) + "\n")
             record_environment(components.run_dir, components.bundle.tokenizer)
             say(f"resumed from {resumed} at step {self.state.step}"
                 f"{', evaluating it first (a stop came before its evaluation)' if held_back else ''}")
-        components.trackers.start(settings.recorded_config, first_step=self.state.step + (0 if held_back else 1))
+        components.trackers.start(recorded, first_step=self.state.step + (0 if held_back else 1))
         if held_back:  # the evaluation a stop cut short, then the step's log, as an uninterrupted run had them
             self.evaluate_into(held_back.record)
             self.log(held_back.record, held_back.rollouts)
@@ -270,7 +257,7 @@ class Run:
 
     def _misfit(self, misfit: StateDoesNotFit) -> str:
         """Which learned part of a checkpoint does not fit this run, and the likely cause."""
-        part, label = misfit.part, self.settings.part_labels.get(misfit.part)
+        part, label = misfit.part, self.resume.part_labels.get(misfit.part)
         if not label:
             return f"its {part} state does not fit ({misfit.reason})"
         return f"its {part} state is not {label}'s ({misfit.reason}; written with another {part}?)"
@@ -338,7 +325,7 @@ class Run:
             return ""
         if not applied:
             return (f"no reward applied in the {steps} steps run: every reward was None / NaN or its function failed "
-                    f"(reward_error_policy {self.settings.reward_error_policy}; see reward_failures and unverifiable "
+                    f"(reward_error_policy {components.scorer.error_policy}; see reward_failures and unverifiable "
                     f"in metrics.jsonl), so nothing was learned")
         if not informative:
             return (f"every advantage was 0 in the {steps} steps run: no prompt group's kept rollouts differed in "

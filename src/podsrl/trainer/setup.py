@@ -36,14 +36,14 @@ from podsrl.rewards.worker import reward_name
 from podsrl.rollout import ENGINES, capability, generate
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.tracking import Trackers, tracker_names
-from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule
+from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
 from podsrl.trainer.components import Components
 from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.limits import Limits, StopOptions
 from podsrl.trainer.logging import LogOptions, say
 from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
-from podsrl.trainer.run import Run, RunSettings
+from podsrl.trainer.run import Run
 from podsrl.trainer.run_dir import RESUME_SAFE_FIELDS, claim_run_dir
 from podsrl.trainer.saturation import reward_bounds
 from podsrl.trainer.stages import (
@@ -209,6 +209,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
         trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
                           run_name=str(run_dir)), log_options=bind(LogOptions, cfg),
+        recorded_config=cfg.to_dict(), forward_dtype="bfloat16" if cfg.bf16 else "",
         evaluator=evaluator(cfg, bundle, task, splits[1], procs, engine),
         hooks=step_hooks(cfg, procs, engine, group_size))
     rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
@@ -217,7 +218,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
                             "generation_engine": PerProcess(engine), "rule_generator": GeneratorState(rule_generator)})
     stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds)
     return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
-               CheckpointSchedule(bind(CheckpointOptions, cfg)), run_settings(cfg, procs))
+               CheckpointSchedule(bind(CheckpointOptions, cfg)), resume(cfg))
 
 
 def evaluator(cfg: Config, bundle, task, split, procs: Processes, engine) -> Evaluator:
@@ -228,13 +229,10 @@ def evaluator(cfg: Config, bundle, task, split, procs: Processes, engine) -> Eva
                      generate_fn=getattr(engine, "generate", generate))
 
 
-def run_settings(cfg: Config, procs: Processes) -> RunSettings:
-    return RunSettings(recorded_config=cfg.to_dict(), resume=cfg.resume, method=cfg.method,
-                       forward_dtype="bfloat16" if cfg.bf16 else "",
-                       part_labels={PROMPT_SELECTOR_STATE: component_label(cfg.prompt_selector),
-                                    "generation_engine": component_label(cfg.generation_engine)},
-                       reward_error_policy=cfg.reward_error_policy,
-                       resume_keeps=frozenset(FIELDS) - RESUME_SAFE_FIELDS)
+def resume(cfg: Config) -> Resume:
+    return Resume(wanted=cfg.resume, part_labels={PROMPT_SELECTOR_STATE: component_label(cfg.prompt_selector),
+                                                  "generation_engine": component_label(cfg.generation_engine)},
+                  keeps=frozenset(FIELDS) - RESUME_SAFE_FIELDS)
 
 
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,

@@ -187,7 +187,7 @@ class Stops:
         change (a user's engine over generation_memory_mb: podsrl's errors name their field
         first): changing it means a new run, which '--resume true' would refuse to be."""
         component, named = (re.match(r"\w*", str(e)).group() for e in (err, err.__cause__ or ""))
-        if named == component or named not in self.run.settings.resume_keeps:
+        if named == component or named not in self.run.resume.keeps:
             return ""
         return f" (a resume keeps the run's {named}: with another {named}, start a new run in another --output_dir)"
 
