@@ -214,3 +214,28 @@ def test_no_component_is_told_apart_by_its_name_outside_the_registries():
             if match and (relative, match.group(2) or match.group(3)) not in NOT_A_COMPONENT:
                 found.append(f"{relative}:{number}: {line.strip()}")
     assert not found, found
+
+
+# an options field read in another module than its class's, and why
+READ_ELSEWHERE = {("EngineOptions", "temperature"): "every engine's module samples with it",
+                  ("EngineOptions", "top_p"): "every engine's module samples with it"}
+
+
+def test_each_options_class_lives_in_the_module_that_reads_it():
+    """An ``*Options`` dataclass is declared beside its reader: each of its fields is read
+    (``.field``) in the module that declares the class, so a new setting is a change to one module."""
+    import dataclasses
+    import importlib
+
+    unread = []
+    for path in sorted((SRC / "podsrl").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Options"):
+                kind = getattr(importlib.import_module(module), node.name)
+                unread += [f"{module}.{node.name}.{f.name}" for f in dataclasses.fields(kind)
+                           if f.name in {a.target.id for a in node.body if isinstance(a, ast.AnnAssign)}
+                           and f.name not in read and (node.name, f.name) not in READ_ELSEWHERE]
+    assert not unread, unread

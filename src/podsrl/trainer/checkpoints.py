@@ -89,7 +89,8 @@ class Resume:
 
 class CheckpointSchedule:
     """When a checkpoint is due: every save_steps steps, and checkpoint_minutes of wall-clock
-    time after the last one (on this process's clock: the processes agree before acting on it)."""
+    time after the last one (on this process's clock: the processes agree before acting on it);
+    and writing one, keeping the newest save_total_limit."""
 
     def __init__(self, options: CheckpointOptions) -> None:
         self.options = options
@@ -105,6 +106,11 @@ class CheckpointSchedule:
     def due_by_time(self) -> bool:
         minutes = self.options.checkpoint_minutes
         return bool(minutes) and time.time() - self.last_time >= minutes * 60
+
+    def save(self, directory: Path, **checkpoint) -> Path:
+        """:func:`save_checkpoint` of ``checkpoint`` (its keyword arguments), keeping the newest
+        save_total_limit."""
+        return save_checkpoint(directory, save_total_limit=self.options.save_total_limit, **checkpoint)
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from podsrl.algorithms.group_stats import group_stats
 from podsrl.distributed import Processes
 from podsrl.metrics import read_metrics
 from podsrl.options import NON_NEGATIVE, option
+from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.stages import StepOutcome
 
 
@@ -38,14 +39,23 @@ class LogOptions:
            "rollouts.jsonl and, with report_to, to a table (0 = none). Sampled from the main process's groups: "
            "at most prompts_per_step / processes.", NON_NEGATIVE)
 
+    def progress_bar(self, total: int, step: int, desc: str, is_main: bool):
+        """The run's progress bar, shown on the main process when ``progress`` is on."""
+        return tqdm(total=total, initial=step, disable=not (self.progress and is_main), desc=desc, unit="step",
+                    dynamic_ncols=True)
+
+    def rollout_groups(self, is_main: bool) -> int:
+        """Prompt groups per step whose rollouts are logged: ``log_rollouts`` on the main process."""
+        return self.log_rollouts if is_main else 0
+
+    def trackers(self, run_dir: Path, is_main: bool) -> Trackers:
+        """The ``report_to`` trackers, on the main process only, writing under run_dir/tracking."""
+        return Trackers(tracker_names(self.report_to) if is_main else [], run_dir / "tracking", run_name=str(run_dir))
+
 
 def say(message: str) -> None:
     """A message for the user, on stderr (stdout carries the results)."""
     print(message, file=sys.stderr, flush=True)
-
-
-def progress_bar(total: int, step: int, desc: str, enabled: bool):
-    return tqdm(total=total, initial=step, disable=not enabled, desc=desc, unit="step", dynamic_ncols=True)
 
 
 def step_record(procs: Processes, step: int, train_seconds: float, outcome: StepOutcome, seconds: dict[str, float],

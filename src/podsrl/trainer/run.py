@@ -30,11 +30,10 @@ from podsrl.trainer.checkpoints import (
     list_checkpoints,
     load_checkpoint,
     older_format,
-    save_checkpoint,
 )
 from podsrl.trainer.components import Components
 from podsrl.trainer.limits import Limits
-from podsrl.trainer.logging import logged_evals, progress_bar, rollout_rows, say, step_record
+from podsrl.trainer.logging import logged_evals, rollout_rows, say, step_record
 from podsrl.trainer.run_dir import RunDirError
 from podsrl.trainer.stages import StepOutcome, StepStages
 from podsrl.trainer.state import RunState
@@ -77,9 +76,8 @@ class Run:
         return str(good[-1]) if good else "none"
 
     def progress_bar(self):
-        shown = self.components.log_options.progress and self.procs.is_main
-        return progress_bar(self.limits.options.max_steps, self.state.step,
-                            self.components.recorded_config["method"], shown)
+        return self.components.log_options.progress_bar(self.limits.options.max_steps, self.state.step,
+                                                        self.components.recorded_config["method"], self.procs.is_main)
 
     def step_record(self, outcome: StepOutcome, timer: StageTimer) -> dict:
         """The step's metrics record: its numbers over every process, the prompt source's, and
@@ -97,8 +95,7 @@ class Run:
         self.log(record, self.rollout_rows(outcome))
 
     def rollout_rows(self, outcome: StepOutcome) -> list[dict]:
-        groups = self.components.log_options.log_rollouts if self.procs.is_main else 0
-        return rollout_rows(self.state.step, outcome, groups)
+        return rollout_rows(self.state.step, outcome, self.components.log_options.rollout_groups(self.procs.is_main))
 
     def stopped_here(self) -> str:
         """What a stop leaves: the last checkpoint, and how to go on from it."""
@@ -273,11 +270,11 @@ class Run:
         if components.procs.is_main:  # whole parameters and optimizer state are the same on every process
             for log in (components.metrics, components.rollout_log):
                 log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
-            save_checkpoint(components.checkpoints, step=state.step, weights=weights, optimizer_state=optimizer_state,
-                            scheduler=components.scheduler, part_states=part_states,
-                            save_total_limit=self.checkpointing.options.save_total_limit,
-                            trainer_state={"train_seconds": state.train_seconds,
-                                           **(held_back.trainer_state() if held_back else {})})
+            self.checkpointing.save(components.checkpoints, step=state.step, weights=weights,
+                                    optimizer_state=optimizer_state, scheduler=components.scheduler,
+                                    part_states=part_states,
+                                    trainer_state={"train_seconds": state.train_seconds,
+                                                   **(held_back.trainer_state() if held_back else {})})
         components.procs.barrier()
         self.checkpointing.restart_clock()
 

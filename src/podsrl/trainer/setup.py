@@ -35,7 +35,6 @@ from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rewards.worker import reward_name
 from podsrl.rollout import ENGINES, capability, generate
 from podsrl.tasks import TaskOptions, build_task, prepare_split
-from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
 from podsrl.trainer.components import Components
 from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
@@ -201,14 +200,13 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
     optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad),
                                           bind(OptimizerOptions, cfg), total_steps=cfg.max_steps)
-    group_size = group_size_policy(cfg)
+    group_size, log_options = group_size_policy(cfg), bind(LogOptions, cfg)
     components = Components(
         procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0],
         scorer=scorer, engine=engine, policy=policy, reference=reference, optimizer=optimizer, scheduler=scheduler,
         metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
         rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
-        trackers=Trackers(tracker_names(cfg.report_to) if procs.is_main else [], run_dir / "tracking",
-                          run_name=str(run_dir)), log_options=bind(LogOptions, cfg),
+        trackers=log_options.trackers(run_dir, procs.is_main), log_options=log_options,
         recorded_config=cfg.to_dict(), forward_dtype="bfloat16" if cfg.bf16 else "",
         evaluator=evaluator(cfg, bundle, task, splits[1], procs, engine),
         hooks=step_hooks(cfg, procs, engine, group_size))
