@@ -74,7 +74,8 @@ def cmd_train(argv: list[str]) -> int:
         print(f"podsrl train: {stopped}", file=sys.stderr)
         return 128 + stopped.signum if stopped.signum else 1
     except (ValueError, OSError, MemoryError) as err:  # data, model or memory-cap problems
-        if not isinstance(err, LaunchRefused) or os.environ.get("RANK", "0") == "0":  # refused alike by every process
+        # refused alike by every process
+        if not isinstance(err, LaunchRefused) or os.environ.get("RANK", "0") == "0":
             print(f"podsrl train: error: {err}", file=sys.stderr)
         return 2
     if not result.is_main:
@@ -122,7 +123,8 @@ def cmd_eval(argv: list[str]) -> int:
                         "--output_dir default: runs/eval/MODEL-TASK.")
     if cfg is None:
         return 2
-    if not _output_dir_given(argv):  # not the main job's runs/podsrl, which a later podsrl train would find taken
+    # not the main job's runs/podsrl, which a later podsrl train would find taken
+    if not _output_dir_given(argv):
         cfg = dataclasses.replace(cfg, output_dir=str(default_eval_dir(cfg.model, cfg.task)))
     try:
         summary = run_eval(cfg, task_options(cfg))
@@ -185,18 +187,21 @@ def cmd_compare(argv: list[str]) -> int:
             raise ValueError("budget_minutes or budget_steps: give one (the same budget for every run)")
         n_values = _ints("n_values", args.n_values, ("auto",)) or [cfg.num_generations]
         m_values = _ints("m_values", args.m_values) or [cfg.num_kept]
-        rules = arm_specs("downsampling_rule", args.rules) or [cfg.downsampling_rule]  # the config's, not a default
+        # the config's, not a default
+        rules = arm_specs("downsampling_rule", args.rules) or [cfg.downsampling_rule]
         arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
                            arm_specs("prompt_selector", args.prompt_selectors),
                            arm_specs("dynamic_sampling", args.dynamic_sampling))
-        baseline_name(planned_arm_names(cfg, arms), args.baseline)  # a baseline that names no arm: refused now
-        check_report_folder(Path(cfg.output_dir))  # before any run: the report must not overwrite a user's file
+        # a baseline that names no arm: refused now
+        baseline_name(planned_arm_names(cfg, arms), args.baseline)
+        # before any run: the report must not overwrite a user's file
+        check_report_folder(Path(cfg.output_dir))
         run_dirs = run_comparison(cfg, arms, args.seeds, args.budget_minutes, Path(cfg.output_dir),
                                   budget_steps=args.budget_steps)
         result = analyze(run_dirs, baseline=args.baseline or None)
     except TrainingStopped as stopped:  # a signal or a failed reward: the run checkpointed; re-running resumes it
-        print(f"podsrl compare: {stopped} (in a comparison: re-run the same compare command, which resumes it)",
-              file=sys.stderr)
+        print(f"podsrl compare: {stopped} (in a comparison: re-run the same compare command, "
+              "which resumes it)", file=sys.stderr)
         return 128 + stopped.signum if stopped.signum else 1
     except (ValueError, OSError) as err:
         print(f"podsrl compare: error: {err}", file=sys.stderr)
@@ -294,9 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except KeyboardInterrupt as interrupted:  # a Ctrl-C that no command handles (a run handles its own): one line
+    # a Ctrl-C that no command handles (a run handles its own): one line
+    except KeyboardInterrupt as interrupted:
         signum = getattr(interrupted, "signum", signal.SIGINT)
-        print(f"podsrl {argv[0]}: stopped by {signal.Signals(signum).name}; {INTERRUPTED[argv[0]]}", file=sys.stderr)
+        print(f"podsrl {argv[0]}: stopped by {signal.Signals(signum).name}; {INTERRUPTED[argv[0]]}",
+              file=sys.stderr)
         return 128 + signum
 
 

@@ -328,14 +328,17 @@ def parse_value(name: str, raw: Any, source: str = "") -> Any:
         if isinstance(raw, bool):
             return raw
         text = str(raw).strip().lower()
-        if text in ("1", "true", "yes", "on") or (name, text) == ("scale_rewards", "group"):  # and TRL's values
+        # and TRL's values
+        if text in ("1", "true", "yes", "on") or (name, text) == ("scale_rewards", "group"):
             return True
         if text in ("0", "false", "no", "off") or (name, text) == ("scale_rewards", "none"):
             return False
         if (name, text) == ("resume", RESUME_AUTO):  # resume's third value: decided by the run folder
             return RESUME_AUTO
-        require((name, text) != ("scale_rewards", "batch"), f"{source}scale_rewards: TRL's 'batch' is not implemented")
-        raise ValueError(f"{source}{name}: expected true/false{'/auto' if name == 'resume' else ''}, got {raw!r}")
+        require((name, text) != ("scale_rewards", "batch"),
+                f"{source}scale_rewards: TRL's 'batch' is not implemented")
+        raise ValueError(f"{source}{name}: expected true/false{'/auto' if name == 'resume' else ''}, "
+                         f"got {raw!r}")
     if isinstance(raw, bool) and kind is not bool:
         raise ValueError(f"{source}{name}: expected {kind.__name__}, got {raw!r}")
     if kind is str:  # a component's mapping {name: ..., argument: value} is kept (podsrl.registry), else text

@@ -161,14 +161,16 @@ def _check_groups(cfg) -> None:
     """Every method normalises advantages over the group of rollouts it trains on per prompt
     (m for pods and grpo, n for grpo-ga): a group of one has advantage 0, and training nothing."""
     method = METHODS[cfg.method]
-    name = "num_kept" if method.trained_per_prompt(0, 1) == 1 else "num_generations"  # the count that sets the group
+    # the count that sets the group
+    name = "num_kept" if method.trained_per_prompt(0, 1) == 1 else "num_generations"
     require(getattr(cfg, name) >= 2, f"{name}: must be at least 2 for method {cfg.method} (an advantage needs a "
                                      f"group: with 1 rollout per prompt trained on, every group-normalised "
                                      f"advantage is 0 and training does nothing), got {getattr(cfg, name)}")
 
 
 def _check_early_stop(cfg) -> None:
-    lossless = getattr(RULES.resolve(cfg.downsampling_rule), "early_stop_lossless", False)  # a rule's declaration
+    # a rule's declaration
+    lossless = getattr(RULES.resolve(cfg.downsampling_rule), "early_stop_lossless", False)
     require(METHODS[cfg.method].selects and lossless,
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")

@@ -95,7 +95,8 @@ class Processes:
             raise LaunchRefused("fsdp_offload_params: true is not supported; set it to false")
         reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
         if reshard not in ("true", "false"):
-            raise LaunchRefused(f"fsdp_reshard_after_forward: {reshard!r}; FSDP2 takes true (ZeRO-3) or false (ZeRO-2)")
+            raise LaunchRefused(f"fsdp_reshard_after_forward: {reshard!r}; "
+                                "FSDP2 takes true (ZeRO-3) or false (ZeRO-2)")
         return cls(accelerator, sharded=True, reshard_after_forward=reshard == "true")
 
     def device(self, requested: str = "auto") -> torch.device:

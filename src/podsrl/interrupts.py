@@ -37,7 +37,8 @@ class StopNow(KeyboardInterrupt):
 class _SignalState:
     """The process's one view of stops: which interruptible code runs now, and the pending signal."""
 
-    inside: str | None = None  # a label of the code running now ('advantage_estimator my.py:adv', 'evaluation')
+    # a label of the code running now ('advantage_estimator my.py:adv', 'evaluation')
+    inside: str | None = None
     pending: int | None = None  # the signal of a stop asked for and not yet done
 
 

@@ -57,7 +57,8 @@ class Method:
             return f"{self.name}-m{m}"
         if not self.selects:
             return f"{self.name}-n{n}"
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", component_label(rule))  # a module:function rule, its arguments too
+        # a module:function rule, its arguments too
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", component_label(rule))
         return f"{self.name}-n{n}-m{m}-{safe}"
 
 

@@ -75,7 +75,8 @@ def read_metrics(path: Path) -> list[dict]:
         lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as err:  # podsrl writes ASCII: damage, not a cut-off record
         line = raw[:err.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte {raw[err.start:err.start + 1]!r})") from None
+        raise ValueError(f"{path}, line {line}: not valid UTF-8 "
+                         f"(byte {raw[err.start:err.start + 1]!r})") from None
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -257,7 +257,8 @@ def bind_options(options_type, run_fields: frozenset[str], field: str, takes: st
         for key, value in options.items():
             if key not in settable:
                 takes_too = sorted((own - {"options", "size"}) | settable) or ["none"]
-                raise ValueError(f"{field}: {name} takes no argument {key!r} (it takes: {', '.join(takes_too)})")
+                raise ValueError(f"{field}: {name} takes no argument {key!r} "
+                                 f"(it takes: {', '.join(takes_too)})")
             _check_type(fields[key].default, value, f"{field}: {name}: argument {key}")
             check_option(fields[key], value, f"{field}: {name}: argument {key}")
         if not mine:  # bind_kwargs checks the signature with the arguments bound
@@ -290,7 +291,8 @@ def spec_parts(spec: Spec, field: str = "component") -> tuple[str, dict[str, Any
     if isinstance(spec, str):
         return spec, {}
     if not isinstance(spec, Mapping):
-        raise ValueError(f"{field}: expected a name or a mapping {{{NAME_KEY}: ..., argument: value}}, got {spec!r}")
+        raise ValueError(f"{field}: expected a name or a mapping {{{NAME_KEY}: ..., argument: value}}, "
+                         f"got {spec!r}")
     kwargs = dict(spec)
     name = kwargs.pop(NAME_KEY, None)
     if not isinstance(name, str) or not name.strip():
@@ -377,7 +379,8 @@ def bind_kwargs(obj, kwargs: dict[str, Any], field: str, name: str, takes: str =
             raise ValueError(f"{field}: {name}: argument {key!r} gets what podsrl passes (it is called as "
                              f"{takes or name}); it cannot be set in the config")
         if key not in settable:
-            raise ValueError(f"{field}: {name} takes no argument {key!r} (it takes: {', '.join(settable) or 'none'})")
+            raise ValueError(f"{field}: {name} takes no argument {key!r} "
+                             f"(it takes: {', '.join(settable) or 'none'})")
         _check_type(parameters[key].default, value, f"{field}: {name}: argument {key}")
         if key in getattr(obj, "argument_ranges", {}):
             obj.argument_ranges[key].check(value, f"{field}: {name}: argument {key}")

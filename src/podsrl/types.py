@@ -130,7 +130,8 @@ class Rollouts:
         return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in chunks]),  # [P, Lp]
                         prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in chunks]),
                         completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in chunks]),
-                        completion_mask=torch.cat([right(r.completion_mask, 0) for r in chunks]),  # [P, n, Lc]
+                        # [P, n, Lc]
+                        completion_mask=torch.cat([right(r.completion_mask, 0) for r in chunks]),
                         texts=[group for r in chunks for group in r.texts], stats=stats, generated=generated,
                         sampling_logp=sampling_logp, early_scores=early_scores)
 

@@ -17,7 +17,8 @@ from podsrl.contracts import finite, tensor_like
 from podsrl.registry import Registry, argument_ranges, positive
 
 
-@argument_ranges(eps=dataclasses.replace(positive, why="it is added to each group's reward std"))  # -1 flips signs
+# -1 flips signs
+@argument_ranges(eps=dataclasses.replace(positive, why="it is added to each group's reward std"))
 def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
     """``A_i = (r_i - mean_S r) / (std_S r + eps)`` over each group's kept set S.
 

@@ -28,7 +28,8 @@ def max_kept_variance(m: int, low: float, high: float) -> float:
     return (high - low) ** 2 * (m // 2) * (m - m // 2) / m**2
 
 
-def saturated(rewards: torch.Tensor, m: int, low: float, high: float, tolerance: float = 1e-6) -> torch.Tensor:
+def saturated(rewards: torch.Tensor, m: int, low: float, high: float,
+              tolerance: float = 1e-6) -> torch.Tensor:
     """rewards [P, k] (NaN = not finished) -> [P] bool: the finished samples of the group
     already hold m rewards whose variance is :func:`max_kept_variance`.
 

@@ -23,13 +23,15 @@ from podsrl.registry import Registry
 LossType = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
-def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int,
+                  num_tokens: float) -> torch.Tensor:
     """Token mean per sequence, then the mean over the step's sequences (the paper; TRL's "grpo")."""
     per_sequence = (per_token * mask).sum(1) / mask.sum(1).clamp_min(1)  # [B]
     return per_sequence.sum() / num_sequences
 
 
-def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int,
+               num_tokens: float) -> torch.Tensor:
     """Sum over tokens divided by the step's token count (DAPO; TRL's "dapo")."""
     return (per_token * mask).sum() / num_tokens
 

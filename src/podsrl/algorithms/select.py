@@ -38,7 +38,8 @@ class Groups:
     """What a rule selects from: P prompt groups of n samples each."""
 
     rewards: torch.Tensor  # [P, n]; NaN where a sample was never generated
-    generated: torch.Tensor | None = None  # [P, n] bool, False where early stop skipped a sample; None = all were
+    # [P, n] bool, False where early stop skipped a sample; None = all were
+    generated: torch.Tensor | None = None
     lengths: torch.Tensor | None = None  # [P, n] completion tokens; None where the caller has none
 
     def selectable_rewards(self) -> torch.Tensor:
@@ -101,7 +102,8 @@ def max_variance(rewards: torch.Tensor, m: int, generator: torch.Generator | Non
     return order.gather(1, positions).sort(dim=1).values
 
 
-max_variance.early_stop_lossless = True  # algorithms/early_stop.py proves saturation for this rule's selection
+# algorithms/early_stop.py proves saturation for this rule's selection
+max_variance.early_stop_lossless = True
 
 
 def max_reward(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -154,5 +156,6 @@ def select(rule: str | Callable, groups: Groups | torch.Tensor, m: int,
     fn = RULES.checked(rule)
     keep = fn(groups, m, generator) if fn.takes_groups else fn(groups.selectable_rewards(), m, generator)
     if groups.generated is not None and not bool(groups.generated.gather(1, keep).all()):
-        raise broken(fn.field, fn.spec, "a sample early stop never generated (it has no completion to train on)")
+        raise broken(fn.field, fn.spec,
+                     "a sample early stop never generated (it has no completion to train on)")
     return keep

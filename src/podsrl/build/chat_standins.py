@@ -149,7 +149,8 @@ def qwen_id_tokenizer():
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(token, special=True, normalized=False)
                                 for token in QWEN_SPECIAL_IDS.values()])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>")
     tokenizer.chat_template = qwen3_chat_template
     return tokenizer
 

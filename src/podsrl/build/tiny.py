@@ -53,7 +53,8 @@ def train_tokenizer(texts: list[str], vocab_size: int = 320):
                                    bos_token=None, padding_side="left")
 
 
-def make_model(tokenizer, hidden_size: int = 128, num_layers: int = 4, seed: int = 0, max_positions: int = 128):
+def make_model(tokenizer, hidden_size: int = 128, num_layers: int = 4, seed: int = 0,
+               max_positions: int = 128):
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,

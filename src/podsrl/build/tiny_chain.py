@@ -65,7 +65,8 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000,
     corpus = [ex.prompt + worked_solution(ex.columns["chain"]) for ex in task.train[:5000]]
     corpus += [str(i) for i in range(-2000, 2000)]
     tokenizer = train_tokenizer(corpus, vocab_size=384)
-    model = make_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, seed=seed, max_positions=512)
+    model = make_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, seed=seed,
+                       max_positions=512)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tiny-chain model: {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}", flush=True)
     bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny-chain")
@@ -83,13 +84,15 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000,
     sft_steps(model, tokenizer, task.train, polish_steps, 1e-3, batch_size, chain_target(0.0), rng,
               group_by=steps_of)
     polished = probe_accuracy(1, 0.0)
-    print(f"  greedy held-out accuracy after the polish: {polished:.3f} ({time.time() - start:.0f}s)", flush=True)
+    print(f"  greedy held-out accuracy after the polish: {polished:.3f} ({time.time() - start:.0f}s)",
+          flush=True)
     print("phase 3: spread SFT (slipped lines)", flush=True)
     sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, batch_size, chain_target(slip_probability), rng,
               group_by=steps_of)
     greedy = probe_accuracy(1, 0.0)
     sampled = probe_accuracy(4, 0.9)
-    print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}", flush=True)
+    print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}",
+          flush=True)
     return save_build(output_dir, bundle, {
         "task": "chain", "level": level, "clean_steps": clean_steps, "polish_steps": polish_steps,
         "spread_steps": spread_steps, "slip_probability": slip_probability, "batch_size": batch_size, "seed": seed,

@@ -136,7 +136,8 @@ def planned_arm_names(base, arms: list[dict]) -> list[str]:
     return list(dict.fromkeys(arm_name({**base.to_dict(), **arm}) for arm in arms))
 
 
-def analyze(run_dirs: list[Path], baseline: str | None = None, left_out: Callable[[str], None] | None = None) -> dict:
+def analyze(run_dirs: list[Path], baseline: str | None = None,
+            left_out: Callable[[str], None] | None = None) -> dict:
     """Group runs into arms and compute curves, step times and the speedup table.
 
     ``baseline`` is an arm name or a method ('grpo', 'grpo-ga'); default: the first grpo
@@ -145,7 +146,8 @@ def analyze(run_dirs: list[Path], baseline: str | None = None, left_out: Callabl
     """
     runs = load_comparable(run_dirs, left_out) if left_out else [load_run(p) for p in run_dirs]
     if not runs:
-        raise ValueError(f"none of the {len(run_dirs)} runs found has training steps and evaluations to compare")
+        raise ValueError(f"none of the {len(run_dirs)} runs found has training steps "
+                         "and evaluations to compare")
     check_one_conversion([(r.path, r.config, r.environment) for r in runs])
     arms: dict[str, Arm] = {}
     for run in runs:
@@ -212,7 +214,8 @@ def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_va
     return [{**arm, "dynamic_sampling": on} for arm in arms for on in dynamic_sampling] if dynamic_sampling else arms
 
 
-def _method_arms(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int]) -> list[dict]:
+def _method_arms(base, methods: list[str], rules: list[str], n_values: list,
+                 m_values: list[int]) -> list[dict]:
     arms = []
     for name in methods:
         if name not in METHODS:

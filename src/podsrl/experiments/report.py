@@ -98,7 +98,8 @@ def _summary_json(result: dict) -> str:
 def _fmt(value, pattern="{:.1f}", missing="n/a") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return missing
-    if isinstance(value, float) and math.isinf(value):  # a ratio over a time of 0: the arm started at the target
+    # a ratio over a time of 0: the arm started at the target
+    if isinstance(value, float) and math.isinf(value):
         return "unbounded"
     return pattern.format(value)
 

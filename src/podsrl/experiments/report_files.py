@@ -91,7 +91,8 @@ def _replace(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(handle, "wb") as fh:
             fh.write(data)
-        os.chmod(staging, 0o666 & ~umask())  # mkstemp's file is private; a report gets what a plain write gives
+        # mkstemp's file is private; a report gets what a plain write gives
+        os.chmod(staging, 0o666 & ~umask())
         os.replace(staging, path)
     except BaseException:
         Path(staging).unlink(missing_ok=True)

@@ -195,7 +195,8 @@ class PODSConfig(GRPOConfig):
             raise ValueError(f"num_kept: must be between 2 (an advantage needs a group) and num_generations "
                              f"({self.num_generations}), got {self.num_kept}")
         n, m, steps, processes = self.num_generations, self.num_kept, self.steps_per_generation, self.world_size
-        generated = self.per_device_train_batch_size * steps  # rows per process; GRPOConfig: x processes = groups
+        # rows per process; GRPOConfig: x processes = groups
+        generated = self.per_device_train_batch_size * steps
         groups = generated * processes // n
         if groups * m % processes:
             raise ValueError(
@@ -252,7 +253,8 @@ class PODSTrainer(GRPOTrainer):
         # the same stream on every process: rules that draw choose the same rows everywhere
         self.selection_generator = torch.Generator().manual_seed(self.args.seed)
         self._pods_inputs = None  # the generation batch's dataset rows while it is being scored
-        self._pods_kept_rewards = None  # [kept rows of all processes, reward functions], for TRL's reward step
+        # [kept rows of all processes, reward functions], for TRL's reward step
+        self._pods_kept_rewards = None
         self.last_selection: dict[str, torch.Tensor] = {}  # rewards [G, n] and kept [G, m] of the last batch
 
     def _generate_and_score_completions(self, inputs):
@@ -334,8 +336,10 @@ class PODSTrainer(GRPOTrainer):
         weights = self.reward_weights.to(rewards_per_func.device)
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1).float().cpu()  # [R_all]
         groups = rewards.view(-1, n)  # [G_all, n]: all processes' rows are whole groups (GRPOConfig checks)
-        keep = select(self.args.downsampling_rule, Groups(groups), m, generator=self.selection_generator)  # [G_all, m]
-        keep = keep.sort(dim=1).values  # rows stay in generation order (with m = n: exactly GRPOTrainer's rows)
+        keep = select(self.args.downsampling_rule, Groups(groups), m,
+                      generator=self.selection_generator)  # [G_all, m]
+        # rows stay in generation order (with m = n: exactly GRPOTrainer's rows)
+        keep = keep.sort(dim=1).values
         kept_global_rows = (torch.arange(groups.shape[0]).unsqueeze(1) * n + keep).flatten()  # [G_all * m]
         first = self.accelerator.process_index * local_count
         mine = (kept_global_rows >= first) & (kept_global_rows < first + local_count)

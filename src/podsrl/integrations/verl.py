@@ -46,7 +46,8 @@ from podsrl.integrations.verl_core import (
     verl_batch_arguments,
 )
 
-SUPPORTED_VERL = ("0.9.1", "0.9.2")  # [lowest tested, first untested): the replay buffer's contract is new in 0.9
+# [lowest tested, first untested): the replay buffer's contract is new in 0.9
+SUPPORTED_VERL = ("0.9.1", "0.9.2")
 if not Version(SUPPORTED_VERL[0]) <= Version(verl.__version__) < Version(SUPPORTED_VERL[1]):
     raise ImportError(f"podsrl.integrations.verl supports verl >= {SUPPORTED_VERL[0]}, < {SUPPORTED_VERL[1]} (it "
                       f"subclasses verl's v1 ReplayBuffer); found verl {verl.__version__}: pip install '.[verl]' in a "

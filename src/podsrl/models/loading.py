@@ -17,7 +17,8 @@ from transformers.utils import logging as hf_logging
 
 from podsrl.registry import error_line
 
-TINY_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny"  # shipped; rebuilt by scripts/build_tiny.py
+# shipped; rebuilt by scripts/build_tiny.py
+TINY_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 # the reasoning regime's model (the chain task, #58); rebuilt by scripts/build_tiny_chain.py
 TINY_CHAIN_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-chain"
 SMOLLM2 = "smollm2-135m-instruct"

@@ -44,7 +44,8 @@ def shared_prompt_token_logprobs(model, input_ids: torch.Tensor, attention_mask:
     if bool(starts.all()) or prompt_cols < 1:  # nothing to share
         return token_logprobs(model, input_ids, attention_mask, num_completion_tokens)
     first_rows = starts.nonzero().squeeze(1)  # [u]
-    repeats = torch.diff(first_rows, append=first_rows.new_tensor([input_ids.shape[0]]))  # [u] rows per prompt
+    # [u] rows per prompt
+    repeats = torch.diff(first_rows, append=first_rows.new_tensor([input_ids.shape[0]]))
     cache = DynamicCache(config=getattr(model, "module", model).config)  # (DDP keeps the model in .module)
     unique_ids, unique_mask = prompt_ids[first_rows], prompt_mask[first_rows]  # [u, Lp]
     out = model(input_ids=unique_ids, attention_mask=unique_mask,

@@ -36,7 +36,8 @@ REWARDS = Registry("reward function", "reward_funcs", {
     "think_answer_format_strict": think_answer_format_strict,
     "think_answer_format_soft": think_answer_format_soft,
 }, takes="fn(prompts, completions, **columns)", many=True,
-    passes=("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"))  # by each call
+    # by each call
+    passes=("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"))
 
 
 def load_reward_fn(spec: str | dict) -> RewardFn:

@@ -115,7 +115,8 @@ class Scorer:
     @classmethod
     def build(cls, task: Task, options: ScoringOptions) -> "Scorer":
         def stack(fns, weights):
-            return RewardStack(list(fns), list(weights), error_policy=options.error_policy, timeout=options.timeout)
+            return RewardStack(list(fns), list(weights), error_policy=options.error_policy,
+                               timeout=options.timeout)
 
         custom = stack(options.reward_funcs, options.reward_weights) if options.reward_funcs else None
         return cls(stack([task.correct_fn], [1.0]), stack([task.format_fn], [1.0]), custom,

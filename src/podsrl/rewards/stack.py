@@ -160,7 +160,8 @@ class RewardStack:
         except CallFailed as batch_error:  # find which sample fails, then apply the policy
             return self._one_by_one(index, fn, prompts, completions, columns, shared, batch_error)
 
-    def _one_by_one(self, index, fn, prompts, completions, columns, shared, batch_error) -> list[float | None]:
+    def _one_by_one(self, index, fn, prompts, completions, columns, shared,
+                    batch_error) -> list[float | None]:
         values = []
         for i in range(len(completions)):
             one = {**{k: v[i:i + 1] for k, v in columns.items()}, **shared}
@@ -168,11 +169,13 @@ class RewardStack:
                 values += self._run(index, fn, [prompts[i]], [completions[i]], one, 1)
             except CallFailed as err:
                 if self.error_policy == "raise":
-                    raise RewardError(f"reward function {reward_name(fn)} failed on prompt index {i} ({err})") from None
+                    raise RewardError(f"reward function {reward_name(fn)} failed on prompt index {i} "
+                                      f"({err})") from None
                 self.failures += 1
                 values.append(_Failed(0.0))
         if self.error_policy == "raise":  # every sample passes alone: the batch call is at fault
-            raise RewardError(f"reward function {reward_name(fn)} failed on the batch ({batch_error})") from None
+            raise RewardError(f"reward function {reward_name(fn)} failed on the batch "
+                              f"({batch_error})") from None
         return values
 
     def _run(self, index, fn, prompts, completions, kwargs, expected) -> list[float | None]:

@@ -63,7 +63,8 @@ class RewardWorker:
                               f"podsrl.rewards.in_process runs it in the trainer instead") from None
         finally:
             child_end.close()
-        with contextlib.suppress(OSError):  # the child sets it too; whichever runs first, a kill finds the group
+        # the child sets it too; whichever runs first, a kill finds the group
+        with contextlib.suppress(OSError):
             os.setpgid(process.pid, process.pid)
         self.process, self.owner = process, os.getpid()
         _stop_workers_at_exit()
@@ -78,7 +79,8 @@ class RewardWorker:
             self.start(fn)
         try:
             self.conn.send_bytes(request)
-            with interrupts.interruptible(f"reward_funcs {reward_name(fn)}"):  # a stop does not wait for the timeout
+            # a stop does not wait for the timeout
+            with interrupts.interruptible(f"reward_funcs {reward_name(fn)}"):
                 reply = self.conn.recv_bytes() if self.conn.poll(timeout) else None
         except (EOFError, OSError):  # the function ended the process: os._exit, a crash, the OOM killer
             raise CallFailed(f"its worker process ended ({self.stop()})") from None
@@ -139,13 +141,17 @@ def _serve(conn, trainer_end, fns: list[RewardFn], trainer_pid: int) -> None:
     """The worker's loop, until the trainer closes the pipe."""
     trainer_end.close()  # else the worker holds its own pipe open and never sees the trainer go
     with contextlib.suppress(OSError):
-        os.setpgid(0, 0)  # its own group: a kill reaches what the function started, and Ctrl-C only the trainer
+        # its own group: a kill reaches what the function started, and Ctrl-C only the trainer
+        os.setpgid(0, 0)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)  # the trainer's handlers (a checkpoint on SIGTERM) are not the worker's
+        # the trainer's handlers (a checkpoint on SIGTERM) are not the worker's
+        signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _die_with(trainer_pid)
-    torch.set_num_threads(1)  # the trainer's OpenMP pool does not survive fork; one thread leaves it the cores
-    with contextlib.suppress(AttributeError, ValueError):  # what a function prints shows even if it then hangs
+    # the trainer's OpenMP pool does not survive fork; one thread leaves it the cores
+    torch.set_num_threads(1)
+    # what a function prints shows even if it then hangs
+    with contextlib.suppress(AttributeError, ValueError):
         sys.stdout.reconfigure(line_buffering=True)
     while True:
         try:
@@ -164,7 +170,8 @@ def _handle(fns: list[RewardFn], request: bytes) -> tuple[str, Any]:
         index, prompts, completions, kwargs, expected = pickle.loads(request)
         fn = fns[index]
         return "ok", checked_values(fn, fn(prompts=prompts, completions=completions, **kwargs), expected)
-    except BaseException as err:  # SystemExit; a KeyboardInterrupt is the function's own (Ctrl-C goes to the trainer)
+    # SystemExit; a KeyboardInterrupt is the function's own (Ctrl-C goes to the trainer)
+    except BaseException as err:
         return "error", error_line(err)
 
 
@@ -225,7 +232,8 @@ def checked_values(fn, values, expected: int) -> list[float | None]:
         raise TypeError(f"reward function {reward_name(fn)} returned {type(values).__name__}, expected a list of "
                         f"numbers or None, one per completion")
     if len(values) != expected:
-        raise ValueError(f"reward function {reward_name(fn)} returned {len(values)} values for {expected} completions")
+        raise ValueError(f"reward function {reward_name(fn)} returned {len(values)} values "
+                         f"for {expected} completions")
     return [_number(fn, value, i) for i, value in enumerate(values)]
 
 
@@ -234,7 +242,8 @@ def _number(fn, value, i: int) -> float | None:
         return None
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy scalar, a 0-d tensor
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # bool is an int, but True is no reward
+    # bool is an int, but True is no reward
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"reward function {reward_name(fn)} returned {type(value).__name__} {value!r:.40} "
                         f"at index {i}, "
                         f"expected a number or None")

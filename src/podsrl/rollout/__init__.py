@@ -92,7 +92,8 @@ class CheckedEngine:
     def __init__(self, inner, field: str, spec: str) -> None:
         for method in ("state_dict", "load_state_dict", "check_state"):
             if not callable(getattr(inner, method, None)):
-                raise ValueError(f"{field}: {spec} has no method {method}() (see podsrl.rollout.GenerationEngine)")
+                raise ValueError(f"{field}: {spec} has no method {method}() "
+                                 "(see podsrl.rollout.GenerationEngine)")
         self.inner, self.field, self.spec = inner, field, spec
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
@@ -100,7 +101,8 @@ class CheckedEngine:
         with calling(self.field, self.spec):
             rollouts = self.inner(model, tokenizer, prompts, num_samples, stopper=stopper)
         if not isinstance(rollouts, Rollouts):
-            raise broken(self.field, self.spec, f"a {type(rollouts).__name__}, expected podsrl.types.Rollouts")
+            raise broken(self.field, self.spec,
+                         f"a {type(rollouts).__name__}, expected podsrl.types.Rollouts")
         expected = (len(prompts), num_samples)
         for name in ("completion_ids", "completion_mask"):
             shape = tuple(getattr(rollouts, name).shape)

@@ -51,7 +51,8 @@ class EngineOptions:
 CAPABILITIES = {
     "early_stop_refusal": "declares no early_stop_refusal ('' = it takes the stopper group_early_stop passes)",
     "needs_whole_weights": False,  # each process's engine needs the whole weights (refused under FSDP)
-    "reports_sampling_logp": False,  # Rollouts.sampling_logp: what the vllm_importance_sampling_* correction reads
+    # Rollouts.sampling_logp: what the vllm_importance_sampling_* correction reads
+    "reports_sampling_logp": False,
     # its options class (an EngineOptions): which options it reads, and what a spec's arguments may set
     "options_type": EngineOptions,
     # check_prompts(options, model_config, longest_prompt): refuse, before any step, prompts it cannot take
@@ -114,7 +115,8 @@ class Stateless:
 
     def check_state(self, state: dict) -> None:
         if state:
-            raise ValueError(f"generation engine '{self.name}' keeps no state, the checkpoint has {sorted(state)}")
+            raise ValueError(f"generation engine '{self.name}' keeps no state, "
+                             f"the checkpoint has {sorted(state)}")
 
     def load_state_dict(self, state: dict) -> None:
         self.check_state(state)
@@ -125,7 +127,8 @@ def early_stop_refusal(engine, name: str) -> str:
     "" when it takes a stopper. An engine that declares nothing is named: the line is about it."""
     refusal = capability(engine, "early_stop_refusal")
     if refusal and not hasattr(engine, "early_stop_refusal"):
-        return f"generation_engine: {name} {refusal}; group_early_stop needs an engine that stops groups early"
+        return (f"generation_engine: {name} {refusal}; "
+                "group_early_stop needs an engine that stops groups early")
     return f"group_early_stop: {refusal}" if refusal else ""
 
 

@@ -66,7 +66,8 @@ class GenerationCopy:
             filled.add(name)
         missing = sorted(set(own) - filled)
         if missing:
-            raise ValueError(f"generation_dtype: the generation copy's weights {missing[:3]} are not in the policy")
+            raise ValueError(f"generation_dtype: the generation copy's weights {missing[:3]} "
+                             "are not in the policy")
 
     def step_record(self) -> dict[str, float]:
         """Seconds spent refreshing the copy since the last record (part of time_generate, or

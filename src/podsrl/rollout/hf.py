@@ -40,7 +40,8 @@ class HFOptions(EngineOptions):
                                      "from the policy, 'auto' = bfloat16 when the policy computes in bfloat16.")
     static_cache: bool = option(False, "With a copy: transformers' static KV cache (its decode step compiled on "
                                        "GPUs).")
-    compute_dtype: str = "float32"  # the policy's forward passes' dtype (bfloat16 under bf16 or bfloat16 weights)
+    # the policy's forward passes' dtype (bfloat16 under bf16 or bfloat16 weights)
+    compute_dtype: str = "float32"
     sharded: bool = False  # FSDP: no process holds whole weights, so no copy
     compile_config: object = None  # static_cache: a transformers.CompileConfig (None = transformers' default)
 
@@ -139,9 +140,11 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     completion_ids = torch.cat(
         [torch.nn.functional.pad(c, (0, width - c.shape[1]), value=tokenizer.pad_token_id)
          for c in chunks]).view(num_prompts, num_samples, width)  # [P, n, Lc]
-    prompt_width = int(prompt_mask.sum(dim=1).max())  # the static cache's extra left padding: not the update's work
+    # the static cache's extra left padding: not the update's work
+    prompt_width = int(prompt_mask.sum(dim=1).max())
     rollouts = to_rollouts(tokenizer, prompt_ids[:, -prompt_width:], prompt_mask[:, -prompt_width:], completion_ids)
-    rollouts.stats["decode_steps"] = sum(c.shape[1] - 1 for c in chunks)  # the first token comes from the prefill
+    # the first token comes from the prefill
+    rollouts.stats["decode_steps"] = sum(c.shape[1] - 1 for c in chunks)
     return rollouts
 
 

@@ -119,7 +119,8 @@ class PrefixLengthPredictor(OnlineRidge):
         super().__init__(3 + prompt_buckets + prefix_buckets + first_buckets, ridge)
         self.buckets = (prompt_buckets, prefix_buckets, first_buckets)
 
-    def features(self, prompt_tokens: list[int], prefixes: list[list[int]], ended_share: list[float]) -> torch.Tensor:
+    def features(self, prompt_tokens: list[int], prefixes: list[list[int]],
+                 ended_share: list[float]) -> torch.Tensor:
         """One prompt's N sample prefixes (and, per sample, its prompt's ended share) -> [N, F]."""
         prompt_buckets, prefix_buckets, first_buckets = self.buckets
         rows = torch.zeros(len(prefixes), self.xty.shape[0], dtype=torch.float64)
@@ -207,8 +208,10 @@ class Schedule:
     config's ``generation_schedule``), or named there as ``module:Schedule object``."""
 
     pick: Callable[[PendingSamples, list[int]], int]
-    predictor: type | None = None  # the length predictor it learns across steps (checkpointed with the engine)
-    plans_lanes: bool = False  # the two-stage plan: probe every sample, predict, balance lanes (continuous refill)
+    # the length predictor it learns across steps (checkpointed with the engine)
+    predictor: type | None = None
+    # the two-stage plan: probe every sample, predict, balance lanes (continuous refill)
+    plans_lanes: bool = False
     early_stop_refusal: str = ""  # why group_early_stop cannot run with it ("" = it can)
 
     def __call__(self, pending: PendingSamples, candidates: list[int]) -> int:

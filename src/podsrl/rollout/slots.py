@@ -114,7 +114,8 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
     stopper was given.
     """
-    schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, (str, dict)) else schedule  # a spec, or the Schedule
+    # a spec, or the Schedule
+    schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, (str, dict)) else schedule
     check_options(refill, schedule, probe_tokens)
     predictor = predictor_for(schedule, predictor)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)

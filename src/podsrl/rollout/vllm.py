@@ -235,7 +235,8 @@ class VLLMEngine(Stateless):
         self.config_dir = tempfile.mkdtemp(prefix=CONFIG_FOLDER_PREFIX)
         write_owner(Path(self.config_dir))
         config.save_pretrained(self.config_dir)  # the architecture only: the weights come from the policy
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: weights by reference, no orphans
+        # in this process: weights by reference, no orphans
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         cpu = vllm_runs_on_cpu()
         if cpu:  # the engine runs in the trainer's process: it needs no core of its own
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
@@ -343,7 +344,8 @@ def load_weights_into(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     its prefix cache (computed with the old weights). vLLM's ``reload_weights`` processes each
     layer as its checkpoint loader does (on the CPU: the oneDNN repacking that TRL's direct
     ``load_weights`` call misses), so the same call serves GPUs and CPUs."""
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+    llm.collective_rpc("reload_weights",
+                       kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
     if vllm_runs_on_cpu():
         llm.apply_model(_repack_tied_head)
     llm.reset_prefix_cache()

@@ -37,7 +37,8 @@ from podsrl.tasks.math import build_math
 
 @dataclass(frozen=True)
 class TaskOptions:
-    task: Spec = "arithmetic"  # a name in TASKS, or reasoning_gym:NAME (or a mapping of a name and its arguments)
+    # a name in TASKS, or reasoning_gym:NAME (or a mapping of a name and its arguments)
+    task: Spec = "arithmetic"
     task_level: int = 3  # arithmetic (1-5) / chain (1-3) difficulty
     data_seed: int = 0  # seed of the train / held-out split
     train_data: str = ""  # gsm8k / math / jsonl: a local file or a hub dataset
@@ -99,7 +100,8 @@ def check_task_spec(spec: Spec) -> None:
     """A mapping spec's arguments, against its builder (at start-up, before any data loads)."""
     name, kwargs = spec_parts(spec, "task")
     if kwargs and name.startswith(REASONING_GYM_PREFIX):
-        raise ValueError(f"task: {name} takes no arguments (its size is reasoning_gym_size, its seed data_seed)")
+        raise ValueError(f"task: {name} takes no arguments "
+                         "(its size is reasoning_gym_size, its seed data_seed)")
     if kwargs:
         TASKS.resolve(spec)
 
@@ -110,7 +112,8 @@ def check_task_options(options: TaskOptions) -> None:
     check_task_spec(options.task)
     name = spec_parts(options.task, "task")[0]
     if not name.startswith(REASONING_GYM_PREFIX):
-        rule = getattr(TASKS.resolve(options.task), "check_options", None)  # declared by checks(), where it is
+        # declared by checks(), where it is
+        rule = getattr(TASKS.resolve(options.task), "check_options", None)
         if rule is not None:
             rule(options)
 

@@ -93,7 +93,8 @@ def prompt_messages(example: Example, system_prompt: str = "") -> Messages:
     return ([{"role": "system", "content": system_prompt}] if system_prompt and not has_system else []) + list(turns)
 
 
-def render_prompt(tokenizer, example: Example, system_prompt: str = "", use_chat_template: bool = True) -> str:
+def render_prompt(tokenizer, example: Example, system_prompt: str = "",
+                  use_chat_template: bool = True) -> str:
     """The exact text the model is conditioned on.
 
     With a chat template (instruct models): system + user messages (or the example's

@@ -54,7 +54,8 @@ def read_rows(spec: str, *, split: str, field_name: str) -> Rows:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{field_name}: file not found: {path}")
-    if BUILDERS.get(path.suffix, "json") != "json":  # a file of another suffix is read as JSON (Lines), as below
+    # a file of another suffix is read as JSON (Lines), as below
+    if BUILDERS.get(path.suffix, "json") != "json":
         return Rows(spec, field_name, _load_table(path, field_name))
     try:
         rows = _load_local(path, field_name)
@@ -75,7 +76,8 @@ def _load_table(path: Path, field_name: str) -> list[dict[str, Any]]:
     it (and, for a CSV not in UTF-8, the line): its own errors name neither."""
     try:
         return _load_local(path, field_name)
-    except Exception as err:  # datasets wraps the reader's error (DatasetGenerationError): report the reader's
+    # datasets wraps the reader's error (DatasetGenerationError): report the reader's
+    except Exception as err:
         if path.suffix == ".csv":
             _check_utf8_lines(path.read_bytes(), f"{field_name}: {path}")
         while err.__cause__ is not None:

@@ -306,7 +306,8 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, parts: dict | No
     if older_format(path):
         raise OlderFormat(path)
     weights = torch.load(path / WEIGHTS_FILE, weights_only=True, map_location="cpu")
-    rest = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu")  # state follows its parameter
+    # state follows its parameter
+    rest = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu")
     trainer_state = json.loads((path / STATE_FILE).read_text())
     if not (isinstance(weights, dict) and isinstance(rest, dict) and {"optimizer", "scheduler", "rng"} <= set(rest)):
         raise ValueError(f"checkpoint {path}: not a podsrl checkpoint")

@@ -49,7 +49,8 @@ from podsrl.trainer.ownership import digests, unproven_exported
 from podsrl.trainer.run_dir import MODEL_FILES, is_model_folder, is_run_folder
 from podsrl.trainer.run_info import RunInfo, Source, read_json, read_run_info
 
-EXPORT_MARKER = "podsrl_export.json"  # what was exported, from where, each file's digest; --overwrite requires it
+# what was exported, from where, each file's digest; --overwrite requires it
+EXPORT_MARKER = "podsrl_export.json"
 # names every export writes, whatever the model: a file podsrl cannot prove is its own under one
 # of these (or a name the earlier export recorded) refuses an overwrite before the model loads
 EXPORT_NAMES = frozenset({EXPORT_MARKER, "README.md", "config.json", "generation_config.json", "tokenizer_config.json",
@@ -74,7 +75,8 @@ def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None
         bundle.tokenizer.save_pretrained(folder)  # with its chat template
         (folder / "README.md").write_text(card)
         marker = {"run_dir": str(info.run_dir.resolve()), "source": source.label, "step": source.step,
-                  "files": digests(folder)}  # what a later --overwrite may remove: these files, as they are now
+                  # what a later --overwrite may remove: these files, as they are now
+                  "files": digests(folder)}
         (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
     _write_atomically(output, write)
@@ -205,11 +207,13 @@ def _write_atomically(output: Path, write) -> None:
     rename it into place. An earlier export there is replaced: its provable files are removed,
     the rest is kept (moved into the new folder, listed). On any failure the temporary folder is
     removed and ``output`` is left as it was; a write error (a full disk) is one line saying so."""
-    folder = Path(os.path.realpath(output)) if output.is_symlink() else output  # the link stays, its folder changes
+    # the link stays, its folder changes
+    folder = Path(os.path.realpath(output)) if output.is_symlink() else output
     folder.parent.mkdir(parents=True, exist_ok=True)
     mask = umask()
     mode = _folder_mode(folder, mask)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", suffix=".tmp", dir=folder.parent))  # a new name
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", suffix=".tmp",
+                                dir=folder.parent))  # a new name
     old = tmp.with_suffix(".old")
     try:
         try:

@@ -92,7 +92,8 @@ def rollout_rows(step: int, outcome: StepOutcome, groups: int) -> list[dict]:
     (the prompt before templating, the gold answer), what it wrote, how it scored, and
     whether selection kept it for the update (``outcome.kept_indices`` [P, m] indexes the group axis)."""
     examples, rollouts, scores = outcome.examples, outcome.rollouts, outcome.scores
-    kept = torch.zeros(scores.reward.shape, dtype=torch.bool).scatter_(1, outcome.kept_indices, True)  # [P, n]
+    # [P, n]
+    kept = torch.zeros(scores.reward.shape, dtype=torch.bool).scatter_(1, outcome.kept_indices, True)
     generated = rollouts.generated_mask
     rows = []
     for group in range(min(groups, len(examples))):

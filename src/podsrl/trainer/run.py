@@ -48,8 +48,10 @@ class RunResult:
     steps: int
     train_seconds: float
     is_main: bool = True  # False in the other processes of a multi-process run (they write nothing)
-    eval_prompts: int = 0  # held-out prompts each evaluation used: eval_prompts, or fewer when the split is smaller
-    failure: str = ""  # why the run learned nothing though it finished ("" = it trained); podsrl train exits 1
+    # held-out prompts each evaluation used: eval_prompts, or fewer when the split is smaller
+    eval_prompts: int = 0
+    # why the run learned nothing though it finished ("" = it trained); podsrl train exits 1
+    failure: str = ""
 
 
 class Run:
@@ -64,7 +66,8 @@ class Run:
         self.stages, self.components, self.state = stages, components, state
         self.limits, self.checkpointing, self.resume = limits, checkpointing, resume
         self.procs: Processes = components.procs  # the collectives every process takes part in
-        self.held_back: HeldBackStep | None = None  # from the checkpoint resumed: its evaluation was cut short
+        # from the checkpoint resumed: its evaluation was cut short
+        self.held_back: HeldBackStep | None = None
 
     @property
     def checkpoints(self) -> Path:
@@ -186,7 +189,8 @@ class Run:
             say(f"resumed from {resumed} at step {self.state.step}"
                 f"{', evaluating it first (a stop came before its evaluation)' if held_back else ''}")
         components.trackers.start(recorded, first_step=self.state.step + (0 if held_back else 1))
-        if held_back:  # the evaluation a stop cut short, then the step's log, as an uninterrupted run had them
+        # the evaluation a stop cut short, then the step's log, as an uninterrupted run had them
+        if held_back:
             self.evaluate_into(held_back.record)
             self.log(held_back.record, held_back.rollouts)
         components.procs.barrier()  # the other processes read the log only once it is rewritten
@@ -217,7 +221,8 @@ class Run:
                 components.metrics.write(record)
             if components.rollout_log and rollouts:
                 components.rollout_log.write_many(rollouts)
-        except OSError as err:  # a full disk: each log still ends at a whole record; say what is kept and what to do
+        # a full disk: each log still ends at a whole record; say what is kept and what to do
+        except OSError as err:
             raise OSError(f"{err}; free space, then go on: {self.stopped_here()}") from None
         components.trackers.log_metrics(record)
         components.trackers.log_table("rollouts", list(rollouts), record["step"])

@@ -69,7 +69,8 @@ class SaturationStopper:
         if not open_prompts:
             return []
         width = max(len(self.rewards[p]) for p in open_prompts)
-        table = torch.full((len(open_prompts), width), float("nan"), dtype=torch.float64)  # [P', k], NaN = pending
+        # [P', k], NaN = pending
+        table = torch.full((len(open_prompts), width), float("nan"), dtype=torch.float64)
         for row, prompt in enumerate(open_prompts):
             table[row, :len(self.rewards[prompt])] = torch.tensor(self.rewards[prompt], dtype=torch.float64)
         now = [p for p, done in zip(open_prompts, saturated(table, self.num_kept, *self.bounds).tolist()) if done]

@@ -120,7 +120,8 @@ def _write_run_files(run_dir: Path, cfg: Config, task, splits, system_prompt: st
                      tokenizer) -> None:
     train_split, test_split = splits
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    record_environment(run_dir, tokenizer)  # commit, date, machine, EOS: reports built from the run state them
+    # commit, date, machine, EOS: reports built from the run state them
+    record_environment(run_dir, tokenizer)
     (run_dir / "data.json").write_text(json.dumps({
         "task": task.name, "train_prompts": len(train_split.examples), "test_prompts": len(test_split.examples),
         "dropped_train_prompts": train_split.dropped, "dropped_test_prompts": test_split.dropped,
@@ -140,7 +141,8 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     for warning in ignored_fields(cfg) if procs.is_main else ():
         say(f"warning: {warning}")  # once, before anything loads; the run goes on
     run_dir, lock, resume = claim_run_dir(cfg, procs)
-    cfg = dataclasses.replace(cfg, resume=resume)  # `auto` decided: config.json and the run read true or false
+    # `auto` decided: config.json and the run read true or false
+    cfg = dataclasses.replace(cfg, resume=resume)
     try:
         run = _build_run(cfg, fns, procs, run_dir)
     except BaseException:

@@ -202,7 +202,8 @@ class RolloutGenerator:
             for start in range(0, total, chunk_size):
                 chunk = split.at_prompts(list(range(start, min(start + chunk_size, total))))
                 stopper = self.stopper(chunk, step) if self.stopper and failure is None else None
-                first_prompt = round_index * self.prompts_per_step + self.procs.rank * total + start  # in the step
+                # in the step
+                first_prompt = round_index * self.prompts_per_step + self.procs.rank * total + start
                 torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
                 rollouts = self.engine(self.policy, self.tokenizer, chunk.prompts, per_prompt, stopper=stopper)
                 if stopper is not None:  # the scores early stop gave, for the reward stage to reuse

@@ -75,7 +75,8 @@ class RunState:
     """The counters and the learned parts a checkpoint restores besides the weights, the
     optimizer and the scheduler, so a resumed run repeats an uninterrupted one."""
 
-    parts: dict[str, Stateful]  # name -> part: the prompt selector, the group-size policy, the engine, RNG streams
+    # name -> part: the prompt selector, the group-size policy, the engine, RNG streams
+    parts: dict[str, Stateful]
     step: int = 0  # optimizer steps done
     train_seconds: float = 0.0  # generation + reward + selection + update, evaluation excluded
 

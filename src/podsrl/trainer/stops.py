@@ -52,7 +52,8 @@ class Stops:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.setting_up = True  # until the first step: a stop then comes before it, with no checkpoint to write
+        # until the first step: a stop then comes before it, with no checkpoint to write
+        self.setting_up = True
         self.run: Run | None = None
         self._previous: dict[int, object] = {}
 
