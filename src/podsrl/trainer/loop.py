@@ -23,10 +23,8 @@ def training_step(stages: StepStages, step: int, timer: StageTimer) -> StepOutco
     groups = stages.prompts.scored_groups(step, n, timer)  # [P] prompts, rollouts [P, n, Lc], scores [P, n]
     rollouts, rewards = groups.rollouts, groups.scores.reward
     with timer("select"):
-        kept_indices = stages.select(Groups(rewards, rollouts.generated,
-                                            rollouts.completion_mask.sum(-1)))  # [P, m]
-        # [P, m, Lc], [P, m]
-        kept, kept_rewards = rollouts.kept(kept_indices), rewards.gather(1, kept_indices)
+        kept_indices = stages.select(Groups(rewards, rollouts.generated, rollouts.completion_mask.sum(-1)))  # [P, m]
+        kept, kept_rewards = rollouts.kept(kept_indices), rewards.gather(1, kept_indices)  # [P, m, Lc], [P, m]
     with timer("advantages"):
         advantages = stages.advantages(kept_rewards)  # [P, m]
         batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
