@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from podsrl.config import FIELDS, Config, ConfigFields, make_config
-from podsrl.options import POSITIVE, Range, bind, check_numbers, option
+from podsrl.options import NON_NEGATIVE, POSITIVE, Range, bind, check_numbers, option
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import Limits, StopOptions
@@ -169,3 +169,45 @@ def test_a_new_reason_to_stop_is_a_field_of_its_owner_and_a_few_lines_of_limits(
     moving = SimpleNamespace(advantages=torch.ones(2, 4), update=SimpleNamespace(skipped_step=False))
     assert [limits.give_up(step) for step in (flat, moving, flat)] == ["", "", ""]
     assert limits.give_up(flat) == "2 steps in a row had every advantage 0 (max_flat_steps)"
+
+
+def test_a_new_stop_reason_is_one_field_and_one_check_in_its_owner(monkeypatch, random_model_dir, tmp_path):
+    """What a new reason to stop takes (#59): a field on StopOptions and a check in Limits.give_up,
+    both in trainer/limits.py, here a subclass of each. The config composes the field (its default,
+    help and range come with it), validation checks its range, set-up binds it by name, and the
+    run stops on it; nothing else changes."""
+    from podsrl.config_checks import validate
+    from podsrl.trainer import setup, train
+    from podsrl.trainer.limits import Limits, StopOptions
+    from podsrl.trainer.stops import TrainingStopped
+    from tests.conftest import quick
+
+    @dataclasses.dataclass(frozen=True)
+    class MoreStops(StopOptions):
+        max_constant_steps: int = option(0, "Stop after this many steps in a row with every advantage 0.",
+                                         NON_NEGATIVE)
+
+    class MoreLimits(Limits):
+        constant_steps = 0
+
+        def give_up(self, outcome) -> str:
+            self.constant_steps = 0 if bool(outcome.advantages.any()) else self.constant_steps + 1
+            if self.options.max_constant_steps and self.constant_steps >= self.options.max_constant_steps:
+                return f"{self.constant_steps} steps in a row had every advantage 0 (max_constant_steps)"
+            return super().give_up(outcome)
+
+    @dataclasses.dataclass(frozen=True)
+    class MoreConfig(Config, MoreStops):
+        pass
+
+    base = quick(random_model_dir, tmp_path / "run", max_steps=6)
+    cfg = MoreConfig(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Config)}, max_constant_steps=2)
+    assert bind(MoreStops, cfg).max_constant_steps == 2 and "max_constant_steps" in cfg.to_dict()  # configured
+    with pytest.raises(ValueError, match=r"^max_constant_steps: must be >= 0, got -1$"):  # validated
+        validate(dataclasses.replace(cfg, max_constant_steps=-1))
+    monkeypatch.setattr(setup, "StopOptions", MoreStops)  # where limits.py's own classes would be
+    monkeypatch.setattr(setup, "Limits", MoreLimits)
+    constant = tmp_path / "constant.py"
+    constant.write_text("def constant(prompts, completions, **columns):\n    return [1.0] * len(completions)\n")
+    with pytest.raises(TrainingStopped, match=r"stopped at step 2: 2 steps in a row had every advantage 0"):
+        train(dataclasses.replace(cfg, reward_funcs=f"{constant}:constant"))  # acted on
