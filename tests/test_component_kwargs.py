@@ -418,6 +418,7 @@ def test_labels_and_folder_names_show_the_arguments_stably(user):
     assert labels == {"my.py:rule(alpha=1, beta=2, keep=0)"} and component_label("max_variance") == "max_variance"
     assert arm_variants({"prompt_selector": {"name": user("Offset"), "offset": 3}}) == ["Offset(offset=3)"]
     assert arm_variants({"prompt_selector": f"{user('Offset')}"}) == ["Offset"]
+    assert arm_variants({"generation_engine": {"name": "slots", "micro_group": 64}}) == ["slots"]  # as "slots"
 
 
 def test_a_bound_schedule_keeps_what_it_says_it_needs(user):

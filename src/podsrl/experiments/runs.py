@@ -14,7 +14,7 @@ from podsrl.experiments.levels import first_passage, value_at
 from podsrl.methods import METHODS
 from podsrl.metrics import read_metrics
 from podsrl.provenance import read_environment
-from podsrl.registry import component_label
+from podsrl.registry import component_label, spec_parts
 
 
 @dataclass
@@ -148,7 +148,8 @@ def arm_variants(fields: dict) -> list[str]:
     the slots engine, early stop, dynamic sampling, and a prompt selector other than the
     shuffled pass (by its name; a module's by the object's; with its arguments, if any)."""
     selector = component_label(fields.get("prompt_selector", "shuffled"), short=True)
-    return [label for label, on in (("slots", fields.get("generation_engine") == "slots"),
+    engine = spec_parts(fields.get("generation_engine", "hf"), "generation_engine")[0]  # a name, or a mapping's
+    return [label for label, on in (("slots", engine == "slots"),
                                     ("early-stop", fields.get("group_early_stop")),
                                     ("dynamic_sampling", fields.get("dynamic_sampling")),
                                     (selector, selector != "shuffled")) if on]
