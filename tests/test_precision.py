@@ -62,11 +62,11 @@ def test_bf16_mixed_precision_keeps_updates_that_bf16_weights_lose(random_model_
 def test_activation_checkpointing_gives_the_same_update(random_model_dir, share_prompt):
     bundle = load_model(random_model_dir)
     batch = small_batch(bundle)
-    options = UpdateOptions(max_grad_norm=0, loss_type="dapo", share_prompt=share_prompt)
+    options = UpdateOptions(max_grad_norm=0, loss_type="dapo", share_prompt_in_update=share_prompt)
     plain = flat(sgd_change(copy.deepcopy(bundle.model), batch, lr=1.0, options=options))
     model = copy.deepcopy(bundle.model)
-    options = UpdateOptions(max_grad_norm=0, loss_type="dapo", share_prompt=share_prompt,
-                            activation_checkpointing=True)
+    options = UpdateOptions(max_grad_norm=0, loss_type="dapo", share_prompt_in_update=share_prompt,
+                            gradient_checkpointing=True)
     calls = []  # the MLP runs inside the checkpointed layer: twice per micro-batch when recomputed
     mlp = model.model.layers[0].mlp
     mlp.forward = lambda *args, _forward=mlp.forward, **kwargs: calls.append(1) or _forward(*args, **kwargs)

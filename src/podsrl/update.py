@@ -34,8 +34,8 @@ class UpdateOptions:
     beta: float = 0.0  # weight of the k3 KL to the reference policy
     loss_type: str | LossType = "grpo"  # a LOSSES name ("dapo": DAPO's token mean) or a loss type function
     max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
-    share_prompt: bool = True  # run each prompt once per group in the forward/backward
-    activation_checkpointing: bool = False  # recompute activations in backward (not with share_prompt)
+    share_prompt_in_update: bool = True  # run each prompt once per group in the forward/backward
+    gradient_checkpointing: bool = False  # recompute activations in backward (not with a shared prompt)
     # importance weights between the sampling engine and the policy, for batches that carry the
     # engine's log-probs (UpdateBatch.sampling_logp); None: the difference is logged, not corrected
     sampler_correction: SamplerCorrection | None = None
@@ -168,7 +168,7 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
     """
     procs = procs or Processes()
     # a checkpointed layer drops the KV cache that sharing the prompt feeds it: whole rows then
-    shared_prompt = options.share_prompt and not options.activation_checkpointing
+    shared_prompt = options.share_prompt_in_update and not options.gradient_checkpointing
     logprobs = shared_prompt_token_logprobs if shared_prompt else token_logprobs
     num_sequences = len(batch)
     num_tokens = num_tokens or float(batch.completion_mask.sum())
@@ -182,7 +182,7 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
         lc = micro.completion_mask.shape[1]
         # gradients are averaged across processes once per step, after the last micro-batch
         with procs.no_sync(model, last=i == len(micros) - 1), \
-                activation_checkpointing(procs.unwrap(model), options.activation_checkpointing):
+                activation_checkpointing(procs.unwrap(model), options.gradient_checkpointing):
             with memory.micro_batch():
                 logp = logprobs(model, micro.input_ids, micro.attention_mask, lc)  # [b, lc]
             old_logp = micro.old_logp if micro.old_logp is not None else logp.detach()

@@ -95,8 +95,8 @@ class ScoringOptions:
     format_weight: float = 0.2
     reward_funcs: tuple[RewardFn, ...] = ()  # replace the task's reward when given
     reward_weights: tuple[float, ...] = ()  # one per reward_funcs
-    error_policy: str = "raise"  # or "zero": a failing function scores 0 there, counted
-    timeout: float = 0.0  # seconds a call of a user function may take (<= 0: DEFAULT_REWARD_TIMEOUT, 300 s)
+    reward_error_policy: str = "raise"  # or "zero": a failing function scores 0 there, counted
+    reward_timeout: float = 0.0  # seconds a call of a user function may take (<= 0: DEFAULT_REWARD_TIMEOUT, 300 s)
 
 
 @dataclass
@@ -115,8 +115,8 @@ class Scorer:
     @classmethod
     def build(cls, task: Task, options: ScoringOptions) -> "Scorer":
         def stack(fns, weights):
-            return RewardStack(list(fns), list(weights), error_policy=options.error_policy,
-                               timeout=options.timeout)
+            return RewardStack(list(fns), list(weights), error_policy=options.reward_error_policy,
+                               timeout=options.reward_timeout)
 
         custom = stack(options.reward_funcs, options.reward_weights) if options.reward_funcs else None
         return cls(stack([task.correct_fn], [1.0]), stack([task.format_fn], [1.0]), custom,

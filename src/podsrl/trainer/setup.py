@@ -88,17 +88,11 @@ def reward_functions(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None 
 
 def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions:
     weights = cfg.reward_weight_values if cfg.reward_weights else [1.0] * len(reward_funcs)
-    return ScoringOptions(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight,
-                          reward_funcs=tuple(reward_funcs), reward_weights=tuple(weights),
-                          error_policy=cfg.reward_error_policy, timeout=cfg.reward_timeout)
+    return bind(ScoringOptions, cfg, reward_funcs=tuple(reward_funcs), reward_weights=tuple(weights))
 
 
 def update_options(cfg: Config) -> UpdateOptions:
-    return UpdateOptions(micro_batch_size=cfg.micro_batch_size, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                         beta=cfg.beta, loss_type=LOSSES.checked(cfg.loss_type),
-                         max_grad_norm=cfg.max_grad_norm, share_prompt=cfg.share_prompt_in_update,
-                         activation_checkpointing=cfg.gradient_checkpointing,
-                         sampler_correction=sampler_correction(cfg))
+    return bind(UpdateOptions, cfg, loss_type=LOSSES.checked(cfg.loss_type), sampler_correction=sampler_correction(cfg))
 
 
 def sampler_correction(cfg: Config) -> SamplerCorrection | None:
