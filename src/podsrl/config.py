@@ -19,11 +19,11 @@ from typing import Any
 from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_yaml import as_text, check_reward_weights, read_yaml, split_list
 from podsrl.methods import METHODS
-from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, option
+from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, flat_option, option
 from podsrl.prompt_selection import FLAT_OPTIONS as SELECTION_FLAT_OPTIONS
 from podsrl.prompt_selection import PromptSelectionOptions
 from podsrl.registry import Spec
-from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, engine_options
+from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, engine_options
 from podsrl.trainer.checkpoints import CheckpointOptions
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
@@ -90,14 +90,9 @@ class ConfigFields:
     dynamic_sampling_rounds: int = _f(3, "dynamic_sampling: extra generation rounds per step at most; past them, "
                                          "constant groups fill the batch.",
                                          Range(1, 100, why="0 extra rounds would be no dynamic sampling"))
-    pass_rate_half_life: float = _f(50.0, "pass_rate: steps after which a prompt's pass / fail evidence weighs "
-                                          "half (the policy moves, so old outcomes say less).", POSITIVE)
-    pass_rate_prior_strength: float = _f(2.0, "pass_rate: pseudo-observations of the pool's pass rate in each "
-                                              "prompt's belief (prompts seen rarely are judged by the pool).",
-                                              POSITIVE)
-    pass_rate_exploration: float = _f(0.1, "pass_rate: share of each draw spread evenly over the train split, so "
-                                           "every prompt keeps a chance of at least this / train prompts.",
-                                           Range(0, 1, low_closed=False, why="0 could starve a prompt forever"))
+    pass_rate_half_life: float = flat_option(PromptSelectionOptions, "half_life")
+    pass_rate_prior_strength: float = flat_option(PromptSelectionOptions, "prior_strength")
+    pass_rate_exploration: float = flat_option(PromptSelectionOptions, "exploration")
     max_train_prompts: int = _f(0, "Train on the first this-many prompts of the train split (0 = all), e.g. a "
                                     "small pool that training revisits epoch after epoch.",
                                     Range(0, why="0 = all"))
@@ -154,28 +149,12 @@ class ConfigFields:
     generation_batch_size: int = _f(0, "Max sequences per engine call, in whole prompt groups, for every engine "
                                        "(0 = the whole batch in one call). Not TRL's generation_batch_size.",
                                        NON_NEGATIVE)
-    generation_dtype: str = _f("auto", "hf engine: generate and evaluate from a copy of the policy in this dtype "
-                                       "('bfloat16', 'float32'), LoRA merged, refreshed after every update; '' = "
-                                       "from the policy; 'auto' = bfloat16 when the forward passes run in bfloat16 "
-                                       "(bf16 or dtype bfloat16), else ''. The update is unchanged (generation.md).")
-    generation_static_cache: bool = _f(False, "With a generation copy: transformers' static KV cache, its decode step "
-                                              "compiled on GPUs once per batch shape; prefill then not shared.")
-    generation_micro_group: int = _f(0, "slots engine: sequences decoded at once (g); 0 = as many as "
-                                        "generation_memory_mb allows, or all P*n without a cap.",
-                                        NON_NEGATIVE)
-    generation_refill: str = _f("continuous", "slots engine: 'continuous' gives a finished sample's slot to the "
-                                              "next pending sample at once; 'group' waits for the whole "
-                                              "micro-group (naive micro-groups).")
-    generation_schedule: Spec = _f("fifo", "slots engine: order of pending samples: 'fifo' (prompt by prompt), "
-                                          "'round_robin' (one sample of each prompt in turn), 'shortest_first' "
-                                          "or 'longest_first' by a prompt-level length predictor learned online, "
-                                          "'length_aware' (Infinite Sampling's plan: probe, token-conditioned "
-                                          "length prediction, lanes balanced by predicted length, shortest first "
-                                          "within a lane; continuous refill only).")
-    generation_probe_tokens: int = _f(4, "generation_schedule length_aware: tokens every sample decodes before "
-                                         "its remaining length is predicted from them (>= 2); their keys and "
-                                         "values wait outside the slots until the sample resumes.",
-                                         Range(2, why="the length_aware probe decodes at least 2 tokens"))
+    generation_dtype: str = flat_option(HFOptions, "copy_dtype")
+    generation_static_cache: bool = flat_option(HFOptions, "static_cache")
+    generation_micro_group: int = flat_option(SlotsOptions, "micro_group")
+    generation_refill: str = flat_option(SlotsOptions, "refill")
+    generation_schedule: Spec = flat_option(SlotsOptions, "schedule")
+    generation_probe_tokens: int = flat_option(SlotsOptions, "probe_tokens")
     group_early_stop: bool = _f(False, "pods + max_variance on the slots engine: stop sampling a prompt once "
                                        "the m rollouts PODS would keep already have the largest variance the "
                                        "reward's declared bounds allow (lossless for the kept variance); its "
@@ -186,29 +165,16 @@ class ConfigFields:
                                           "logits, MiB; 0 = none): hf decodes fewer groups together and fails "
                                           "if one group exceeds it; slots sizes g to fit.",
                                           Range(0, why="0 = no cap"))
-    share_prefill: bool = _f(True, "Compute each prompt's KV cache once and copy it to its n samples "
-                                   "(same samples, less prompt compute).")
+    share_prefill: bool = flat_option(HFOptions, "share_prefill")
     share_prompt_in_update: bool = _f(True, "In the update's forward/backward, run each prompt once per group "
                                             "and reuse its KV cache for the group's completions (same "
                                             "log-probs and gradient, fewer tokens).")
     # --- vLLM engine (generation_engine vllm; TRL's names where TRL has the field) -------------
-    vllm_gpu_memory_utilization: float = _f(0.3, "Share of the GPU's memory vLLM may take for weights and KV cache "
-                                                 "(TRL's field and default for colocate mode); GPU only.",
-                                                 Range(0, 1, low_closed=False))
-    vllm_kv_cache_memory_mb: float = _f(0.0, "KV-cache size of the vLLM engine in MiB, on any device (0 = on a GPU "
-                                             "from vllm_gpu_memory_utilization; on the CPU, room for every row of "
-                                             "a step at full length, at most 4096 MiB). vLLM decodes fewer rows at "
-                                             "once when they do not fit.",
-                                             Range(0, why="0 = chosen for the device"))
-    vllm_max_model_length: int = _f(0, "Longest sequence (prompt + completion) vLLM plans for (TRL's field); 0 = "
-                                       "max_prompt_tokens + max_completion_length, capped at the model's maximum.",
-                                       Range(0, why="0 = prompt and completion limits"))
-    vllm_enable_sleep_mode: bool = _f(False, "Free vLLM's GPU memory (weights and KV cache) during the update and "
-                                             "restore it before generating (TRL's field); CUDA only, refused on "
-                                             "the CPU.")
-    vllm_enforce_eager: bool = _f(False, "Run vLLM without compilation or CUDA graphs (vLLM's enforce_eager). "
-                                         "false (vLLM's and TRL's default) compiles at start-up, for CUDA graphs on "
-                                         "a GPU; on the CPU that cost 200 s for no measured speed: set true there.")
+    vllm_gpu_memory_utilization: float = flat_option(VLLMOptions, "gpu_memory_utilization")
+    vllm_kv_cache_memory_mb: float = flat_option(VLLMOptions, "kv_cache_memory_mb")
+    vllm_max_model_length: int = flat_option(VLLMOptions, "max_model_length")
+    vllm_enable_sleep_mode: bool = flat_option(VLLMOptions, "enable_sleep_mode")
+    vllm_enforce_eager: bool = flat_option(VLLMOptions, "enforce_eager")
     vllm_importance_sampling_correction: bool = _f(True, "Correct the update for the difference between vLLM's "
                                                          "sampling log-probs and the policy's (TRL's field and "
                                                          "default): weights per vllm_importance_sampling_mode.")

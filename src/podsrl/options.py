@@ -22,7 +22,8 @@ import json
 import math
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["FRACTION", "NON_NEGATIVE", "POSITIVE", "SEED", "Range", "bind", "check_numbers", "check_option", "option"]
+__all__ = ["FRACTION", "NON_NEGATIVE", "POSITIVE", "SEED", "Range", "bind", "check_numbers", "check_option",
+           "flat_option", "option"]
 
 T = TypeVar("T")
 
@@ -63,6 +64,14 @@ def option(default: Any, help: str, range: Range | None = None, unchecked: str =
     if unchecked:
         metadata["unchecked"] = unchecked
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def flat_option(options_type: type, name: str) -> Any:
+    """A config field that sets the option ``name`` of a component's ``options_type`` (its flat
+    spelling, generation_micro_group for SlotsOptions.micro_group): the option's default, help
+    and range, declared once, beside the component that reads it."""
+    f = options_type.__dataclass_fields__[name]
+    return option(f.default, f.metadata["help"], f.metadata.get("range"), f.metadata.get("unchecked", ""))
 
 
 def check_numbers(options: Any) -> None:

@@ -53,7 +53,7 @@ class PromptSelectionOptions:
                                         "belief (prompts seen rarely are judged by the pool).", POSITIVE)
     exploration: float = option(0.1, "pass_rate: share of each draw spread evenly over the train split, so every "
                                      "prompt keeps a chance of at least this / train prompts.",
-                                Range(0, 1, low_closed=False, why="0 could starve a prompt forever"))
+                                     Range(0, 1, low_closed=False, why="0 could starve a prompt forever"))
 
 
 # the config's flat spellings of pass_rate's options

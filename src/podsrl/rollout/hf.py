@@ -35,11 +35,14 @@ class HFOptions(EngineOptions):
     memory_mb: float = option(0.0, "Cap on the estimated memory of the whole prompt groups decoded at once "
                                    "(0 = none).", NON_NEGATIVE)
     batch_size: int = option(0, "Sequences decoded at once, in whole prompt groups (0 = all).", NON_NEGATIVE)
-    share_prefill: bool = option(True, "Each prompt's KV cache computed once for its n samples.")
-    copy_dtype: str = option("auto", "Generate from a copy of the policy in this dtype with LoRA merged: '' = "
-                                     "from the policy, 'auto' = bfloat16 when the policy computes in bfloat16.")
-    static_cache: bool = option(False, "With a copy: transformers' static KV cache (its decode step compiled on "
-                                       "GPUs).")
+    share_prefill: bool = option(True, "Compute each prompt's KV cache once and copy it to its n samples (same "
+                                       "samples, less prompt compute).")
+    copy_dtype: str = option("auto", "hf engine: generate and evaluate from a copy of the policy in this dtype "
+                                     "('bfloat16', 'float32'), LoRA merged, refreshed after every update; '' = from "
+                                     "the policy; 'auto' = bfloat16 when the forward passes run in bfloat16 (bf16 or "
+                                     "dtype bfloat16), else ''. The update is unchanged (generation.md).")
+    static_cache: bool = option(False, "With a generation copy: transformers' static KV cache, its decode step "
+                                       "compiled on GPUs once per batch shape; prefill then not shared.")
     # the policy's forward passes' dtype (bfloat16 under bf16 or bfloat16 weights)
     compute_dtype: str = "float32"
     sharded: bool = False  # FSDP: no process holds whole weights, so no copy
@@ -159,7 +162,8 @@ class HFEngine(Stateless):
 
     def __init__(self, options: HFOptions) -> None:
         self.options = options
-        self.copy = GenerationCopy(options.copy()) if options.copy() else None
+        copy_dtype = options.copy()
+        self.copy = GenerationCopy(copy_dtype) if copy_dtype else None
         if self.copy is not None:  # only then: without a copy the run's metrics keep their fields
             self.step_record = self.copy.step_record
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from podsrl.options import NON_NEGATIVE, POSITIVE, option
+from podsrl.options import NON_NEGATIVE, Range, option
 from podsrl.registry import Spec
 from podsrl.rollout.base import EngineOptions, Stopper, longest_prompt, rows_within, to_rollouts
 from podsrl.rollout.schedule import (
@@ -64,14 +64,20 @@ class SlotsOptions(EngineOptions):
 
     memory_mb: float = option(0.0, "Cap on the estimated memory of what is decoded at once: bounds the slots "
                                    "(0 = none).", NON_NEGATIVE)
-    micro_group: int = option(0, "Sequences decoded at once, the slots (g); 0 = as many as memory_mb allows, or "
-                                 "all P*n without a cap.", NON_NEGATIVE)
-    refill: str = option("continuous", "'continuous' gives a finished sample's slot to the next pending sample at "
-                                       "once; 'group' waits for the whole micro-group (naive micro-groups).")
-    schedule: Spec = option("fifo", "Order of pending samples: a name in podsrl.rollout.SCHEDULES, or "
-                                    "module:Schedule.")
-    probe_tokens: int = option(4, "Schedule length_aware: tokens every sample decodes before its length is "
-                                  "predicted.", POSITIVE)
+    micro_group: int = option(0, "slots engine: sequences decoded at once (g); 0 = as many as generation_memory_mb "
+                                 "allows, or all P*n without a cap.", NON_NEGATIVE)
+    refill: str = option("continuous", "slots engine: 'continuous' gives a finished sample's slot to the next pending"
+                                       " sample at once; 'group' waits for the whole micro-group (naive "
+                                       "micro-groups).")
+    schedule: Spec = option("fifo", "slots engine: order of pending samples: 'fifo' (prompt by prompt), 'round_robin'"
+                                    " (one sample of each prompt in turn), 'shortest_first' or 'longest_first' by a "
+                                    "prompt-level length predictor learned online, 'length_aware' (Infinite "
+                                    "Sampling's plan: probe, token-conditioned length prediction, lanes balanced by "
+                                    "predicted length, shortest first within a lane; continuous refill only).")
+    probe_tokens: int = option(4, "generation_schedule length_aware: tokens every sample decodes before its remaining"
+                                  " length is predicted from them (>= 2); their keys and values wait outside the "
+                                  "slots until the sample resumes.",
+                                  Range(2, why="the length_aware probe decodes at least 2 tokens"))
 
     def check(self) -> None:
         check_options(self.refill, SCHEDULES.resolve(self.schedule), self.probe_tokens)

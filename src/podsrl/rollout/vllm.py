@@ -40,7 +40,7 @@ from typing import ClassVar, Iterable
 import numpy as np
 import torch
 
-from podsrl.options import NON_NEGATIVE, Range, option
+from podsrl.options import Range, option
 from podsrl.rollout.base import MB, EngineOptions, Stateless, Stopper, refuse_early_stop, to_rollouts
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
 from podsrl.rollout.weights import inference_weights, weights_version
@@ -68,15 +68,22 @@ class VLLMOptions(EngineOptions):
         "compute_dtype", "seed", "processes", "device", "max_prompt_tokens"}
 
     gpu_memory_utilization: float = option(0.3, "Share of the GPU's memory vLLM may take for weights and KV cache "
-                                                "(TRL's field).", Range(0, 1, low_closed=False))
-    kv_cache_memory_mb: float = option(0.0, "KV-cache size in MiB, on any device (0 = on a GPU from "
-                                            "gpu_memory_utilization; on the CPU, room for vLLM's most sequences at "
-                                            "full length, up to 4 GiB).", NON_NEGATIVE)
+                                                "(TRL's field and default for colocate mode); GPU only.",
+                                                Range(0, 1, low_closed=False))
+    kv_cache_memory_mb: float = option(0.0, "KV-cache size of the vLLM engine in MiB, on any device (0 = on a GPU "
+                                            "from vllm_gpu_memory_utilization; on the CPU, room for vLLM's most "
+                                            "sequences at once (256) at full length, at most 4096 MiB). vLLM decodes "
+                                            "fewer rows at once when they do not fit.",
+                                       Range(0, why="0 = chosen for the device"))
     max_model_length: int = option(0, "Longest sequence (prompt + completion) vLLM plans for (TRL's field); 0 = "
                                       "max_prompt_tokens + max_completion_length, capped at the model's maximum.",
-                                   NON_NEGATIVE)
-    enable_sleep_mode: bool = option(False, "Free vLLM's GPU memory during the update (CUDA only).")
-    enforce_eager: bool = option(False, "Run vLLM without compilation or CUDA graphs (vLLM's enforce_eager).")
+                                      Range(0, why="0 = prompt and completion limits"))
+    enable_sleep_mode: bool = option(False, "Free vLLM's GPU memory (weights and KV cache) during the update and "
+                                            "restore it before generating (TRL's field); CUDA only, refused on the "
+                                            "CPU.")
+    enforce_eager: bool = option(False, "Run vLLM without compilation or CUDA graphs (vLLM's enforce_eager). false "
+                                        "(vLLM's and TRL's default) compiles at start-up, for CUDA graphs on a GPU; "
+                                        "on the CPU that cost 200 s for no measured speed: set true there.")
     compute_dtype: str = "float32"  # the policy's forward passes' dtype, vLLM's too (bfloat16 under bf16)
     seed: int = 0
     processes: int = 1  # data-parallel training processes, each with its own engine
