@@ -209,6 +209,20 @@ def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
 
 
 @pytest.mark.slow
+def test_partial_rollouts_over_two_processes_stay_in_sync(tmp_path):
+    """Each process carries its own groups in flight; fresh prompts are drawn for both together
+    and a learning selector observes every process's complete groups."""
+    done = launch(tmp_path / "run", generation_engine="slots", generation_micro_group=4,
+                  generation_schedule="round_robin", partial_rollouts=True, prompt_selector="pass_rate",
+                  generation_batch_size=0)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = steps(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["rank_param_spread"] == 0.0 for r in records)
+    assert all(r["partial_groups_carried"] >= 2 * 2 for r in records)  # each process keeps its 2 extra in flight
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("spread_on", ["1", "none"])
 def test_a_run_with_a_learning_signal_on_one_process_only_is_judged_the_same_on_both(tmp_path, spread_on):
     """Every advantage 0 fails the run (exit 1); the processes agree on it: rewards that differ

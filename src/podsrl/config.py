@@ -28,6 +28,7 @@ from podsrl.trainer.checkpoints import CheckpointOptions
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
 from podsrl.trainer.logging import LogOptions
+from podsrl.trainer.partial_rollouts import PartialRolloutOptions
 from podsrl.update import OptimizerOptions
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RESUME_AUTO", "load_yaml", "make_config",
@@ -214,11 +215,12 @@ class ConfigFields:
 
 
 @dataclass(frozen=True)
-class Config(LogOptions, EvalOptions, CheckpointOptions, StopOptions, OptimizerOptions, ConfigFields):
+class Config(PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, StopOptions, OptimizerOptions,
+             ConfigFields):
     """The run's configuration: :class:`ConfigFields`, then each job's options
     (``OptimizerOptions``, ``StopOptions``, ``CheckpointOptions``, ``EvalOptions``,
-    ``LogOptions``), declared in the module that reads them, under the same names from the YAML
-    file and the command line to their reader (podsrl.options.bind)."""
+    ``LogOptions``, ``PartialRolloutOptions``), declared in the module that reads them, under the
+    same names from the YAML file and the command line to their reader (podsrl.options.bind)."""
 
     @property
     def generated_per_prompt(self) -> int:

@@ -149,6 +149,8 @@ def _check_combinations(cfg) -> None:
             raise ValueError(f"max_train_prompts: {err}") from None
     if cfg.group_early_stop:
         _check_early_stop(cfg)
+    if cfg.partial_rollouts:
+        _check_partial_rollouts(cfg)
     if cfg.adaptive_n:
         require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
                                              f"{cfg.method} trains on what it generates")
@@ -180,6 +182,22 @@ def _check_early_stop(cfg) -> None:
     require(not refusal, f"group_early_stop: {refusal}")
 
 
+def _check_partial_rollouts(cfg) -> None:
+    label = component_label(cfg.generation_engine)
+    require(capability(ENGINES.resolve(cfg.generation_engine), "generate_partial") is not None,
+            f"partial_rollouts: generation_engine {label} cannot stop a step's generation at a quota and resume "
+            f"samples in the next step (it has no generate_partial); use the slots engine")
+    refusal = getattr(cfg.generation_options(), "partial_rollouts_refusal", lambda: "")()  # optional
+    require(not refusal, f"partial_rollouts: {refusal}")
+    require(not cfg.dynamic_sampling, "partial_rollouts: not with dynamic_sampling yet (each extra round would carry "
+                                      "its own groups in flight); turn one off")
+    require(not cfg.adaptive_n, "partial_rollouts: not with adaptive_n (a group carried over keeps the n it started "
+                                "with, and the next step may choose another)")
+    require(not cfg.generation_batch_size, f"partial_rollouts: generation_batch_size {cfg.generation_batch_size} "
+                                           f"splits a step's generation into calls, and the quota is per call; set it "
+                                           f"to 0 (the slots engine bounds memory by generation_micro_group)")
+
+
 # --- warnings: fields set that change nothing in this run (set_up says them once; the run goes on)
 def ignored_fields(cfg) -> list[str]:
     """Warnings, one line each, about fields set away from their default that change nothing in
@@ -191,7 +209,7 @@ def ignored_fields(cfg) -> list[str]:
     warnings = []
     readers = {name: _readers(lambda engine, option=option: reads_option(engine, option))
                for name, option in FLAT_OPTIONS.items() if not reads_option(engine, option)}
-    if not capability(engine, "reports_sampling_logp"):
+    if not (capability(engine, "reports_sampling_logp") or cfg.partial_rollouts):
         readers.update(dict.fromkeys(SAMPLER_FIELDS, _readers(lambda engine: capability(engine,
                                                                                         "reports_sampling_logp"))))
     unread = [name for name in readers if name in changed]
@@ -199,6 +217,10 @@ def ignored_fields(cfg) -> list[str]:
         shown = ", ".join(f"{name} = {json.dumps(getattr(cfg, name))} (read by {readers[name]})" for name in unread)
         warnings.append(f"generation_engine {component_label(cfg.generation_engine)} does not read {shown}: "
                         f"{'it has' if len(unread) == 1 else 'they have'} no effect in this run")
+    partial = [name for name in ("partial_extra_prompts", "partial_max_staleness", "partial_stale_correction")
+               if name in changed]
+    if partial and not cfg.partial_rollouts:
+        warnings.append(f"{', '.join(partial)}: read only with partial_rollouts true; no effect in this run")
     if "dynamic_sampling_rounds" in changed and not cfg.dynamic_sampling:
         warnings.append(f"dynamic_sampling_rounds = {cfg.dynamic_sampling_rounds}: read only with dynamic_sampling "
                         f"true; it has no effect in this run")

@@ -47,6 +47,9 @@ class Rollouts:
                      otherwise (hf and slots sample from the policy's own forward pass)
     early_scores     Scores [P, n]: what early stop scored samples as they finished (reward NaN
                      where it scored none; the reward stage scores those); None without early stop
+    token_versions   [P, n, Lc] long: the step whose weights generated each token (partial
+                     rollouts: a sample carried over holds tokens of earlier steps); None = every
+                     token is the current step's
     """
 
     prompt_ids: torch.Tensor
@@ -58,6 +61,7 @@ class Rollouts:
     generated: torch.Tensor | None = None
     sampling_logp: torch.Tensor | None = None
     early_scores: Scores | None = None
+    token_versions: torch.Tensor | None = None
 
     @property
     def group_size(self) -> int:
@@ -91,6 +95,7 @@ class Rollouts:
             generated=None if self.generated is None else self.generated.gather(1, keep),
             sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows, keep],
             early_scores=None if self.early_scores is None else self.early_scores.kept(keep),
+            token_versions=None if self.token_versions is None else self.token_versions[rows, keep],
         )
 
     def at_prompts(self, indices: list[int]) -> "Rollouts":
@@ -103,7 +108,9 @@ class Rollouts:
                                    generated=None if self.generated is None else self.generated[rows],
                                    sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows],
                                    early_scores=None if self.early_scores is None
-                                   else self.early_scores.at_prompts(indices))
+                                   else self.early_scores.at_prompts(indices),
+                                   token_versions=None if self.token_versions is None
+                                   else self.token_versions[rows])
 
     @staticmethod
     def concat(chunks: list["Rollouts"], pad_token_id: int) -> "Rollouts":
@@ -121,19 +128,24 @@ class Rollouts:
         def right(t, value):
             return pad(t, (0, completion_width - t.shape[2]), value=value)
 
-        stats = {k: sum(r.stats[k] for r in chunks) for k in ("generated_tokens", "decode_steps")}
+        summed = ("generated_tokens", "decode_steps", "slot_steps", "live_slot_steps")  # those every chunk has
+        stats = {k: sum(r.stats[k] for r in chunks) for k in summed if all(k in r.stats for r in chunks)}
         generated = None if all(r.generated is None for r in chunks) else torch.cat([r.generated_mask for r in chunks])
         sampling_logp = None if any(r.sampling_logp is None for r in chunks) else torch.cat(
             [right(r.sampling_logp, 0.0) for r in chunks])  # [P, n, Lc]
         early_scores = None if any(r.early_scores is None for r in chunks) else Scores.concat(
             [r.early_scores for r in chunks])  # [P, n]
+        if len({r.token_versions is None for r in chunks}) > 1:
+            raise ValueError("Rollouts.concat: chunks with and without token versions (partial rollouts)")
+        token_versions = None if chunks[0].token_versions is None else torch.cat(
+            [right(r.token_versions, 0) for r in chunks])  # [P, n, Lc]
         return Rollouts(prompt_ids=torch.cat([left(r.prompt_ids, pad_token_id) for r in chunks]),  # [P, Lp]
                         prompt_mask=torch.cat([left(r.prompt_mask, 0) for r in chunks]),
                         completion_ids=torch.cat([right(r.completion_ids, pad_token_id) for r in chunks]),
                         # [P, n, Lc]
                         completion_mask=torch.cat([right(r.completion_mask, 0) for r in chunks]),
                         texts=[group for r in chunks for group in r.texts], stats=stats, generated=generated,
-                        sampling_logp=sampling_logp, early_scores=early_scores)
+                        sampling_logp=sampling_logp, early_scores=early_scores, token_versions=token_versions)
 
 
 @dataclass

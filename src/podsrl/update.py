@@ -16,7 +16,12 @@ from typing import Iterator
 import torch
 from transformers import get_scheduler
 
-from podsrl.algorithms.importance import SamplerCorrection, sampler_importance_weights, sampler_logp_difference
+from podsrl.algorithms.importance import (
+    SamplerCorrection,
+    importance_ratios,
+    sampler_importance_weights,
+    sampler_logp_difference,
+)
 from podsrl.algorithms.loss import LossType, policy_loss
 from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
@@ -144,11 +149,16 @@ class UpdateResult:
     lr: float  # the rate this step used (the scheduler moves it after)
     update_activation_mb: float  # largest micro-batch's activations saved for backward (models/memory.py)
     update_peak_cuda_mb: float  # CUDA allocator's peak during the update; NaN off CUDA
-    # only for rollouts sampled by another engine (vllm): |policy - engine| log-prob per token,
-    # mean and max, and the mean importance weight applied (1 without the correction)
+    # only for rollouts whose sampling log-probs are reported (by vllm; for stale tokens, by partial
+    # rollouts): |policy - sampler| log-prob per token, mean and max, and the importance weights
+    # applied (1 without the correction): mean, min, max over tokens, and the share of tokens whose
+    # weight is not their ratio (truncated or masked)
     sampling_logp_difference_mean: float | None = None
     sampling_logp_difference_max: float | None = None
     importance_sampling_weight_mean: float | None = None
+    importance_sampling_weight_min: float | None = None
+    importance_sampling_weight_max: float | None = None
+    importance_sampling_clipped_frac: float | None = None
 
     def as_record(self) -> dict[str, float]:
         """The fields as metrics; those that do not apply to the run (None) are left out."""
@@ -218,7 +228,8 @@ class SamplerGap:
     forward pass with one iteration), so measuring costs no extra pass."""
 
     def __init__(self) -> None:
-        self.difference_sum = self.tokens = self.difference_max = self.weight_sum = 0.0
+        self.difference_sum = self.tokens = self.difference_max = self.weight_sum = self.clipped = 0.0
+        self.weight_min, self.weight_max = math.inf, -math.inf
         self.seen = False
 
     def weights(self, policy_logp: torch.Tensor, micro: UpdateBatch,
@@ -233,9 +244,17 @@ class SamplerGap:
         self.difference_max = max(self.difference_max, largest)
         if correction is None:
             self.weight_sum += tokens
+            self.weight_min, self.weight_max = min(self.weight_min, 1.0), max(self.weight_max, 1.0)
             return None
         weights = sampler_importance_weights(policy_logp, micro.sampling_logp, mask, correction)
-        self.weight_sum += float((weights * mask).sum())  # per token, sequence weights broadcast
+        ratios = importance_ratios(policy_logp, micro.sampling_logp, mask,
+                                   per_sequence=correction.mode.startswith("sequence"))
+        per_token, on = weights.expand_as(mask), mask > 0  # sequence weights broadcast over their tokens
+        self.weight_sum += float((per_token * mask).sum())
+        self.clipped += float(((weights != ratios).expand_as(mask) & on).sum())
+        if on.any():
+            self.weight_min = min(self.weight_min, float(per_token[on].min()))
+            self.weight_max = max(self.weight_max, float(per_token[on].max()))
         return weights
 
     def record(self) -> dict[str, float]:
@@ -244,4 +263,7 @@ class SamplerGap:
         tokens = max(self.tokens, 1.0)
         return dict(sampling_logp_difference_mean=self.difference_sum / tokens,
                     sampling_logp_difference_max=self.difference_max,
-                    importance_sampling_weight_mean=self.weight_sum / tokens)
+                    importance_sampling_weight_mean=self.weight_sum / tokens,
+                    importance_sampling_weight_min=self.weight_min if self.tokens else 1.0,
+                    importance_sampling_weight_max=self.weight_max if self.tokens else 1.0,
+                    importance_sampling_clipped_frac=self.clipped / tokens)

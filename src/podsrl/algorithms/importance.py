@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import torch
 
 SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# partial rollouts' alternative to weighting (partial_stale_correction mask): a token drawn by an
+# earlier policy (a log-prob reported for it) is left out of the loss, weight 0; the others weigh 1
+STALE_MASK = "stale_mask"
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,16 @@ class SamplerCorrection:
     clip_max: float = 3.0  # C_max
 
 
+def importance_ratios(policy_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor,
+                      per_sequence: bool) -> torch.Tensor:
+    """pi_policy / pi_sampler per token [B, Lc], or per sequence [B, 1] (the product of its
+    tokens' ratios); a NaN sampling log-prob (none reported) counts as ratio 1, as in TRL."""
+    log_ratio = ((policy_logp - sampling_logp) * mask).nan_to_num(0.0)  # [B, Lc]
+    if per_sequence:
+        log_ratio = log_ratio.sum(-1, keepdim=True)  # [B, 1]
+    return log_ratio.exp()
+
+
 def sampler_importance_weights(policy_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor,
                                correction: SamplerCorrection) -> torch.Tensor:
     """The weight of each token's loss term: pi_policy / pi_sampler, truncated or masked.
@@ -31,15 +44,14 @@ def sampler_importance_weights(policy_logp: torch.Tensor, sampling_logp: torch.T
     policy_logp, sampling_logp, mask [B, Lc] -> weights [B, Lc] (token modes) or [B, 1]
     (sequence modes: the product of the sequence's token ratios, one weight for all its
     tokens). ``*_truncate`` clips the ratio to [clip_min, clip_max]; ``*_mask`` sets a ratio
-    outside it to 0. A NaN sampling log-prob (none reported) counts as ratio 1, as in TRL.
+    outside it to 0; :data:`STALE_MASK` gives 0 to every token with a reported log-prob.
     """
+    if correction.mode == STALE_MASK:
+        return sampling_logp.isnan().to(policy_logp.dtype)  # [B, Lc]
     if correction.mode not in SAMPLER_CORRECTION_MODES:
         raise ValueError(f"vllm_importance_sampling_mode: unknown mode {correction.mode!r}; known: "
                          f"{', '.join(SAMPLER_CORRECTION_MODES)}")
-    log_ratio = ((policy_logp - sampling_logp) * mask).nan_to_num(0.0)  # [B, Lc]
-    if correction.mode.startswith("sequence"):
-        log_ratio = log_ratio.sum(-1, keepdim=True)  # [B, 1]
-    ratio = log_ratio.exp()
+    ratio = importance_ratios(policy_logp, sampling_logp, mask, per_sequence=correction.mode.startswith("sequence"))
     if correction.mode.endswith("truncate"):
         return ratio.clamp(min=correction.clip_min, max=correction.clip_max)
     outside = (ratio < correction.clip_min) | (ratio > correction.clip_max)

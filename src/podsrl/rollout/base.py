@@ -57,6 +57,9 @@ CAPABILITIES = {
     "options_type": EngineOptions,
     # check_prompts(options, model_config, longest_prompt): refuse, before any step, prompts it cannot take
     "check_prompts": None,
+    # generate_partial(model, tokenizer, prompts, n, *, carried, quota, version, stopper) -> PartialGeneration:
+    # partial rollouts (podsrl.rollout.partial); None: the engine cannot stop at a quota and resume samples
+    "generate_partial": None,
 }
 
 
@@ -78,7 +81,8 @@ class GenerationEngine(Protocol):
 
     Capabilities, class attributes (:data:`CAPABILITIES`: what an engine that does not declare
     one is taken to have): ``early_stop_refusal`` (why it cannot take a ``stopper``; "" = it
-    can), ``needs_whole_weights``, ``reports_sampling_logp``, ``options_type``, ``check_prompts``.
+    can), ``needs_whole_weights``, ``reports_sampling_logp``, ``options_type``, ``check_prompts``,
+    ``generate_partial`` (partial rollouts: :mod:`podsrl.rollout.partial`).
 
     Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples, *,
     max_new_tokens, temperature, top_p, batch_size)`` as :func:`podsrl.rollout.generate` takes them

@@ -156,9 +156,18 @@ class PendingSamples:
         self.finished_lengths: list[list[int]] = [[] for _ in range(num_prompts)]
         self.left = num_prompts * num_samples
         self.next_prompt = 0  # round_robin: where the turn is
+        self.first: deque[tuple[int, int]] = deque()  # samples resumed from an earlier step: before any other
 
     def __len__(self) -> int:
         return self.left
+
+    def carry_in(self, prompt: int, done: list[int], resumed: list[int]) -> None:
+        """Partial rollouts: of the prompt's samples, ``done`` (finished or skipped in an
+        earlier step) never start, ``resumed`` (cut off there) start before any other."""
+        out = set(done) | set(resumed)
+        self.remaining[prompt] = deque(s for s in self.remaining[prompt] if s not in out)
+        self.first.extend((prompt, s) for s in resumed)
+        self.left -= len(done)
 
     def cancel(self, prompt: int) -> list[int]:
         """Drop the prompt's samples that have not started; returns them."""
@@ -175,8 +184,10 @@ class PendingSamples:
         return self.predictor.blend(self.predicted[prompt], self.finished_lengths[prompt])
 
     def pop(self) -> tuple[int, int]:
-        prompt = self.schedule(self, [p for p, queue in enumerate(self.remaining) if queue])
         self.left -= 1
+        if self.first:
+            return self.first.popleft()
+        prompt = self.schedule(self, [p for p, queue in enumerate(self.remaining) if queue])
         return prompt, self.remaining[prompt].popleft()
 
 

@@ -56,10 +56,25 @@ class SlotDecoder:
 
     def __init__(self, model, prompt_kv: list, prompt_logits: torch.Tensor, pending: PendingSamples,
                  num_samples: int, *, eos: int, pad: int, max_new_tokens: int, temperature: float,
-                 top_p: float, stopper: Stopper | None = None) -> None:
+                 top_p: float, stopper: Stopper | None = None, version: int | None = None) -> None:
         self.model, self.prompt_kv, self.prompt_logits, self.pending = model, prompt_kv, prompt_logits, pending
         self.stopper = stopper
+        # partial rollouts (``version``: the step whose weights decode now; None: off): per token, the
+        # step that drew it and its log-prob then (at temperature 1, as the update's loss takes it),
+        # for the importance correction of tokens the update finds stale
+        self.version = version
+        self.versions: list[list[list[int]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
+        self.logps: list[list[list[float]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
+        self.resuming: set[tuple[int, int]] = set()  # cut off in an earlier step: decoded to the end
+        # partial rollouts stop decoding once ``quota`` groups are complete (0: never); ``group_left``
+        # counts each group's samples neither finished nor skipped, ``completed`` lists the groups in
+        # the order they completed
+        self.quota = 0
+        self.group_left = [num_samples] * len(prompt_kv)
+        self.completed: list[int] = []
         self.unscored: list[tuple[int, int]] = []  # finished since the stopper last saw them
+        self.finished: set[tuple[int, int]] = set()  # (prompt, sample) finished in this call
+        self.finished_before: set[tuple[int, int]] = set()  # finished in an earlier step (partial rollouts)
         self.skipped: set[tuple[int, int]] = set()  # (prompt, sample) never generated (early stop)
         # the length-aware schedule's probe: a sample that reaches ``pause_at`` tokens leaves its
         # slot; ``paused`` keeps, per layer, the keys and values [H, pause_at - 1, d] of its
@@ -78,15 +93,68 @@ class SlotDecoder:
         self.last_token = torch.zeros(0, dtype=torch.long, device=device)  # [B]
         self.position = torch.zeros(0, dtype=torch.long, device=device)  # [B]
         self.decode_steps = 0
+        self.live_slot_steps = 0  # rows decoding a sample, summed over decode steps
 
     @property
     def live(self) -> bool:
         return any(s is not None for s in self.row_sample)
 
+    @property
+    def quota_met(self) -> bool:
+        return 0 < self.quota <= len(self.completed)
+
+    def _append(self, prompt: int, sample: int, token: int, logp: float | None) -> None:
+        self.completions[prompt][sample].append(token)
+        if self.version is not None:
+            self.versions[prompt][sample].append(self.version)
+            self.logps[prompt][sample].append(logp)
+
+    def _drew(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[float | None]:
+        """The log-probs [B] of ``tokens`` [B] under ``logits`` [B, V] at temperature 1 (partial
+        rollouts only: nothing is computed otherwise)."""
+        if self.version is None:
+            return [None] * len(tokens)
+        return logits.log_softmax(dim=-1).gather(1, tokens[:, None]).squeeze(1).tolist()
+
+    def _complete(self, prompt: int) -> None:
+        self.group_left[prompt] -= 1
+        if not self.group_left[prompt]:
+            self.completed.append(prompt)
+
     def _finish(self, prompt: int, sample: int) -> None:
         self.pending.record(prompt, sample, len(self.completions[prompt][sample]))
+        self.finished.add((prompt, sample))
+        self._complete(prompt)
         if self.stopper is not None:
             self.unscored.append((prompt, sample))
+
+    def carry_in(self, groups: dict, prefixes: dict) -> None:
+        """Partial rollouts: the groups (prompt -> :class:`~podsrl.rollout.partial.CarriedGroup`)
+        continued from an earlier step. Their samples' tokens so far are taken over; finished ones
+        are shown to the stopper again (this call's stopper has not seen them), skipped ones stay
+        skipped, cut-off ones resume first with their ``prefixes`` (keys and values per layer)."""
+        for prompt, group in groups.items():
+            self.completions[prompt] = [list(tokens) for tokens in group.completions]
+            self.versions[prompt] = [list(v) for v in group.versions]
+            self.logps[prompt] = [list(lp) for lp in group.logps]
+            for sample in group.done:
+                if group.skipped[sample]:
+                    self.skipped.add((prompt, sample))
+                else:
+                    self.finished_before.add((prompt, sample))
+                    if self.stopper is not None:
+                        self.unscored.append((prompt, sample))
+                self._complete(prompt)
+            self.pending.carry_in(prompt, group.done, group.cut_off)
+            self.resuming.update((prompt, sample) for sample in group.cut_off)
+        self.paused.update(prefixes)
+
+    def finished_here(self) -> torch.Tensor:
+        """[P, n] bool: the samples that finished in this call."""
+        mask = torch.zeros(len(self.completions), len(self.completions[0]), dtype=torch.bool)
+        for prompt, sample in self.finished:
+            mask[prompt, sample] = True
+        return mask
 
     # --- admission ----------------------------------------------------------------------------
     def open_rows(self, count: int) -> list[int]:
@@ -119,9 +187,10 @@ class SlotDecoder:
             batch = [(p, s) for p, s in batch if (p, s) not in self.paused]
             if not batch:
                 continue
-            firsts = next_tokens(self.prompt_logits[[p for p, _ in batch]], self.temperature, self.top_p).tolist()
-            for (prompt, sample), token in zip(batch, firsts):
-                self.completions[prompt][sample].append(token)
+            logits = self.prompt_logits[[p for p, _ in batch]]  # [b, V]
+            firsts = next_tokens(logits, self.temperature, self.top_p)
+            for (prompt, sample), token, logp in zip(batch, firsts.tolist(), self._drew(logits, firsts)):
+                self._append(prompt, sample, token, logp)
                 if token == self.eos or self.max_new_tokens == 1:
                     self._finish(prompt, sample)
                 else:
@@ -192,9 +261,11 @@ class SlotDecoder:
         saturated = self.stopper([p for p, _ in finished], [self.completions[p][s] for p, s in finished])
         for prompt in sorted(set(saturated)):
             # unstarted samples, and (length_aware) those parked after the probe, whose tokens are dropped
-            cancelled = set(self.pending.cancel(prompt)) | {s for p, s in self.paused if p == prompt}
+            cancelled = set(self.pending.cancel(prompt)) | {s for p, s in self.paused
+                                                            if p == prompt and (p, s) not in self.resuming}
             for sample in sorted(cancelled):
                 self.skipped.add((prompt, sample))
+                self._complete(prompt)
                 if self.paused.pop((prompt, sample), None) is not None:
                     self.completions[prompt][sample] = []
 
@@ -237,15 +308,17 @@ class SlotDecoder:
                          position_ids=self.position[:, None], past_key_values=self.cache, use_cache=True,
                          logits_to_keep=1)
         self.decode_steps += 1
+        self.live_slot_steps += sum(s is not None for s in self.row_sample)
         self.column_mask = attention_mask
-        tokens = next_tokens(out.logits[:, -1, :].float(), self.temperature, self.top_p).tolist()  # [B]
+        logits = out.logits[:, -1, :].float()  # [B, V]
         del out
+        drawn = next_tokens(logits, self.temperature, self.top_p)  # [B]
         ended = []
-        for row, token in enumerate(tokens):
+        for row, (token, logp) in enumerate(zip(drawn.tolist(), self._drew(logits, drawn))):
             if self.row_sample[row] is None:
                 continue
             prompt, sample = self.row_sample[row]
-            self.completions[prompt][sample].append(token)
+            self._append(prompt, sample, token, logp)
             self.last_token[row] = token
             self.position[row] += 1
             if token == self.eos or len(self.completions[prompt][sample]) == self.max_new_tokens:
@@ -263,12 +336,18 @@ class SlotDecoder:
 
 def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
     """Decode until nothing is pending or running: refill freed slots at once (continuous)
-    or micro-group by micro-group (group)."""
-    decoder.start_group(slots)
+    or micro-group by micro-group (group); with a quota (partial rollouts), stop as soon as
+    that many groups are complete, leaving the rest where they are."""
+    if decoder.stopper is not None:
+        decoder.stop_saturated()  # samples finished in an earlier step (partial rollouts) may saturate a group
+    if not decoder.quota_met:
+        decoder.start_group(slots)
     while decoder.live:
         ended = decoder.step()
         if decoder.stopper is not None:
             decoder.stop_saturated()
+        if decoder.quota_met:
+            break  # the samples still running carry over: no more compute goes to them this step
         if refill == "continuous" and ended:
             decoder.fill([row for row, s in enumerate(decoder.row_sample) if s is None])
             decoder.drop_idle_rows()  # nothing left to start in them: stop decoding them

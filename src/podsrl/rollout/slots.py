@@ -43,6 +43,7 @@ import torch
 from podsrl.options import NON_NEGATIVE, Range, option
 from podsrl.registry import Spec
 from podsrl.rollout.base import EngineOptions, Stopper, longest_prompt, rows_within, to_rollouts
+from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
 from podsrl.rollout.schedule import (
     SCHEDULES,
     LengthPredictor,
@@ -91,6 +92,13 @@ class SlotsOptions(EngineOptions):
                     "nothing to cancel; set generation_micro_group below prompts_per_step x num_generations")
         return ""
 
+    def partial_rollouts_refusal(self) -> str:
+        """Why partial_rollouts cannot run with these options ('' = it can)."""
+        if SCHEDULES.resolve(self.schedule).plans_lanes:
+            return ("generation_schedule length_aware plans every sample of a call at once (probe, then lanes); "
+                    "a call that stops at a quota and resumes samples next step does not fit it: use round_robin")
+        return ""
+
 
 def pack(completions: list[list[list[int]]], pad: int) -> torch.Tensor:
     """P x n token lists -> completion_ids [P, n, Lc], right-padded with ``pad``."""
@@ -116,53 +124,139 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     remaining length from its prompt and those tokens, balances the samples into ``slots``
     lanes and resumes them shortest first within each lane. Returns :class:`Rollouts`
     [P, n, Lc] like the ``hf`` engine, with ``stats``: decode_steps (model calls after the
-    prefill), generated_tokens, slots (length_aware adds probe_steps and length_mae, the mean
+    prefill), generated_tokens, slots, slot_steps and live_slot_steps (rows decoding a sample,
+    summed over decode steps; length_aware adds probe_steps and length_mae, the mean
     absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
     stopper was given.
     """
-    # a spec, or the Schedule
-    schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, (str, dict)) else schedule
-    check_options(refill, schedule, probe_tokens)
-    predictor = predictor_for(schedule, predictor)
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] on the CPU, like the result
-    prompt_tokens = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
-    slots = min(slots or len(prompts) * num_samples, len(prompts) * num_samples)
-    was_training = model.training
-    model.eval()
-    prompt_kv, prompt_logits = prefill(model, prompt_ids, prompt_mask, slots)
-    prompt_level = isinstance(predictor, LengthPredictor)
-    features = predictor.features(prompt_tokens) if prompt_level else None
-    predicted = predictor.predict(features).tolist() if prompt_level else [0.0] * len(prompts)
-    pending = PendingSamples(len(prompts), num_samples, schedule, predicted, predictor if prompt_level else None)
-    decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, eos=tokenizer.eos_token_id,
-                          pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, stopper=stopper)
-    stats = {}
-    if schedule.plans_lanes:  # stage 0: the probe; stage 1: the plan
-        decoder.pause_at = probe_tokens
-        decode(decoder, slots, refill)
-        stats["probe_steps"] = decoder.decode_steps
-        samples = sorted(decoder.paused)
-        features, predicted = predict_remaining(predictor, prompt_tokens, decoder.completions, samples,
-                                                max_new_tokens - probe_tokens)
-        decoder.pending = plan_lanes(samples, predicted, slots)
-        decoder.pause_at = 0
-    decode(decoder, slots, refill)  # stage 2: runtime refill
-    model.train(was_training)
-    completions = decoder.completions
-    generated = decoder.generated()  # [P, n]: all True without a stopper
-    if prompt_level:
-        lengths = torch.tensor([[len(c) for c in group] for group in completions], dtype=torch.float64)
-        predictor.update(features, lengths.masked_fill(~generated, float("nan")))  # skipped: no length to learn
-    elif schedule.plans_lanes:
-        remaining = torch.tensor([len(completions[p][s]) - probe_tokens if generated[p, s] else float("nan")
-                                  for p, s in samples], dtype=torch.float64)  # [N]
-        stats["length_mae"] = predictor.learn(features, predicted, remaining)
-    rollouts = to_rollouts(tokenizer, prompt_ids, prompt_mask, pack(completions, tokenizer.pad_token_id),
-                           generated=generated if stopper is not None else None)
-    rollouts.stats.update(decode_steps=decoder.decode_steps, slots=slots, **stats)
-    return rollouts
+    run = SlotRun(model, tokenizer, prompts, num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
+                  top_p=top_p, slots=slots, refill=refill, schedule=schedule, predictor=predictor, stopper=stopper,
+                  probe_tokens=probe_tokens)
+    run.decode()
+    return run.rollouts(list(range(len(prompts))), with_generated=stopper is not None)
+
+
+@torch.no_grad()
+def generate_partial_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
+                              carried: dict[int, CarriedGroup], quota: int, version: int,
+                              **options) -> PartialGeneration:
+    """Partial rollouts (:mod:`podsrl.rollout.partial`): :func:`generate_in_slots` (its
+    ``options``) on the ``prompts``, of which those at the positions in ``carried`` continue
+    their groups from an earlier step (cut-off samples first, their keys and values recomputed
+    under the current weights), until ``quota`` groups are complete. The complete groups come
+    back as rollouts (tokens of earlier steps with their versions and log-probs); the rest, by
+    position, to carry on. Nothing more is decoded once the quota is met."""
+    run = SlotRun(model, tokenizer, prompts, num_samples, carried=carried, version=version, **options)
+    run.decoder.quota = quota
+    run.decode()
+    decoder = run.decoder
+    complete = decoder.completed[:quota]
+    rollouts = run.rollouts(complete, with_generated=True)
+    rollouts.token_versions, rollouts.sampling_logp = token_tensors(
+        [decoder.completions[p] for p in complete], [decoder.versions[p] for p in complete],
+        [decoder.logps[p] for p in complete], version, rollouts.completion_ids.shape[-1])
+    left = [p for p in range(len(prompts)) if p not in set(complete)]
+    return PartialGeneration(rollouts, complete, {p: run.carried_group(p) for p in left})
+
+
+class SlotRun:
+    """One call of the slots engine: the prompts prefilled, the decoder set up (with the groups
+    carried in, for partial rollouts), :meth:`decode`, then :meth:`rollouts` of the groups asked."""
+
+    def __init__(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
+                 schedule: Schedule | str = "fifo", predictor: LengthPredictor | PrefixLengthPredictor | None = None,
+                 stopper: Stopper | None = None, probe_tokens: int = 4,
+                 carried: dict[int, CarriedGroup] | None = None, version: int | None = None) -> None:
+        # a spec, or the Schedule
+        schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, (str, dict)) else schedule
+        check_options(refill, schedule, probe_tokens)
+        self.model, self.tokenizer, self.schedule = model, tokenizer, schedule
+        self.refill, self.probe_tokens, self.max_new_tokens = refill, probe_tokens, max_new_tokens
+        self.predictor = predictor_for(schedule, predictor)
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        self.prompt_ids, self.prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] on the CPU
+        self.prompt_tokens = [ids[m.bool()].tolist() for ids, m in zip(self.prompt_ids, self.prompt_mask)]
+        self.slots = min(slots or len(prompts) * num_samples, len(prompts) * num_samples)
+        self.was_training = model.training
+        model.eval()
+        prompt_kv, prompt_logits = prefill(model, self.prompt_ids, self.prompt_mask, self.slots)
+        self.prompt_level = isinstance(self.predictor, LengthPredictor)
+        self.features = self.predictor.features(self.prompt_tokens) if self.prompt_level else None
+        predicted = self.predictor.predict(self.features).tolist() if self.prompt_level else [0.0] * len(prompts)
+        pending = PendingSamples(len(prompts), num_samples, schedule, predicted,
+                                 self.predictor if self.prompt_level else None)
+        self.decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, eos=tokenizer.eos_token_id,
+                                   pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
+                                   temperature=temperature, top_p=top_p, stopper=stopper, version=version)
+        self.stats = {}
+        if carried:
+            prefixes = self.cut_off_prefixes(carried)
+            self.decoder.carry_in(carried, prefixes)
+
+    def cut_off_prefixes(self, carried: dict[int, CarriedGroup]) -> dict:
+        """The keys and values, per layer [H, k - 1, d], of each cut-off sample's first k - 1
+        tokens after its prompt, under the current weights (its last token is fed when it resumes)."""
+        rows = [(p, s) for p, group in carried.items() for s in group.cut_off]
+        if not rows:
+            return {}
+        sequences = [self.prompt_tokens[p] + carried[p].completions[s][:-1] for p, s in rows]
+        width = max(map(len, sequences))
+        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)  # [N, L] left-padded
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, tokens in enumerate(sequences):
+            ids[i, width - len(tokens):], mask[i, width - len(tokens):] = torch.tensor(tokens), 1
+        kv, _ = prefill(self.model, ids, mask, self.slots)
+        self.stats["resumed_prefill_tokens"] = sum(map(len, sequences))
+        return {(p, s): [(keys[:, len(self.prompt_tokens[p]):], values[:, len(self.prompt_tokens[p]):])
+                         for keys, values in layers] for (p, s), layers in zip(rows, kv)}
+
+    def decode(self) -> None:
+        decoder = self.decoder
+        if self.schedule.plans_lanes:  # stage 0: the probe; stage 1: the plan
+            decoder.pause_at = self.probe_tokens
+            decode(decoder, self.slots, self.refill)
+            self.stats["probe_steps"] = decoder.decode_steps
+            self.probed = sorted(decoder.paused)
+            self.probe_features, self.probe_predicted = predict_remaining(self.predictor, self.prompt_tokens,
+                                                               decoder.completions, self.probed,
+                                                               self.max_new_tokens - self.probe_tokens)
+            decoder.pending = plan_lanes(self.probed, self.probe_predicted, self.slots)
+            decoder.pause_at = 0
+        decode(decoder, self.slots, self.refill)  # stage 2: runtime refill
+        self.model.train(self.was_training)
+        self.learn_lengths()
+
+    def learn_lengths(self) -> None:
+        """The length predictor learns from the samples that finished in this call."""
+        decoder, completions = self.decoder, self.decoder.completions
+        finished = decoder.finished_here()  # [P, n]
+        if self.prompt_level:
+            lengths = torch.tensor([[len(c) for c in group] for group in completions], dtype=torch.float64)
+            self.predictor.update(self.features, lengths.masked_fill(~finished, float("nan")))  # no length to learn
+        elif self.schedule.plans_lanes:
+            remaining = torch.tensor([len(completions[p][s]) - self.probe_tokens if finished[p, s] else float("nan")
+                                      for p, s in self.probed], dtype=torch.float64)  # [N]
+            self.stats["length_mae"] = self.predictor.learn(self.probe_features, self.probe_predicted, remaining)
+
+    def rollouts(self, groups: list[int], with_generated: bool) -> Rollouts:
+        """Rollouts [G, n, Lc] of the prompts at ``groups``; ``generated`` [G, n] when asked."""
+        decoder, rows = self.decoder, torch.tensor(groups, dtype=torch.long)
+        completions = [decoder.completions[p] for p in groups]
+        rollouts = to_rollouts(self.tokenizer, self.prompt_ids[rows], self.prompt_mask[rows],
+                               pack(completions, self.tokenizer.pad_token_id),
+                               generated=decoder.generated()[rows] if with_generated else None)
+        rollouts.stats.update(decode_steps=decoder.decode_steps, slots=self.slots,
+                              slot_steps=self.slots * decoder.decode_steps, live_slot_steps=decoder.live_slot_steps,
+                              **self.stats)
+        return rollouts
+
+    def carried_group(self, prompt: int) -> CarriedGroup:
+        decoder = self.decoder
+        samples, finished = range(len(decoder.completions[prompt])), decoder.finished | decoder.finished_before
+        return CarriedGroup([list(c) for c in decoder.completions[prompt]], [list(v) for v in decoder.versions[prompt]],
+                            [list(lp) for lp in decoder.logps[prompt]], [(prompt, s) in finished for s in samples],
+                            [(prompt, s) in decoder.skipped for s in samples])
 
 
 class SlotsEngine:
@@ -179,6 +273,20 @@ class SlotsEngine:
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  stopper: Stopper | None = None) -> Rollouts:
+        return generate_in_slots(model, tokenizer, prompts, num_samples, stopper=stopper,
+                                 **self.call_options(model, tokenizer, prompts, num_samples))
+
+    def generate_partial(self, model, tokenizer, prompts: list[str], num_samples: int, *,
+                         carried: dict[int, CarriedGroup], quota: int, version: int,
+                         stopper: Stopper | None = None) -> PartialGeneration:
+        """Partial rollouts (:func:`generate_partial_in_slots`): the capability the trainer's
+        ``partial_rollouts`` asks of an engine."""
+        return generate_partial_in_slots(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
+                                         version=version, stopper=stopper,
+                                         **self.call_options(model, tokenizer, prompts, num_samples))
+
+    def call_options(self, model, tokenizer, prompts: list[str], num_samples: int) -> dict:
+        """The options of one call: the slots the memory cap allows for these prompts, and the rest."""
         options = self.options
         slots = options.micro_group
         if options.memory_mb:
@@ -191,10 +299,9 @@ class SlotsEngine:
                     f"generation_memory_mb: {slots or 1} decoding slot(s) need more than the cap of "
                     f"{options.memory_mb:g} MB (fits {rows}); lower generation_micro_group or raise the cap")
             slots = slots or rows
-        return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
-                                 temperature=options.temperature, top_p=options.top_p, slots=slots,
-                                 refill=options.refill, schedule=self.schedule, predictor=self.predictor,
-                                 stopper=stopper, probe_tokens=options.probe_tokens)
+        return dict(max_new_tokens=options.max_new_tokens, temperature=options.temperature, top_p=options.top_p,
+                    slots=slots, refill=options.refill, schedule=self.schedule, predictor=self.predictor,
+                    probe_tokens=options.probe_tokens)
 
     def generate(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:

@@ -21,6 +21,7 @@ from podsrl.metrics import read_metrics
 from podsrl.options import NON_NEGATIVE, option
 from podsrl.tracking import Trackers, tracker_names
 from podsrl.trainer.stages import StepOutcome
+from podsrl.types import Rollouts
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,26 @@ def step_record(procs: Processes, step: int, train_seconds: float, outcome: Step
         generated = everywhere["generated"]  # [P_all, n]
         record.update(rollouts_generated=int(generated.sum()),
                       groups_stopped_early=float((generated < 1).any(dim=1).float().mean()))
+    if "slot_steps" in rollouts.stats:  # the slots engine: the share of its slots left without a sample
+        slot_steps, live = procs.sum([rollouts.stats["slot_steps"], rollouts.stats["live_slot_steps"]])
+        record["idle_slot_frac"] = 1.0 - live / slot_steps if slot_steps else 0.0
+    if kept.token_versions is not None:  # partial rollouts: how stale the trained tokens are
+        record.update(staleness_record(procs, step, kept))
     if procs.world_size > 1:
         record["skipped_step"] = int(record["skipped_step"])
     return record
+
+
+def staleness_record(procs: Processes, step: int, kept: Rollouts) -> dict:
+    """Over the trained tokens of every process: the share drawn by an earlier policy, and their
+    staleness (updates between the policy that drew a token and the one it trains), mean and max."""
+    on = kept.completion_mask.bool()  # [P, m, Lc]
+    staleness = (step - kept.token_versions)[on].float()  # [T]
+    tokens, stale, total, largest = procs.sum([float(staleness.numel()), float((staleness > 0).sum()),
+                                               float(staleness.sum())]) + procs.max(
+        [float(staleness.max()) if staleness.numel() else 0.0])
+    return {"off_policy_token_frac": stale / tokens if tokens else 0.0,
+            "staleness_mean": total / tokens if tokens else 0.0, "staleness_max": int(largest)}
 
 
 def rollout_rows(step: int, outcome: StepOutcome, groups: int) -> list[dict]:

@@ -77,14 +77,17 @@ class SaturationStopper:
         self.saturated.update(now)
         return now
 
-    def early_scores(self, rollouts: Rollouts) -> Scores:
+    def early_scores(self, rollouts: Rollouts, groups: list[int] | None = None) -> Scores:
         """The scores [P, n] of the call's ``rollouts`` this stopper gave as samples finished,
         matched by prompt and tokens (the engine returns every reported sample); NaN where a
-        sample finished unreported (the reward stage scores it)."""
+        sample finished unreported (the reward stage scores it). ``groups``: the rollouts'
+        positions among the call's prompts, when they are not all of them in order (partial
+        rollouts return the complete groups only)."""
         shape = rollouts.completion_ids.shape[:2]
         known = unscored(shape)
         columns = [part.view(-1) for part in known.tensors()]  # each [P*n]
-        pending = [{ids: list(rows) for ids, rows in by_tokens.items()} for by_tokens in self.scored]
+        groups = range(len(self.scored)) if groups is None else groups
+        pending = [{ids: list(rows) for ids, rows in self.scored[p].items()} for p in groups]
         ids = rollouts.completion_id_lists()
         for i in rollouts.generated_mask.flatten().nonzero().squeeze(1).tolist():
             rows = pending[i // shape[1]].get(tuple(ids[i]))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from podsrl.algorithms.advantages import ADVANTAGES
-from podsrl.algorithms.importance import SamplerCorrection
+from podsrl.algorithms.importance import STALE_MASK, SamplerCorrection
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.algorithms.select import RULES
@@ -41,6 +41,7 @@ from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.limits import Limits, StopOptions
 from podsrl.trainer.logging import LogOptions, say
+from podsrl.trainer.partial_rollouts import CarriedPool, PartialRolloutOptions, PartialRolloutSource, carried_pool
 from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
 from podsrl.trainer.run import Run
 from podsrl.trainer.run_dir import RESUME_SAFE_FIELDS, claim_run_dir
@@ -96,7 +97,10 @@ def update_options(cfg: Config) -> UpdateOptions:
 
 
 def sampler_correction(cfg: Config) -> SamplerCorrection | None:
-    """TRL's importance-sampling correction of rollouts sampled by vLLM (None: off)."""
+    """TRL's importance-sampling correction of rollouts sampled by vLLM, or of the tokens partial
+    rollouts carried over from an earlier policy (None: off); or partial rollouts' mask of those."""
+    if cfg.partial_rollouts and cfg.partial_stale_correction == "mask":
+        return SamplerCorrection(mode=STALE_MASK)
     if not cfg.vllm_importance_sampling_correction:
         return None
     return SamplerCorrection(mode=cfg.vllm_importance_sampling_mode, clip_min=cfg.vllm_importance_sampling_clip_min,
@@ -210,7 +214,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
                             "generation_engine": PerProcess(engine), "rule_generator": GeneratorState(rule_generator)})
-    stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds)
+    carried = carried_pool(bind(PartialRolloutOptions, cfg), state)
+    stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds, carried)
     return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
                CheckpointSchedule(bind(CheckpointOptions, cfg)), resume(cfg))
 
@@ -230,7 +235,8 @@ def resume(cfg: Config) -> Resume:
 
 
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,
-                rule_generator: torch.Generator, reward_bounds: tuple[float, float] | None) -> StepStages:
+                rule_generator: torch.Generator, reward_bounds: tuple[float, float] | None,
+                carried: CarriedPool | None = None) -> StepStages:
     """The step's stages, each bound to the config values it needs (the loop reads none)."""
     procs, tokenizer, method = components.procs, components.bundle.tokenizer, METHODS[cfg.method]
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
@@ -243,9 +249,13 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
                                          stopper)
     source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
                   generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
-    prompts = (DynamicSamplingSource(**source, extra_rounds=cfg.dynamic_sampling_rounds,
-                                     pad_token_id=tokenizer.pad_token_id)
-               if cfg.dynamic_sampling else PromptSource(**source))
+    if carried is not None:
+        prompts = PartialRolloutSource(**source, options=bind(PartialRolloutOptions, cfg), pool=carried)
+    elif cfg.dynamic_sampling:
+        prompts = DynamicSamplingSource(**source, extra_rounds=cfg.dynamic_sampling_rounds,
+                                        pad_token_id=tokenizer.pad_token_id)
+    else:
+        prompts = PromptSource(**source)
     needs_old, needs_ref = cfg.num_iterations > 1, cfg.beta > 0
     logprobs = (ExtraLogprobs(components.policy, components.reference, cfg.micro_batch_size, cfg.share_prompt_in_update,
                               old=needs_old, ref=needs_ref) if needs_old or needs_ref else None)

@@ -28,6 +28,7 @@ from podsrl.registry import Checked
 from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import Scorer, TrainerProgress
 from podsrl.rollout import GenerationEngine
+from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.tasks.base import Example, PreparedSplit
 from podsrl.trainer.prompt_source import PromptSource
 from podsrl.trainer.saturation import SaturationStopper
@@ -213,6 +214,23 @@ class RolloutGenerator:
         if self.stopper is not None:  # early stop's reward failure, raised on every process together
             raise_on_every_process(self.procs, failure)
         return Rollouts.concat(chunks, self.tokenizer.pad_token_id)
+
+    def partial(self, split: PreparedSplit, carried: dict[int, CarriedGroup], quota: int, n: int,
+                step: int) -> PartialGeneration:
+        """Partial rollouts (:mod:`podsrl.trainer.partial_rollouts`): one engine call on the
+        split, whose prompts at the positions in ``carried`` continue their groups, stopped once
+        ``quota`` groups are complete; seeded by the step and this process."""
+        per_prompt = self.method.generated_per_prompt(n, self.num_kept)
+        stopper = self.stopper(split, step) if self.stopper else None
+        with self.procs.whole_weights(self.policy):
+            torch.manual_seed(sampling_seed(self.seed, step, self.procs.rank * self.prompts_per_step))
+            result = self.engine.generate_partial(self.policy, self.tokenizer, split.prompts, per_prompt,
+                                                  carried=carried, quota=quota, version=step, stopper=stopper)
+        if stopper is not None:  # the scores early stop gave, for the reward stage; its failure, everywhere
+            result.rollouts = dataclasses.replace(result.rollouts,
+                                                  early_scores=stopper.early_scores(result.rollouts, result.complete))
+            raise_on_every_process(self.procs, stopper.failure)
+        return result
 
 
 @dataclass
