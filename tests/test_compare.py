@@ -252,6 +252,27 @@ def test_update_memory_column_only_for_runs_that_logged_it(tmp_path):
     assert "update memory, MiB (activations / CUDA peak)" in table and "| 11 / n/a |" in table
 
 
+def test_partial_rollouts_numbers_are_reported_per_arm_only_for_runs_that_logged_them(tmp_path):
+    """Per-step means over seeds of the off-policy share, staleness (its largest), resumed and
+    restarted samples and idle slots; runs that logged none keep their report."""
+    plain = fake_run(tmp_path, "grpo", "grpo", 0, [(0, 0.1), (10, 0.2)])
+    assert "Partial rollouts" not in format_table(analyze([plain]))
+    runs = []
+    for seed, staleness in enumerate(([0.1, 0.3], [0.2, 0.4])):
+        run = fake_run(tmp_path, "pods", "pods", seed, [(0, 0.1), (10, 0.2), (20, 0.3)])
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for r, value in zip(records[1:], staleness):
+            r.update(off_policy_token_frac=value, staleness_mean=value, staleness_max=1 + seed,
+                     partial_samples_resumed=4, partial_samples_restarted=seed, idle_slot_frac=0.5)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        runs.append(run)
+    numbers = analyze(runs)["rows"][0]["off_policy"]
+    assert numbers["off_policy_token_frac"] == pytest.approx(0.25) and numbers["staleness_max"] == 2
+    assert numbers["partial_samples_restarted"] == pytest.approx(0.5)
+    assert ("off-policy tokens 25.0%, staleness 0.25 (max 2), 4.0 samples resumed and 0.5 restarted a step; "
+            "idle slots 50.0%") in format_table(analyze(runs))
+
+
 def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it():
     base = make_config()
     arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [16], [4], ["shuffled", "pass_rate"])

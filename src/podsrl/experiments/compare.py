@@ -186,12 +186,20 @@ def analyze(run_dirs: list[Path], baseline: str | None = None,
             **{key: largest_logged(r.update_memory_mb.get(key) for r in arm.runs)
                for key in ("update_activation_mb", "update_peak_cuda_mb")},
             "rollout_ms": [statistics.fmean(ms) for ms in zip(*(r.rollout_milliseconds() for r in arm.runs))],
+            "off_policy": mean_numbers([r.off_policy for r in arm.runs]),
             **evaluation_noise(arm.runs),
             **(headline(base.runs, arm.runs, budget) if arm is not base else {}),
         })
     return {"baseline": base_name, "target_accuracy": target, "budget_seconds": budget, "arms": arms,
             "rows": rows, "provenance": provenance(runs),
             "budget_set_by": str(min(runs, key=lambda r: r.budget_seconds).path)}
+
+
+def mean_numbers(numbers: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's mean over the runs that have it (staleness_max: the largest)."""
+    keys = dict.fromkeys(key for run in numbers for key in run)
+    return {key: (max if key == "staleness_max" else statistics.fmean)([run[key] for run in numbers if key in run])
+            for key in keys}
 
 
 def arm_specs(field: str, text: str) -> list:

@@ -165,4 +165,24 @@ def format_table(result: dict) -> str:
                              f"{p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
     if notes:
         lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
-    return "\n".join(lines + headline_lines(result) + noise_lines(result["rows"]))
+    return "\n".join(lines + headline_lines(result) + off_policy_lines(result["rows"]) + noise_lines(result["rows"]))
+
+
+def off_policy_lines(rows: list[dict]) -> list[str]:
+    """Per arm, what partial rollouts and the slots engine logged (per-step means over seeds):
+    the share of trained tokens an earlier policy drew, their staleness, the samples resumed and
+    restarted, the share of slots left without a sample. Nothing for runs that logged none."""
+    lines = []
+    for r in rows:
+        numbers = r.get("off_policy") or {}
+        parts = []
+        if "off_policy_token_frac" in numbers:
+            parts.append(f"off-policy tokens {100 * numbers['off_policy_token_frac']:.1f}%, staleness "
+                         f"{numbers.get('staleness_mean', 0.0):.2f} (max {numbers.get('staleness_max', 0):.0f}), "
+                         f"{numbers.get('partial_samples_resumed', 0.0):.1f} samples resumed and "
+                         f"{numbers.get('partial_samples_restarted', 0.0):.1f} restarted a step")
+        if "idle_slot_frac" in numbers:
+            parts.append(f"idle slots {100 * numbers['idle_slot_frac']:.1f}%")
+        if parts:
+            lines.append(f"- {r['arm']}: {'; '.join(parts)}")
+    return ["", "Partial rollouts and decoding slots, per step (means over seeds):", *lines] if lines else []

@@ -35,6 +35,9 @@ class FinishedRun:
     # each evaluation's standard error over prompts (eval_accuracy_se; None: not logged, or not measurable)
     eval_errors: list[float | None] = field(default_factory=list)
     eval_se_logged: bool = False  # the log has eval_accuracy_se (podsrl since #51), null where not measurable
+    # partial rollouts' and the slots engine's per-step numbers (OFF_POLICY_FIELDS; staleness_max: the
+    # largest), over the steps that logged them; empty when none did
+    off_policy: dict[str, float] = field(default_factory=dict)
 
     @property
     def arm(self) -> str:
@@ -94,6 +97,25 @@ def _nothing_to_compare(path: Path, steps: list[dict], evaluated: list[dict]) ->
     return ""
 
 
+# per-step means a comparison reports beside the stage costs, where runs logged them
+OFF_POLICY_FIELDS = ("off_policy_token_frac", "staleness_mean", "partial_samples_resumed", "partial_samples_restarted",
+                     "idle_slot_frac")
+
+
+def off_policy_numbers(steps: list[dict]) -> dict[str, float]:
+    """Per-step means of :data:`OFF_POLICY_FIELDS` and the largest staleness_max, over the steps
+    that logged each."""
+    numbers = {}
+    for key in OFF_POLICY_FIELDS:
+        logged = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
+        if logged:
+            numbers[key] = statistics.fmean(logged)
+    largest = largest_logged(r.get("staleness_max") for r in steps)
+    if largest is not None:
+        numbers["staleness_max"] = largest
+    return numbers
+
+
 def load_run(path: Path) -> FinishedRun:
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
@@ -113,7 +135,7 @@ def load_run(path: Path) -> FinishedRun:
                        {key: largest_logged(r.get(key) for r in steps)
                         for key in ("update_activation_mb", "update_peak_cuda_mb")},
                        [r["step"] for r in evaluated], [r.get("eval_accuracy_se") for r in evaluated],
-                       any("eval_accuracy_se" in r for r in evaluated))
+                       any("eval_accuracy_se" in r for r in evaluated), off_policy_numbers(steps))
 
 
 def load_comparable(paths: list[Path], left_out: Callable[[str], None]) -> list[FinishedRun]:

@@ -155,6 +155,9 @@ def generate_partial_in_slots(model, tokenizer, prompts: list[str], num_samples:
     rollouts.token_versions, rollouts.sampling_logp = token_tensors(
         [decoder.completions[p] for p in complete], [decoder.versions[p] for p in complete],
         [decoder.logps[p] for p in complete], version, rollouts.completion_ids.shape[-1])
+    # the tokens this call drew, in every group (the complete ones hold earlier steps' too)
+    rollouts.stats["generated_tokens"] = sum(v == version for group in decoder.versions for sample in group
+                                             for v in sample)
     left = [p for p in range(len(prompts)) if p not in set(complete)]
     return PartialGeneration(rollouts, complete, {p: run.carried_group(p) for p in left})
 
