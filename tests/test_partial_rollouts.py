@@ -136,6 +136,27 @@ def test_recorded_logprobs_are_the_policys_and_current_tokens_weigh_exactly_one(
     assert torch.equal(masked, (~on).float())
 
 
+def test_every_group_completes_exactly_once_over_many_calls(tiny, prompts):
+    """Groups tagged by id across calls (the trainer's pool): each one started is either complete
+    in exactly one call or still in flight, never both and never twice; every complete group's
+    samples all ended."""
+    eos, pool, started, complete, fresh = tiny.tokenizer.eos_token_id, [], [], [], iter(range(10**6))
+    torch.manual_seed(0)
+    for version in range(1, 7):
+        new = [next(fresh) for _ in range(2 + 2 - len(pool))]  # 2 a call, 2 more in flight
+        started += new
+        ids = [tag for tag, _ in pool] + new
+        texts = [prompts[tag % len(prompts)] for tag in ids]
+        result = partial(tiny, texts, 3, quota=2, version=version, temperature=1.0, slots=3,
+                         carried={i: group for i, (_, group) in enumerate(pool)})
+        complete += [ids[p] for p in result.complete]
+        for sample in result.rollouts.completion_id_lists():
+            assert ended(sample, eos)
+        pool = [(ids[p], group) for p, group in sorted(result.carried.items())]
+    assert len(complete) == len(set(complete)) == 12
+    assert sorted(complete + [tag for tag, _ in pool]) == sorted(started)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_the_staleness_bound_restarts_exactly_the_samples_beyond_it(seed):
     rng = random.Random(seed)
