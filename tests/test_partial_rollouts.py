@@ -280,3 +280,37 @@ def test_samples_beyond_the_staleness_bound_are_generated_again(tmp_path):
     rows = records(tmp_path / "run")
     assert sum(row["partial_samples_restarted"] for row in rows) > 0
     assert max(row["staleness_max"] for row in rows) == 1
+
+
+class GarbageEngine:
+    """A user's engine whose generate_partial returns the wrong number of groups."""
+
+    def __init__(self, options):
+        self.inner = None
+
+    def __call__(self, model, tokenizer, prompts, num_samples, stopper=None):
+        raise AssertionError("not called")
+
+    def generate_partial(self, model, tokenizer, prompts, num_samples, *, carried, quota, version, stopper=None):
+        result = generate_partial_in_slots(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
+                                           version=version, max_new_tokens=4, temperature=0.0, slots=4)
+        result.complete = result.complete[:-1]
+        return result
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def check_state(self, state):
+        pass
+
+
+def test_a_user_engines_partial_generation_is_held_to_its_contract(tiny, prompts):
+    from podsrl.contracts import UserCodeError
+    from podsrl.rollout import CheckedEngine
+
+    engine = CheckedEngine(GarbageEngine(None), "generation_engine", "my_engines:GarbageEngine")
+    with pytest.raises(UserCodeError, match="^generation_engine: my_engines:GarbageEngine returned 1 complete groups"):
+        engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried={}, quota=2, version=1)

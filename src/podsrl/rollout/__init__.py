@@ -46,6 +46,7 @@ from podsrl.rollout.base import (
 from podsrl.rollout.generation_copy import GenerationCopy
 from podsrl.rollout.hf import HFEngine, HFOptions, generate
 from podsrl.rollout.memory import generation_memory_bytes
+from podsrl.rollout.partial import PartialGeneration
 from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixLengthPredictor, Schedule
 from podsrl.rollout.slots import SlotsEngine, SlotsOptions, generate_in_slots
 from podsrl.rollout.vllm import VLLMEngine, VLLMOptions
@@ -113,6 +114,27 @@ class CheckedEngine:
             raise broken(self.field, self.spec, f"prompt_ids of shape {list(rollouts.prompt_ids.shape)}, "
                                                 f"expected [{len(prompts)}, Lp]")
         return rollouts
+
+    @property
+    def generate_partial(self):
+        """The engine's partial rollouts (absent when it has none), held to the same contract:
+        stoppable, one line naming it, and ``quota`` complete groups [quota, num_samples, Lc]."""
+        inner = getattr(self.inner, "generate_partial", None)
+        if inner is None:
+            raise AttributeError("generate_partial")
+
+        def checked(model, tokenizer, prompts: list[str], num_samples: int, *, quota: int, **kwargs):
+            with calling(self.field, self.spec):
+                result = inner(model, tokenizer, prompts, num_samples, quota=quota, **kwargs)
+            if not isinstance(result, PartialGeneration):
+                raise broken(self.field, self.spec, f"a {type(result).__name__} from generate_partial, expected "
+                                                    f"podsrl.rollout.partial.PartialGeneration")
+            shape = tuple(result.rollouts.completion_ids.shape)
+            if len(result.complete) != quota or shape[:2] != (quota, num_samples):
+                raise broken(self.field, self.spec, f"{len(result.complete)} complete groups of shape {list(shape)} "
+                                                    f"from generate_partial, expected {quota} x {num_samples}")
+            return result
+        return checked
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
