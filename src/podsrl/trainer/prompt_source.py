@@ -77,6 +77,45 @@ def informative_first(constant: torch.Tensor, count: int) -> list[int]:
     return order[:count]
 
 
+RoundFn = Callable[[int, int], tuple[list[int], ScoredGroups]]  # (round, informative groups wanted) -> round
+
+
+def rounds_until_informative(generate_round: RoundFn, share: int, extra_rounds: int,
+                             procs: Processes) -> list[tuple[list[int], ScoredGroups]]:
+    """DAPO's rounds (Yu et al. 2025, sec. 3.2): ``generate_round(round, wanted)`` until every
+    process has ``share`` informative groups (rewards not all equal), at most ``extra_rounds``
+    more than one; ``wanted`` is what this process still lacks. Every process runs every round
+    (the decision is a collective)."""
+    rounds, informative = [], 0
+    for round_index in range(extra_rounds + 1):
+        mine, groups = generate_round(round_index, share - informative)
+        rounds.append((mine, groups))
+        informative += int((~is_constant(groups.scores.reward)).sum())  # this process's, over the rounds
+        if not procs.max([float(informative < share)])[0]:
+            break
+    return rounds
+
+
+def informative_share(rounds: list[tuple[list[int], ScoredGroups]], share: int, train_split: PreparedSplit,
+                      procs: Processes, pad_token_id: int) -> ScoredGroups:
+    """This process's ``share`` of the rounds' groups, informative ones first (constant ones fill
+    the batch only at the cap), with the rounds' numbers; rounds that generated nothing here
+    (partial rollouts: this process's share was met) add no group."""
+    indices = [i for mine, _ in rounds for i in mine]
+    generated = [groups for mine, groups in rounds if mine]
+    rollouts = Rollouts.concat([g.rollouts for g in generated], pad_token_id)  # [P * rounds, n, Lc]
+    scores = Scores.concat([g.scores for g in generated])
+    constant = is_constant(scores.reward)  # [P * rounds]
+    trained = informative_first(constant, share)  # this process's share: the groups it trains on
+    generated_groups, constant_groups, set_aside = procs.sum(
+        [float(len(constant)), float(constant.sum()), float(constant.sum() - constant[trained].sum())])
+    record = {"prompt_rounds": len(rounds), "prompts_generated": int(generated_groups),
+              "generated_constant_frac": constant_groups / generated_groups,
+              "constant_groups_set_aside": int(set_aside)}
+    return ScoredGroups(train_split.at_prompts([indices[i] for i in trained]), rollouts.at_prompts(trained),
+                        scores.at_prompts(trained), record)
+
+
 class DynamicSamplingSource(PromptSource):
     """DAPO's dynamic sampling: another round while any process has fewer informative groups
     than its share, at most ``extra_rounds`` extra rounds; each process then keeps its share,
@@ -89,23 +128,10 @@ class DynamicSamplingSource(PromptSource):
         self.extra_rounds, self.pad_token_id = extra_rounds, pad_token_id
 
     def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
-        indices, rounds, informative = [], [], 0
-        for round_index in range(self.extra_rounds + 1):
-            mine, groups = self.round(step, n, round_index, timer)
-            indices += mine
-            rounds.append(groups)
-            informative += int((~is_constant(groups.scores.reward)).sum())  # this process's, over the rounds
-            if not self.procs.max([float(informative < len(mine))])[0]:
-                break
-        rollouts = Rollouts.concat([g.rollouts for g in rounds], self.pad_token_id)  # [P * rounds, n, Lc]
-        scores = Scores.concat([g.scores for g in rounds])
-        constant = is_constant(scores.reward)  # [P * rounds]
-        trained = informative_first(constant, len(mine))  # this process's share: the groups it trains on
-        generated, constant_groups, set_aside = self.procs.sum(
-            [float(len(constant)), float(constant.sum()), float(constant.sum() - constant[trained].sum())])
-        record = {"prompt_rounds": len(rounds), "prompts_generated": int(generated),
-                  "generated_constant_frac": constant_groups / generated,
-                  "constant_groups_set_aside": int(set_aside)}
-        add_selector_record(self.selector.record(), record)  # a name of the rounds' own is refused
-        return ScoredGroups(self.train_split.at_prompts([indices[i] for i in trained]), rollouts.at_prompts(trained),
-                            scores.at_prompts(trained), record)
+        share = self.prompts_per_step // self.procs.world_size
+        # a round generates a whole share whatever it lacks (DAPO's fixed generation batch)
+        rounds = rounds_until_informative(lambda round_index, wanted: self.round(step, n, round_index, timer),
+                                          share, self.extra_rounds, self.procs)
+        groups = informative_share(rounds, share, self.train_split, self.procs, self.pad_token_id)
+        add_selector_record(self.selector.record(), groups.record)  # a name of the rounds' own is refused
+        return groups
