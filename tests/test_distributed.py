@@ -209,17 +209,21 @@ def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
 
 
 @pytest.mark.slow
-def test_partial_rollouts_over_two_processes_stay_in_sync(tmp_path):
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_partial_rollouts_over_two_processes_stay_in_sync(tmp_path, dynamic_sampling):
     """Each process carries its own groups in flight; fresh prompts are drawn for both together
-    and a learning selector observes every process's complete groups."""
+    (each its own slice: with dynamic sampling, a round may find one process with its share and
+    the other without) and a learning selector observes every process's complete groups."""
     done = launch(tmp_path / "run", generation_engine="slots", generation_micro_group=4,
                   generation_schedule="round_robin", partial_rollouts=True, prompt_selector="pass_rate",
-                  generation_batch_size=0)
+                  generation_batch_size=0, dynamic_sampling=dynamic_sampling, dynamic_sampling_rounds=2)
     assert done.returncode == 0, done.stderr[-3000:]
     records = steps(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["rank_param_spread"] == 0.0 for r in records)
-    assert all(r["partial_groups_carried"] >= 2 * 2 for r in records)  # each process keeps its 2 extra in flight
+    assert all(r["partial_groups_carried"] == 2 * 2 for r in records)  # each process keeps its 2 extra in flight
+    if dynamic_sampling:
+        assert all(r["prompts_generated"] >= 4 for r in records)
 
 
 @pytest.mark.slow

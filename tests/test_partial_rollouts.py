@@ -202,7 +202,6 @@ def test_pool_state_round_trips():
 @pytest.mark.parametrize("overrides,message", [
     (dict(generation_engine="hf"), "partial_rollouts: generation_engine hf cannot stop"),
     (dict(generation_schedule="length_aware"), "partial_rollouts: generation_schedule length_aware"),
-    (dict(dynamic_sampling=True), "partial_rollouts: not with dynamic_sampling"),
     (dict(adaptive_n=True), "partial_rollouts: not with adaptive_n"),
     (dict(generation_batch_size=8), "partial_rollouts: generation_batch_size 8"),
     (dict(partial_stale_correction="drop"), "partial_stale_correction: unknown 'drop'"),
@@ -262,6 +261,85 @@ def test_partial_rollouts_compose_and_stay_within_the_staleness_bound(tmp_path, 
         assert 0.0 <= row["off_policy_token_frac"] <= 1.0 and 0.0 <= row["idle_slot_frac"] < 1.0
         assert row["importance_sampling_weight_min"] <= row["importance_sampling_weight_max"]
     assert all(row["partial_groups_carried"] >= PARTIAL["prompts_per_step"] // 4 for row in rows)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_over_partial_rollouts_sets_constant_groups_aside_and_loses_no_informative_one(tmp_path):
+    """DAPO's rounds over the one pool of groups in flight: each round asks for the informative
+    groups still lacking, so informative groups are never generated beyond the step's share
+    (none is thrown away); constant complete groups are set aside (counted), and fill the batch
+    only at the cap. The tiny model's arithmetic groups are often constant."""
+    cfg = partial_config(tmp_path / "run", max_steps=5, dynamic_sampling=True, dynamic_sampling_rounds=2)
+    train(cfg)
+    rows = records(tmp_path / "run")
+    share = PARTIAL["prompts_per_step"]
+    for row in rows:
+        constant = round(row["generated_constant_frac"] * row["prompts_generated"])
+        trained_constant = round(row["reward_zero_var_frac"] * share)
+        assert row["prompts_generated"] - constant <= share  # informative groups generated: at most the share
+        assert row["constant_groups_set_aside"] == constant - trained_constant
+        if row["prompt_rounds"] < 3:  # it stopped before the cap: every trained group is informative
+            assert trained_constant == 0 and row["prompts_generated"] - constant == share
+        assert row["staleness_max"] <= cfg.partial_max_staleness
+    assert any(row["prompt_rounds"] > 1 for row in rows) and any(row["constant_groups_set_aside"] for row in rows)
+
+
+class TwoProcesses:
+    """Rank ``rank`` of two, whose collectives see the other process's numbers ``other``."""
+
+    world_size = 2
+
+    def __init__(self, rank, other):
+        self.rank, self.other = rank, other
+
+    def gather(self, tensor):
+        return torch.cat([tensor, self.other] if self.rank == 0 else [self.other, tensor])
+
+
+class CountingSelector:
+    learns = False
+
+    def __init__(self):
+        self.taken = []
+
+    def take(self, count, step, group_size):
+        self.taken.append(count)
+        return list(range(100, 100 + count))
+
+
+@pytest.mark.parametrize("rank,mine,other,slice_", [(0, 3, 1, [100, 101, 102]), (1, 3, 1, [101, 102, 103]),
+                                                    (1, 0, 4, []), (0, 2, 0, [100, 101])])
+def test_each_process_draws_exactly_the_fresh_prompts_it_lacks_from_one_shared_list(rank, mine, other, slice_):
+    """Dynamic sampling's rounds leave processes lacking different numbers of groups: one list is
+    drawn for both (the selector's draws stay the same on every process), each takes its slice."""
+    from podsrl.trainer.partial_rollouts import PartialRolloutOptions, PartialRolloutSource
+
+    selector = CountingSelector()
+    source = PartialRolloutSource(selector, 4, None, None, None, TwoProcesses(rank, torch.tensor([other])),
+                                  PartialRolloutOptions(partial_rollouts=True), CarriedPool())
+    assert source.fresh_prompts(mine, step=1, n=4) == slice_
+    assert selector.taken == ([mine + other] if mine + other else [])
+
+
+def test_a_process_with_its_share_generates_nothing_and_carries_every_group_on(tiny, prompts):
+    """Quota 0 (dynamic sampling's round where this process already has its informative
+    groups): no engine call, no group lost."""
+    from podsrl.distributed import Processes
+    from podsrl.methods import METHODS
+    from podsrl.tasks.base import PreparedSplit
+    from podsrl.trainer.stages import RolloutGenerator
+
+    class NoCalls:
+        def generate_partial(self, *args, **kwargs):
+            raise AssertionError("the engine was called for quota 0")
+
+    generator = RolloutGenerator(NoCalls(), tiny.model, tiny.tokenizer, Processes(), METHODS["pods"], 2, 0, 4, 0,
+                                 None)
+    group = CarriedGroup([[5, 6], []], [[1, 1], []], [[-0.5, -0.7], []], [False, False], [False, False])
+    split = PreparedSplit([None, None], prompts[:2], 0, False, "")
+    result = generator.partial(split, {0: group}, 0, 2, step=2, round_index=1)
+    assert result.complete == [] and result.rollouts.completion_ids.shape == (0, 2, 1)
+    assert result.carried == {0: group}
 
 
 def test_a_config_dataclass_default_leaves_partial_rollouts_off():

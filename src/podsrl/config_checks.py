@@ -189,8 +189,6 @@ def _check_partial_rollouts(cfg) -> None:
             f"samples in the next step (it has no generate_partial); use the slots engine")
     refusal = getattr(cfg.generation_options(), "partial_rollouts_refusal", lambda: "")()  # optional
     require(not refusal, f"partial_rollouts: {refusal}")
-    require(not cfg.dynamic_sampling, "partial_rollouts: not with dynamic_sampling yet (each extra round would carry "
-                                      "its own groups in flight); turn one off")
     require(not cfg.adaptive_n, "partial_rollouts: not with adaptive_n (a group carried over keeps the n it started "
                                 "with, and the next step may choose another)")
     require(not cfg.generation_batch_size, f"partial_rollouts: generation_batch_size {cfg.generation_batch_size} "

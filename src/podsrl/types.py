@@ -113,6 +113,15 @@ class Rollouts:
                                    else self.token_versions[rows])
 
     @staticmethod
+    def none(group_size: int) -> "Rollouts":
+        """No prompt's rollouts: [0, group_size, 1] (one padding column: a width of 0 leaves
+        reshapes ambiguous), as partial rollouts' (token versions and sampling log-probs known)."""
+        tokens = torch.zeros(0, group_size, 1, dtype=torch.long)
+        return Rollouts(torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 1, dtype=torch.long), tokens,
+                        tokens.clone(), [], {"generated_tokens": 0, "decode_steps": 0},
+                        sampling_logp=torch.zeros(0, group_size, 1), token_versions=tokens.clone())
+
+    @staticmethod
     def concat(chunks: list["Rollouts"], pad_token_id: int) -> "Rollouts":
         """Rollouts of consecutive prompt chunks as one batch: prompts re-padded on the left,
         completions on the right (masks padded with 0), group axis kept."""

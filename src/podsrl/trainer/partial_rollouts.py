@@ -19,8 +19,11 @@ later step, under newer weights. What that costs, and how it is bounded:
   loss (weight 0).
 
 Whole groups are the unit: PODS selects within a complete group and the advantage normalises
-over it. The groups in flight are part of the run's learned state (:class:`CarriedPool`, one
-per process): checkpointed, restored, and rolled back with an abandoned step.
+over it. With dynamic sampling (DAPO), the step's rounds run over the one pool, each stopped
+once the informative groups still lacking are complete, so no informative group is generated
+beyond the step's share and thrown away; constant complete groups are set aside. The groups
+in flight are part of the run's learned state (:class:`CarriedPool`, one per process):
+checkpointed, restored, and rolled back with an abandoned step.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ from podsrl.options import POSITIVE, Range, option
 from podsrl.prompt_selection import PromptSelector, add_selector_record
 from podsrl.rollout.partial import CarriedGroup
 from podsrl.tasks.base import PreparedSplit
-from podsrl.trainer.prompt_source import PromptSource, ScoredGroups, ScoreFn
+from podsrl.trainer.prompt_source import (
+    PromptSource,
+    ScoredGroups,
+    ScoreFn,
+    informative_share,
+    rounds_until_informative,
+)
 from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
 
@@ -115,48 +124,73 @@ def carried_pool(options: PartialRolloutOptions, state: RunState) -> CarriedPool
 
 
 class PartialRolloutSource(PromptSource):
-    """One generation call per step over the carried groups (first) and fresh prompts from the
-    selector, stopped once this process's share of ``prompts_per_step`` groups is complete.
+    """Generation calls over the carried groups (first) and fresh prompts from the selector,
+    each stopped once this process has the groups it asked for complete: its share of
+    ``prompts_per_step``, in one call; with dynamic sampling (``extra_rounds``), DAPO's rounds
+    over the one pool, each asking for the informative groups still lacking, the constant
+    complete groups set aside.
 
-    ``generate`` is the run's :class:`podsrl.trainer.stages.RolloutGenerator`; fresh prompts are
-    drawn so that each process keeps its share plus ``extra_prompts`` groups in flight (the same
-    count on every process: the selector's list is shared)."""
+    ``generate`` is the run's :class:`podsrl.trainer.stages.RolloutGenerator`; each process
+    draws the fresh prompts that bring its groups in flight to what it asks for plus
+    ``extra_prompts`` (the selector's list is shared: each takes its own slice of it)."""
 
     def __init__(self, selector: PromptSelector, prompts_per_step: int, train_split: PreparedSplit, generate,
-                 score: ScoreFn, procs: Processes, options: PartialRolloutOptions, pool: CarriedPool) -> None:
+                 score: ScoreFn, procs: Processes, options: PartialRolloutOptions, pool: CarriedPool,
+                 extra_rounds: int | None = None, pad_token_id: int = 0) -> None:
         super().__init__(selector, prompts_per_step, train_split, generate, score, procs)
         self.extra, self.max_staleness, self.pool = options.partial_extra_prompts, options.partial_max_staleness, pool
         self.quota = prompts_per_step // procs.world_size  # this process's share
+        self.extra_rounds, self.pad_token_id = extra_rounds, pad_token_id  # extra_rounds None: no dynamic sampling
 
-    def round(self, step: int, n: int, round_index: int, timer: StageTimer) -> tuple[list[int], ScoredGroups]:
+    def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
         pool, procs = self.pool, self.procs
         restarted = pool.bound_staleness(step, self.max_staleness)
-        resumed = sum(len(group.cut_off) for group in pool.groups)
-        fresh = int(procs.max([float(max(self.quota + self.extra - len(pool), 0))])[0])  # per process
-        indices = self.selector.take(fresh * procs.world_size, step, n) if fresh else []
-        in_flight = pool.prompts + procs.block(indices)
+        if self.extra_rounds is None:
+            rounds = [self.partial_round(step, n, 0, self.quota, timer)]
+            groups = rounds[0][1]
+        else:
+            rounds = rounds_until_informative(
+                lambda round_index, wanted: self.partial_round(step, n, round_index, wanted, timer),
+                self.quota, self.extra_rounds, procs)
+            groups = informative_share(rounds, self.quota, self.train_split, procs, self.pad_token_id)
+        resumed = sum(r.record["partial_samples_resumed"] for _, r in rounds)  # a round's carried samples
+        cut_off = sum(len(group.cut_off) for group in pool.groups)
+        carried, resumed, restarted, cut_off = procs.sum([float(len(pool)), float(resumed), float(restarted),
+                                                          float(cut_off)])
+        groups.record.update({"partial_groups_carried": int(carried), "partial_samples_resumed": int(resumed),
+                              "partial_samples_restarted": int(restarted), "partial_samples_cut_off": int(cut_off)})
+        add_selector_record(self.selector.record(), groups.record)  # a name of partial rollouts' own is refused
+        return groups
+
+    def partial_round(self, step: int, n: int, round_index: int, wanted: int,
+                      timer: StageTimer) -> tuple[list[int], ScoredGroups]:
+        """One generation call until ``wanted`` groups are complete (0: this process generates
+        nothing and takes part in the collectives): their prompt indices and scored groups."""
+        pool, procs = self.pool, self.procs
+        resumed = sum(len(group.cut_off) for group in pool.groups) if wanted else 0
+        in_flight = pool.prompts + self.fresh_prompts(max(wanted + self.extra - len(pool), 0) if wanted else 0,
+                                                      step, n)
         split = self.train_split.at_prompts(in_flight)
         with timer("generate"):
-            result = self.generate.partial(split, dict(enumerate(pool.groups)), self.quota, n, step)
+            result = self.generate.partial(split, dict(enumerate(pool.groups)), wanted, n, step, round_index)
         pool.prompts = [in_flight[p] for p in sorted(result.carried)]
         pool.groups = [result.carried[p] for p in sorted(result.carried)]
         done = [in_flight[p] for p in result.complete]
         split = self.train_split.at_prompts(done)
-        rollouts = result.rollouts  # [quota, n, Lc]
+        rollouts = result.rollouts  # [wanted, n, Lc]
         with timer("reward"):
             scores = self.score(split, rollouts, step)
         if self.selector.learns:  # collectives: every process's complete groups, in process order
-            correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [quota, n]
-            every = procs.gather(torch.tensor(done, dtype=torch.long)).tolist()
-            self.selector.observe(step, every, procs.gather(correct))
-        cut_off = sum(len(group.cut_off) for group in pool.groups)
-        carried, resumed, restarted, cut_off = procs.sum([float(len(pool)), float(resumed), float(restarted),
-                                                          float(cut_off)])
-        record = {"partial_groups_carried": int(carried), "partial_samples_resumed": int(resumed),
-                  "partial_samples_restarted": int(restarted), "partial_samples_cut_off": int(cut_off)}
-        return done, ScoredGroups(split, rollouts, scores, record)
+            correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [wanted, n]
+            every = procs.gather_objects((done, correct))
+            self.selector.observe(step, [i for indices, _ in every for i in indices],
+                                  torch.cat([rows for _, rows in every]))
+        return done, ScoredGroups(split, rollouts, scores, {"partial_samples_resumed": resumed})
 
-    def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
-        _, groups = self.round(step, n, 0, timer)
-        add_selector_record(self.selector.record(), groups.record)  # a name of partial rollouts' own is refused
-        return groups
+    def fresh_prompts(self, count: int, step: int, n: int) -> list[int]:
+        """``count`` new prompts for this process: one list drawn for every process's counts (a
+        collective), this process's slice of it."""
+        counts = [int(c) for c in self.procs.gather(torch.tensor([count])).tolist()]  # [world]
+        indices = self.selector.take(sum(counts), step, n) if sum(counts) else []
+        first = sum(counts[:self.procs.rank])
+        return indices[first:first + count]

@@ -250,7 +250,9 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
     source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
                   generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
     if carried is not None:
-        prompts = PartialRolloutSource(**source, options=bind(PartialRolloutOptions, cfg), pool=carried)
+        prompts = PartialRolloutSource(**source, options=bind(PartialRolloutOptions, cfg), pool=carried,
+                                       extra_rounds=cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else None,
+                                       pad_token_id=tokenizer.pad_token_id)
     elif cfg.dynamic_sampling:
         prompts = DynamicSamplingSource(**source, extra_rounds=cfg.dynamic_sampling_rounds,
                                         pad_token_id=tokenizer.pad_token_id)

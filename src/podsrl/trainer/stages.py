@@ -215,21 +215,26 @@ class RolloutGenerator:
             raise_on_every_process(self.procs, failure)
         return Rollouts.concat(chunks, self.tokenizer.pad_token_id)
 
-    def partial(self, split: PreparedSplit, carried: dict[int, CarriedGroup], quota: int, n: int,
-                step: int) -> PartialGeneration:
+    def partial(self, split: PreparedSplit, carried: dict[int, CarriedGroup], quota: int, n: int, step: int,
+                round_index: int = 0) -> PartialGeneration:
         """Partial rollouts (:mod:`podsrl.trainer.partial_rollouts`): one engine call on the
         split, whose prompts at the positions in ``carried`` continue their groups, stopped once
-        ``quota`` groups are complete; seeded by the step and this process."""
+        ``quota`` groups are complete; seeded by the step, the round and this process. Quota 0
+        (dynamic sampling's round where this process has its share): no engine call, every
+        group carried on, and the collectives of a call joined."""
         per_prompt = self.method.generated_per_prompt(n, self.num_kept)
-        stopper = self.stopper(split, step) if self.stopper else None
-        with self.procs.whole_weights(self.policy):
-            torch.manual_seed(sampling_seed(self.seed, step, self.procs.rank * self.prompts_per_step))
-            result = self.engine.generate_partial(self.policy, self.tokenizer, split.prompts, per_prompt,
-                                                  carried=carried, quota=quota, version=step, stopper=stopper)
-        if stopper is not None:  # the scores early stop gave, for the reward stage; its failure, everywhere
+        stopper = self.stopper(split, step) if self.stopper and quota else None
+        with self.procs.whole_weights(self.policy):  # its all-gathers, when sharded, need every process
+            first_prompt = (round_index * self.procs.world_size + self.procs.rank) * self.prompts_per_step
+            torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
+            result = (self.engine.generate_partial(self.policy, self.tokenizer, split.prompts, per_prompt,
+                                                   carried=carried, quota=quota, version=step, stopper=stopper)
+                      if quota else PartialGeneration(Rollouts.none(per_prompt), [], dict(carried)))
+        if stopper is not None:  # the scores early stop gave, for the reward stage
             result.rollouts = dataclasses.replace(result.rollouts,
                                                   early_scores=stopper.early_scores(result.rollouts, result.complete))
-            raise_on_every_process(self.procs, stopper.failure)
+        if self.stopper is not None:  # early stop's reward failure, raised on every process together
+            raise_on_every_process(self.procs, stopper.failure if stopper is not None else None)
         return result
 
 
