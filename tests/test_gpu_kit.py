@@ -142,3 +142,36 @@ def test_the_chain_regime_compares_tiny_chain_and_needs_nothing_carried(tmp_path
                        "chain") == 1  # no seed finished: a failure, not a success
     assert called == [tmp_path / "out"]
     assert json.loads((tmp_path / "out" / "gpu-kit.json").read_text())["regime"] == "chain"
+
+
+def test_the_partial_regime_runs_the_partial_rollouts_benchmark_and_brings_its_block_back(tmp_path, monkeypatch):
+    # #60 on a GPU: PODS without and with partial rollouts, seeded from --first_seed, recorded as
+    # its own block; the runs sit one folder deeper (podsrl/runs/ARM/seedN) and still come back
+    command = gpu_kit.compare_command(tmp_path, gpu_kit.CHAIN_SETTINGS, 3, 2, 60.0, "partial")
+    assert command[1].endswith("benchmarks/partial_rollouts.py")
+    assert command[command.index("--config") + 1].endswith("configs/tiny-chain-early-stop.yaml")
+    assert {"seed=3", "eval_steps=5"} <= {command[i + 1] for i, item in enumerate(command) if item == "--set"}
+    assert command[command.index("--seeds") + 1] == "2" and command[command.index("--budget_minutes") + 1] == "1"
+    assert command[command.index("--record") + 1] == "gpu-partial-rollouts"
+    with pytest.raises(SystemExit, match="--regime partial is for a GPU"):
+        gpu_kit.run(tmp_path / "out", tmp_path / "work", 1.0, 0, 60.0, True, tmp_path / "absent", "partial")
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_kit, "REPO", tmp_path)  # a device's tree, where the rounds recorded their block
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "RESULTS.md").write_text("the device's RESULTS.md\n")
+
+    def one_round(work, *args):  # no GPU here: a finished run's files stand for a round
+        run_dir = work / "podsrl" / "runs" / "pods-n16-m4-max_variance-partial-2" / "seed0"
+        run_dir.mkdir(parents=True)
+        for name in gpu_kit.RUN_FILES:
+            (run_dir / name).write_text("{}")
+        return 1
+
+    monkeypatch.setattr(gpu_kit, "run_rounds", one_round)
+    assert gpu_kit.run(tmp_path / "out", tmp_path / "work", 1.0, 0, 60.0, False, tmp_path / "absent",
+                       "partial") == 0
+    assert (tmp_path / "out" / "RESULTS.md").read_text() == "the device's RESULTS.md\n"
+    with tarfile.open(tmp_path / "out" / "runs.tar.gz") as archive:
+        assert "runs/pods-n16-m4-max_variance-partial-2/seed0/metrics.jsonl" in archive.getnames()
