@@ -186,9 +186,13 @@ def _check_partial_rollouts(cfg) -> None:
     label = component_label(cfg.generation_engine)
     require(capability(ENGINES.resolve(cfg.generation_engine), "generate_partial") is not None,
             f"partial_rollouts: generation_engine {label} cannot stop a step's generation at a quota and resume "
-            f"samples in the next step (it has no generate_partial); use the slots engine")
+            f"samples in the next step (it has no generate_partial); use the slots or vllm engine")
     refusal = getattr(cfg.generation_options(), "partial_rollouts_refusal", lambda: "")()  # optional
     require(not refusal, f"partial_rollouts: {refusal}")
+    require(cfg.partial_stale_correction != "mask" or not capability(ENGINES.resolve(cfg.generation_engine),
+                                                                     "reports_sampling_logp"),
+            f"partial_stale_correction: 'mask' leaves out the tokens with a sampling log-prob, and generation_engine "
+            f"{label} reports one for every token (its numerics are not the policy's); use 'importance'")
     require(not cfg.adaptive_n, "partial_rollouts: not with adaptive_n (a group carried over keeps the n it started "
                                 "with, and the next step may choose another)")
     require(not cfg.generation_batch_size, f"partial_rollouts: generation_batch_size {cfg.generation_batch_size} "

@@ -186,3 +186,51 @@ def test_smollm2_greedy_output_agrees_with_transformers():
     rows = completions(hf) + completions(ours)
     assert all(row[-1] == 2 or len(row) == 24 for row in rows) and not any(1 in row for row in rows)
     assert sum(row[-1] == 2 for row in rows) >= len(rows) // 2  # most answers end their turn, at <|im_end|>
+
+
+def partial_engine(**options):
+    return make_engine(max_new_tokens=8, temperature=0.0, **options)
+
+
+def test_partial_rollouts_stop_at_the_quota_and_resume_where_they_stopped(tiny):
+    """Partial rollouts on vLLM: a call returns exactly its quota of complete groups and aborts
+    the rest (vLLM has no request left); the carried cut-off samples resume in the next call
+    from their tokens (kept, with their version), and greedy, the groups end as an
+    uninterrupted generation does (up to near ties); every token's log-prob is the policy's."""
+    engine = partial_engine()
+    try:
+        prompts = PROMPTS[:6]
+        first = engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried={}, quota=2, version=1)
+        assert len(first.complete) == 2 and first.rollouts.completion_ids.shape[:2] == (2, 3)
+        assert sorted([*first.complete, *first.carried]) == list(range(6))
+        assert not engine.llm.llm_engine.has_unfinished_requests()  # the rest was aborted
+        assert any(group.cut_off for group in first.carried.values())
+        order = sorted(first.carried)
+        kept = {i: first.carried[p] for i, p in enumerate(order)}
+        second = engine.generate_partial(tiny.model, tiny.tokenizer, [prompts[p] for p in order], 3,
+                                         carried=kept, quota=len(order), version=2)
+        assert len(second.complete) == len(order) and not second.carried
+        for row, i in enumerate(second.complete):
+            for s, tokens in enumerate(kept[i].completions):  # a carried prefix is kept as it was
+                assert second.rollouts.completion_ids[row, s, :len(tokens)].tolist() == tokens
+                assert second.rollouts.token_versions[row, s, :len(tokens)].tolist() == [1] * len(tokens)
+        firsts = {}  # greedy: a group's n samples are one; its first, per prompt
+        for result, prompt_of in ((first, lambda i: i), (second, lambda i: order[i])):
+            flat = result.rollouts.completion_id_lists()  # [quota * 3]
+            firsts.update((prompt_of(i), flat[3 * row]) for row, i in enumerate(result.complete))
+        hf = completions(generate(tiny.model, tiny.tokenizer, prompts, 1, max_new_tokens=8, temperature=0))
+        assert_engine_agrees(tiny, [firsts[p] for p in range(6)], hf, prompts)
+        for result in (first, second):
+            rollouts = result.rollouts
+            rows = rollouts.completion_ids.view(-1, rollouts.completion_ids.shape[-1])
+            n = rollouts.group_size
+            prompt_ids = rollouts.prompt_ids.repeat_interleave(n, 0)
+            prompt_mask = rollouts.prompt_mask.repeat_interleave(n, 0)
+            mask = rollouts.completion_mask.view(rows.shape[0], -1)
+            with torch.no_grad():
+                policy = token_logprobs(tiny.model, torch.cat([prompt_ids, rows], 1),
+                                        torch.cat([prompt_mask, mask], 1), rows.shape[1])
+            gap = ((policy - rollouts.sampling_logp.view(rows.shape[0], -1)).abs() * mask).sum() / mask.sum()
+            assert gap < 1e-4  # every token's, the carried ones too (the weights did not move)
+    finally:
+        engine.close()

@@ -88,6 +88,31 @@ def test_the_main_jobs_settings_learn_on_the_vllm_engine(tmp_path):
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.05
 
 
+def test_partial_rollouts_train_on_the_vllm_engine_and_resume_exactly(tmp_path):
+    """Partial rollouts with the vllm engine: groups carried between steps (cut-off samples
+    resumed as new requests), staleness within the bound, every token weighed by pi / pi_vLLM
+    (importance weights near 1: float32 numerics, and a stale token's ratio is its staleness);
+    a resumed run repeats the uninterrupted one with the groups in flight in the checkpoint."""
+    partial = dict(partial_rollouts=True, max_completion_length=12, generation_batch_size=0)
+    straight = train(quick_config(tmp_path / "straight", save_steps=2, **partial)).run_dir
+    steps = [r for r in read_metrics(straight / "metrics.jsonl") if r["step"] > 0]
+    assert len(steps) == 4 and all(r["partial_groups_carried"] >= 2 for r in steps)
+    assert sum(r["partial_samples_resumed"] for r in steps) > 0
+    assert all(r["staleness_max"] <= 2 for r in steps) and any(r["off_policy_token_frac"] > 0 for r in steps)
+    assert all(0.5 < r["importance_sampling_weight_mean"] < 1.5 for r in steps)
+    part = tmp_path / "part"
+    train(quick_config(part, max_steps=2, save_steps=2, **partial))
+    resumed = train(quick_config(part, resume=True, save_steps=2, **partial)).run_dir
+
+    def without_eval(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("eval_")} for r in rows]
+
+    assert without_eval(training_records(resumed)) == without_eval(training_records(straight))
+    with pytest.raises(ValueError, match="^partial_stale_correction: 'mask' leaves out"):
+        make_config(overrides={"generation_engine": "vllm", "partial_rollouts": "true",
+                               "partial_stale_correction": "mask"})
+
+
 def test_refusals_name_the_field():
     with pytest.raises(ValueError, match="^generation_memory_mb: .*vllm_kv_cache_memory_mb"):
         make_config(overrides={"generation_engine": "vllm", "generation_memory_mb": "100"})

@@ -70,10 +70,12 @@ class PartialGeneration:
 
 
 def token_tensors(completions: list[list[list[int]]], versions: list[list[list[int]]],
-                  logps: list[list[list[float]]], version: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  logps: list[list[list[float]]], version: int | None,
+                  width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[P, n, width] the step of each token (0 past a completion's end) and its sampling log-prob,
-    NaN on tokens drawn by the current ``version`` (their importance weight is exactly 1: the
-    engine samples from the policy's own forward pass) and past a completion's end."""
+    NaN past a completion's end and on tokens drawn by the current ``version`` (their importance
+    weight is exactly 1: the engine samples from the policy's own forward pass); ``version``
+    None: every token keeps its log-prob (an engine whose numerics are not the policy's)."""
     shape = (len(completions), len(completions[0]), width)
     token_versions = torch.zeros(shape, dtype=torch.long)
     sampling_logp = torch.full(shape, float("nan"))
@@ -83,5 +85,6 @@ def token_tensors(completions: list[list[list[int]]], versions: list[list[list[i
             if length:
                 token_versions[p, s, :length] = torch.tensor(versions[p][s])
                 sampling_logp[p, s, :length] = torch.tensor(logps[p][s])
-    sampling_logp[token_versions == version] = float("nan")
+    if version is not None:
+        sampling_logp[token_versions == version] = float("nan")
     return token_versions, sampling_logp

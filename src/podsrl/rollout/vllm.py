@@ -42,7 +42,9 @@ import torch
 
 from podsrl.options import Range, option
 from podsrl.rollout.base import MB, EngineOptions, Stateless, Stopper, refuse_early_stop, to_rollouts
+from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
+from podsrl.rollout.vllm_partial import generate_partial_on_vllm
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
 
@@ -188,6 +190,28 @@ class VLLMEngine(Stateless):
                 llm.sleep(level=2)
                 self.weights_asleep = True
         return self._rollouts(tokenizer, prompt_ids, prompt_mask, outputs, num_samples)
+
+    @torch.no_grad()
+    def generate_partial(self, model, tokenizer, prompts: list[str], num_samples: int, *,
+                         carried: dict[int, CarriedGroup], quota: int, version: int,
+                         stopper: Stopper | None = None) -> PartialGeneration:
+        """Partial rollouts (:mod:`podsrl.rollout.vllm_partial`): the prompts' samples as vLLM
+        requests, the carried cut-off ones first, until ``quota`` groups are complete; the rest
+        aborted and handed back to carry on."""
+        refuse_early_stop(self, stopper)
+        options = self.options
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] left-padded
+        check_fits(options, _base_config(model), int(prompt_mask.sum(1).max()), options.max_new_tokens)
+        with torch.autocast(model.device.type, enabled=False):
+            llm = self._ready(model)
+            result = generate_partial_on_vllm(llm, tokenizer, prompt_ids, prompt_mask, num_samples, carried=carried,
+                                              quota=quota, version=version, max_new_tokens=options.max_new_tokens,
+                                              temperature=options.temperature, top_p=options.top_p)
+            if options.enable_sleep_mode:
+                llm.sleep(level=2)
+                self.weights_asleep = True
+        return result
 
     def _rollouts(self, tokenizer, prompt_ids, prompt_mask, outputs, num_samples: int) -> Rollouts:
         samples = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]  # P lists of n, in order

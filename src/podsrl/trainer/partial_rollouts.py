@@ -14,9 +14,10 @@ later step, under newer weights. What that costs, and how it is bounded:
   (counted: ``partial_samples_restarted``), so no token is ever trained staler than the bound;
 * the update corrects for stale tokens (``partial_stale_correction``): ``importance`` weighs
   them by pi_policy / pi_sampler from the log-prob recorded when each was drawn, truncated or
-  masked as TRL's ``vllm_importance_sampling_*`` settings say (tokens of the current step weigh
-  exactly 1: the slots engine samples from the policy itself); ``mask`` leaves them out of the
-  loss (weight 0).
+  masked as TRL's ``vllm_importance_sampling_*`` settings say (on the slots engine, tokens of
+  the current step weigh exactly 1: it samples from the policy itself; on vllm, every token
+  is weighed by pi_policy / pi_vLLM); ``mask`` leaves them out of the loss (weight 0; slots
+  only).
 
 Whole groups are the unit: PODS selects within a complete group and the advantage normalises
 over it. With dynamic sampling (DAPO), the step's rounds run over the one pool, each stopped
@@ -57,7 +58,7 @@ class PartialRolloutOptions:
     partial_rollouts: bool = option(False, "Stop a step's generation once prompts_per_step groups are complete; the "
                                            "groups still in flight carry over and their cut-off samples resume "
                                            "first next step, under the new weights (APRIL, arXiv 2509.18521). Needs "
-                                           "an engine that resumes samples (slots).")
+                                           "an engine that resumes samples (slots, vllm).")
     partial_extra_prompts: int = option(2, "partial_rollouts: groups in flight on each process beyond its share of "
                                            "prompts_per_step (over-provisioning; the first complete groups train).",
                                         POSITIVE)

@@ -1,0 +1,102 @@
+"""Partial rollouts (:mod:`podsrl.rollout.partial`) on the vllm engine: every sample is a vLLM
+request of its own, stepped through vLLM's engine until ``quota`` groups are complete; the
+other requests are aborted (vLLM frees their slots and KV blocks at once) and their tokens so
+far are handed back to carry on.
+
+A carried cut-off sample resumes as a new request whose prompt is the prompt plus its tokens
+so far: vLLM's prefill recomputes their keys and values under the new weights (what the slots
+engine does with its one prefill), and ``max_tokens`` is what the sample has left. Cut-off
+samples are added first, so vLLM's first-come scheduler resumes them before any other sample
+starts (APRIL's resume-first). Each token keeps vLLM's log-prob of it when it was drawn
+(``raw_logprobs``: temperature 1), for every token, this step's too: vLLM's numerics are not
+the policy's, so the update's importance correction weighs every token by pi_policy / pi_vLLM,
+which for a carried token is also its staleness correction.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from podsrl.rollout.base import to_rollouts
+from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
+
+REQUEST_PREFIX = "podsrl-partial"  # request ids of their own: evaluation's LLM.generate numbers its requests
+
+
+def _copy(group: CarriedGroup) -> CarriedGroup:
+    return CarriedGroup([list(c) for c in group.completions], [list(v) for v in group.versions],
+                        [list(lp) for lp in group.logps], list(group.finished), list(group.skipped))
+
+
+def _fresh(num_samples: int) -> CarriedGroup:
+    return CarriedGroup([[] for _ in range(num_samples)], [[] for _ in range(num_samples)],
+                        [[] for _ in range(num_samples)], [False] * num_samples, [False] * num_samples)
+
+
+def _resume_order(groups: list[CarriedGroup]) -> list[tuple[int, int]]:
+    """(prompt, sample) of every sample still to decode: cut-off ones first, then the rest in
+    prompt order."""
+    cut_off = [(p, s) for p, group in enumerate(groups) for s in group.cut_off]
+    unstarted = [(p, s) for p, group in enumerate(groups) for s, tokens in enumerate(group.completions)
+                 if not tokens and s not in group.done]
+    return cut_off + unstarted
+
+
+def generate_partial_on_vllm(llm, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                             num_samples: int, *, carried: dict[int, CarriedGroup], quota: int, version: int,
+                             max_new_tokens: int, temperature: float, top_p: float) -> PartialGeneration:
+    """``prompt_ids`` / ``prompt_mask`` [P, Lp] (left-padded) on ``llm`` (a vLLM ``LLM`` holding
+    the current weights); the prompts at the positions in ``carried`` continue their groups.
+    Returns the first ``quota`` complete groups (groups complete on arrival first) as rollouts
+    [quota, n, Lc] with every token's version and vLLM log-prob, and the others to carry."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    prompt_tokens = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+    groups = [_copy(carried[p]) if p in carried else _fresh(num_samples) for p in range(len(prompt_tokens))]
+    complete = [p for p, group in enumerate(groups) if len(group.done) == num_samples]
+    engine, live = llm.llm_engine, set()
+    for p, s in _resume_order(groups):
+        request = f"{REQUEST_PREFIX}-{version}-{p}-{s}"
+        params = SamplingParams(n=1, temperature=temperature, top_p=top_p if temperature else 1.0, top_k=0,
+                                max_tokens=max_new_tokens - len(groups[p].completions[s]),
+                                stop_token_ids=[tokenizer.eos_token_id], logprobs=0, flat_logprobs=True,
+                                detokenize=False, output_kind=RequestOutputKind.DELTA)
+        engine.add_request(request, TokensPrompt(prompt_token_ids=prompt_tokens[p] + groups[p].completions[s]),
+                           params)
+        live.add(request)
+    steps = 0
+    while len(complete) < quota:
+        if not engine.has_unfinished_requests():
+            raise RuntimeError(f"vllm engine: {len(complete)} groups complete, {quota} asked for, and nothing "
+                               f"left to decode")
+        for output in engine.step():
+            p, s = map(int, output.request_id.rsplit("-", 2)[1:])
+            sample, group = output.outputs[0], groups[p]
+            group.completions[s] += list(sample.token_ids)
+            group.logps[s] += list(sample.logprobs.logprobs)[:len(sample.token_ids)]
+            group.versions[s] += [version] * len(sample.token_ids)
+            if output.finished:
+                live.discard(output.request_id)
+                group.finished[s] = True
+                if len(group.done) == num_samples:
+                    complete.append(p)
+        steps += 1
+    if live:  # the quota is met: nothing more is decoded
+        engine.abort_request(sorted(live))
+    complete = complete[:quota]  # groups complete beyond it in the same step go first next step
+    width = max(1, max(len(c) for p in complete for c in groups[p].completions))
+    completion_ids = torch.full((len(complete), num_samples, width), tokenizer.pad_token_id, dtype=torch.long)
+    for row, p in enumerate(complete):
+        for s, tokens in enumerate(groups[p].completions):
+            completion_ids[row, s, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    rollouts = to_rollouts(tokenizer, prompt_ids[complete], prompt_mask[complete], completion_ids)
+    rollouts.token_versions, rollouts.sampling_logp = token_tensors(
+        [groups[p].completions for p in complete], [groups[p].versions for p in complete],
+        [groups[p].logps for p in complete], None, width)
+    rollouts.sampling_logp = rollouts.sampling_logp.nan_to_num(0.0) * rollouts.completion_mask
+    rollouts.stats.update(generated_tokens=sum(v == version for group in groups for sample in group.versions
+                                               for v in sample), decode_steps=steps)
+    left = [p for p in range(len(groups)) if p not in set(complete)]
+    return PartialGeneration(rollouts, complete, {p: groups[p] for p in left})
