@@ -232,5 +232,21 @@ def test_partial_rollouts_stop_at_the_quota_and_resume_where_they_stopped(tiny):
                                         torch.cat([prompt_mask, mask], 1), rows.shape[1])
             gap = ((policy - rollouts.sampling_logp.view(rows.shape[0], -1)).abs() * mask).sum() / mask.sum()
             assert gap < 1e-4  # every token's, the carried ones too (the weights did not move)
+        vllm_engine, step = engine.llm.llm_engine, engine.llm.llm_engine.step
+        calls = []
+
+        def failing_step():  # a failure in the middle of a call: none of its requests outlives it
+            calls.append(1)
+            if len(calls) > 2:
+                raise RuntimeError("injected")
+            return step()
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(vllm_engine, "step", failing_step)
+            with pytest.raises(RuntimeError, match="injected"):
+                engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried={}, quota=6, version=3)
+        assert not vllm_engine.has_unfinished_requests()
+        after = engine.generate(tiny.model, tiny.tokenizer, prompts, 1, max_new_tokens=8, temperature=0)
+        assert_engine_agrees(tiny, completions(after), hf, prompts)  # the next call is served as before
     finally:
         engine.close()

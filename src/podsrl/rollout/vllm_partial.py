@@ -57,15 +57,41 @@ def generate_partial_on_vllm(llm, tokenizer, prompt_ids: torch.Tensor, prompt_ma
     groups = [_copy(carried[p]) if p in carried else _fresh(num_samples) for p in range(len(prompt_tokens))]
     complete = [p for p, group in enumerate(groups) if len(group.done) == num_samples]
     engine, live = llm.llm_engine, set()
-    for p, s in _resume_order(groups):
-        request = f"{REQUEST_PREFIX}-{version}-{p}-{s}"
-        params = SamplingParams(n=1, temperature=temperature, top_p=top_p if temperature else 1.0, top_k=0,
-                                max_tokens=max_new_tokens - len(groups[p].completions[s]),
-                                stop_token_ids=[tokenizer.eos_token_id], logprobs=0, flat_logprobs=True,
-                                detokenize=False, output_kind=RequestOutputKind.DELTA)
-        engine.add_request(request, TokensPrompt(prompt_token_ids=prompt_tokens[p] + groups[p].completions[s]),
-                           params)
-        live.add(request)
+    try:
+        for p, s in _resume_order(groups):
+            request = f"{REQUEST_PREFIX}-{version}-{p}-{s}"
+            params = SamplingParams(n=1, temperature=temperature, top_p=top_p if temperature else 1.0, top_k=0,
+                                    max_tokens=max_new_tokens - len(groups[p].completions[s]),
+                                    stop_token_ids=[tokenizer.eos_token_id], logprobs=0, flat_logprobs=True,
+                                    detokenize=False, output_kind=RequestOutputKind.DELTA)
+            live.add(request)
+            engine.add_request(request, TokensPrompt(prompt_token_ids=prompt_tokens[p] + groups[p].completions[s]),
+                               params)
+        steps = _step_until(engine, groups, complete, live, quota, num_samples, version)
+    finally:  # the quota met (nothing more is decoded), or a failure: no request of this call outlives it
+        if live:
+            engine.abort_request(sorted(live))
+    complete = complete[:quota]  # groups complete beyond it in the same step go first next step
+    width = max(1, max(len(c) for p in complete for c in groups[p].completions))
+    completion_ids = torch.full((len(complete), num_samples, width), tokenizer.pad_token_id, dtype=torch.long)
+    for row, p in enumerate(complete):
+        for s, tokens in enumerate(groups[p].completions):
+            completion_ids[row, s, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    rollouts = to_rollouts(tokenizer, prompt_ids[complete], prompt_mask[complete], completion_ids)
+    rollouts.token_versions, rollouts.sampling_logp = token_tensors(
+        [groups[p].completions for p in complete], [groups[p].versions for p in complete],
+        [groups[p].logps for p in complete], None, width)
+    rollouts.sampling_logp = rollouts.sampling_logp.nan_to_num(0.0) * rollouts.completion_mask
+    rollouts.stats.update(generated_tokens=sum(v == version for group in groups for sample in group.versions
+                                               for v in sample), decode_steps=steps)
+    left = [p for p in range(len(groups)) if p not in set(complete)]
+    return PartialGeneration(rollouts, complete, {p: groups[p] for p in left})
+
+
+def _step_until(engine, groups: list[CarriedGroup], complete: list[int], live: set[str], quota: int,
+                num_samples: int, version: int) -> int:
+    """Step vLLM's engine until ``quota`` groups are complete, each request's new tokens (and
+    their log-probs and version) appended to its sample; returns the steps taken."""
     steps = 0
     while len(complete) < quota:
         if not engine.has_unfinished_requests():
@@ -83,20 +109,4 @@ def generate_partial_on_vllm(llm, tokenizer, prompt_ids: torch.Tensor, prompt_ma
                 if len(group.done) == num_samples:
                     complete.append(p)
         steps += 1
-    if live:  # the quota is met: nothing more is decoded
-        engine.abort_request(sorted(live))
-    complete = complete[:quota]  # groups complete beyond it in the same step go first next step
-    width = max(1, max(len(c) for p in complete for c in groups[p].completions))
-    completion_ids = torch.full((len(complete), num_samples, width), tokenizer.pad_token_id, dtype=torch.long)
-    for row, p in enumerate(complete):
-        for s, tokens in enumerate(groups[p].completions):
-            completion_ids[row, s, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-    rollouts = to_rollouts(tokenizer, prompt_ids[complete], prompt_mask[complete], completion_ids)
-    rollouts.token_versions, rollouts.sampling_logp = token_tensors(
-        [groups[p].completions for p in complete], [groups[p].versions for p in complete],
-        [groups[p].logps for p in complete], None, width)
-    rollouts.sampling_logp = rollouts.sampling_logp.nan_to_num(0.0) * rollouts.completion_mask
-    rollouts.stats.update(generated_tokens=sum(v == version for group in groups for sample in group.versions
-                                               for v in sample), decode_steps=steps)
-    left = [p for p in range(len(groups)) if p not in set(complete)]
-    return PartialGeneration(rollouts, complete, {p: groups[p] for p in left})
+    return steps
