@@ -273,7 +273,7 @@ def test_partial_rollouts_numbers_are_reported_per_arm_only_for_runs_that_logged
             "idle slots 50.0%") in format_table(analyze(runs))
 
 
-def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it():
+def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it(monkeypatch):
     base = make_config()
     arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [16], [4], ["shuffled", "pass_rate"])
     assert [(a["method"], a["prompt_selector"]) for a in arms] == [
@@ -287,6 +287,15 @@ def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it():
         "pods-n16-m4-max_variance-dynamic_sampling-pass_rate"]
     assert arm_configs(base, ["pods"], ["max_variance"], [16], [4]) == [
         {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "max_variance"}]
+    # partial rollouts cross every other arm too, and name theirs with the groups in flight
+    arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [16], [4], (), [False, True], [False, True])
+    assert [arm_dir_name(a) for a in arms] == [
+        "grpo-m4", "grpo-m4-partial_2", "grpo-m4-dynamic_sampling", "grpo-m4-partial_2-dynamic_sampling",
+        "pods-n16-m4-max_variance", "pods-n16-m4-max_variance-partial_2", "pods-n16-m4-max_variance-dynamic_sampling",
+        "pods-n16-m4-max_variance-partial_2-dynamic_sampling"]
+    assert compared_arms(monkeypatch, "--partial_rollouts", "false,true", "--partial_extra_prompts", "4")[0] == [
+        {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "max_variance",
+         "partial_rollouts": on} for on in (False, True)]
     with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'oracle'"):
         arm_configs(base, ["pods"], ["max_variance"], [16], [4], ["oracle"])
 

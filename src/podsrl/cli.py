@@ -147,7 +147,8 @@ def _ints(name: str, text: str, words: tuple[str, ...] = ()) -> list:
         raise ValueError(f"{name}: expected comma-separated integers{allowed}, got {text!r}") from None
 
 
-def cmd_compare(argv: list[str]) -> int:
+def _compare_parser() -> argparse.ArgumentParser:
+    """`podsrl compare`'s own options (the arms, seeds and budget); the rest set the shared config."""
     parser = argparse.ArgumentParser(
         prog="podsrl compare", allow_abbrev=False,
         description="Run arms (methods x rules x n x m) x seeds with the same training-time budget, interleaved "
@@ -168,13 +169,19 @@ def cmd_compare(argv: list[str]) -> int:
                                                                 "(default: the config's)")
     parser.add_argument("--dynamic_sampling", default="", help="'false,true': each arm runs without and with "
                                                                 "dynamic sampling (default: the config's)")
+    parser.add_argument("--partial_rollouts", default="", help="'false,true': each arm runs without and with "
+                                                                "partial rollouts (default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, default=0.0, help="training time per run")
     parser.add_argument("--budget_steps", type=int, default=0,
                         help="optimizer steps per run instead (or as well: a run stops at whichever comes first); "
                              "the paper's per-step comparison, where a slower arm still gets every step")
     parser.add_argument("--baseline", default="", help="arm name or method of the speedup baseline")
-    args, rest = parser.parse_known_args(argv)
+    return parser
+
+
+def cmd_compare(argv: list[str]) -> int:
+    args, rest = _compare_parser().parse_known_args(argv)
     if "--output_dir" not in rest:
         rest += ["--output_dir", "runs/compare"]
     cfg = _parse_config(rest, "podsrl compare", "")
@@ -191,7 +198,8 @@ def cmd_compare(argv: list[str]) -> int:
         rules = arm_specs("downsampling_rule", args.rules) or [cfg.downsampling_rule]
         arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
                            arm_specs("prompt_selector", args.prompt_selectors),
-                           arm_specs("dynamic_sampling", args.dynamic_sampling))
+                           arm_specs("dynamic_sampling", args.dynamic_sampling),
+                           arm_specs("partial_rollouts", args.partial_rollouts))
         # a baseline that names no arm: refused now
         baseline_name(planned_arm_names(cfg, arms), args.baseline)
         # before any run: the report must not overwrite a user's file

@@ -205,21 +205,25 @@ def mean_numbers(numbers: list[dict[str, float]]) -> dict[str, float]:
 def arm_specs(field: str, text: str) -> list:
     """``--rules`` / ``--prompt_selectors``: names or JSON mappings ``{"name": ..., argument: value}``,
     each parsed as the config ``field`` parses its value (a mapping stays a mapping);
-    ``--dynamic_sampling``: true / false."""
+    ``--dynamic_sampling`` / ``--partial_rollouts``: true / false."""
     return [parse_value(field, item) for item in split_specs(text)]
 
 
 def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int],
-                selectors: list[str] = (), dynamic_sampling: list[bool] = ()) -> list[dict]:
+                selectors: list[str] = (), dynamic_sampling: list[bool] = (),
+                partial_rollouts: list[bool] = ()) -> list[dict]:
     """Config overrides of every arm: a method that generates m sweeps m; one that trains on
     all n sweeps n; one that selects sweeps n x m x rules (m < n). An n of 'auto' is an
     adaptive_n arm of pods starting at the config's n. With ``selectors``, each of those
-    arms runs once per prompt selector; with ``dynamic_sampling``, once per value."""
+    arms runs once per prompt selector; with ``dynamic_sampling`` and ``partial_rollouts``,
+    once per value of each."""
     arms = _method_arms(base, methods, rules, n_values, m_values)
     for name in selectors:
         PROMPT_SELECTORS.resolve(name)  # an unknown one fails before any run
     arms = [{**arm, "prompt_selector": name} for arm in arms for name in selectors] if selectors else arms
-    return [{**arm, "dynamic_sampling": on} for arm in arms for on in dynamic_sampling] if dynamic_sampling else arms
+    for setting, values in (("dynamic_sampling", dynamic_sampling), ("partial_rollouts", partial_rollouts)):
+        arms = [{**arm, setting: on} for arm in arms for on in values] if values else arms
+    return arms
 
 
 def _method_arms(base, methods: list[str], rules: list[str], n_values: list,
