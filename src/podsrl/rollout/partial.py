@@ -56,6 +56,17 @@ class CarriedGroup:
         return {"completions": self.completions, "versions": self.versions, "logps": self.logps,
                 "finished": self.finished, "skipped": self.skipped}
 
+    @classmethod
+    def unstarted(cls, num_samples: int) -> "CarriedGroup":
+        """A group none of whose samples has begun."""
+        return cls([[] for _ in range(num_samples)], [[] for _ in range(num_samples)],
+                   [[] for _ in range(num_samples)], [False] * num_samples, [False] * num_samples)
+
+    def copy(self) -> "CarriedGroup":
+        """A copy whose lists the caller may extend."""
+        return CarriedGroup([list(c) for c in self.completions], [list(v) for v in self.versions],
+                            [list(lp) for lp in self.logps], list(self.finished), list(self.skipped))
+
 
 @dataclass
 class PartialGeneration:

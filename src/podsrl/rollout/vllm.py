@@ -27,12 +27,12 @@ vLLM is imported when the engine is built; without it, building says which extra
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Iterable
@@ -44,6 +44,7 @@ from podsrl.options import Range, option
 from podsrl.rollout.base import MB, EngineOptions, Stateless, Stopper, refuse_early_stop, to_rollouts
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
+from podsrl.rollout.vllm_logs import hide_expected_warnings
 from podsrl.rollout.vllm_partial import generate_partial_on_vllm
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
@@ -173,22 +174,15 @@ class VLLMEngine(Stateless):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] left-padded
-        check_fits(self.options, _base_config(model), int(prompt_mask.sum(1).max()), max_new_tokens)
+        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, max_new_tokens)
         requests = [TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
                     for ids, mask in zip(prompt_ids, prompt_mask)]
         sampling = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p if temperature else 1.0,
                                   top_k=0, max_tokens=max_new_tokens, min_tokens=min_new_tokens,
                                   stop_token_ids=[tokenizer.eos_token_id],
                                   logprobs=0, flat_logprobs=True, detokenize=False)
-        # vLLM computes in its own dtype: the trainer's bf16 autocast must not reach its kernels
-        with torch.autocast(model.device.type, enabled=False):
-            llm = self._ready(model)
+        with self._serving(model) as llm:
             outputs = llm.generate(requests, sampling, use_tqdm=False)
-            if self.options.enable_sleep_mode:  # the update gets the memory back (TRL's colocate mode)
-                llm.sleep(level=2)
-                self.weights_asleep = True
         return self._rollouts(tokenizer, prompt_ids, prompt_mask, outputs, num_samples)
 
     @torch.no_grad()
@@ -200,18 +194,29 @@ class VLLMEngine(Stateless):
         aborted and handed back to carry on."""
         refuse_early_stop(self, stopper)
         options = self.options
+        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, options.max_new_tokens)
+        with self._serving(model) as llm:
+            return generate_partial_on_vllm(llm, tokenizer, prompt_ids, prompt_mask, num_samples, carried=carried,
+                                            quota=quota, version=version, max_new_tokens=options.max_new_tokens,
+                                            temperature=options.temperature, top_p=options.top_p)
+
+    def _encode(self, model, tokenizer, prompts: list[str], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts' ids and mask [P, Lp] (left-padded), checked to fit (:func:`check_fits`)."""
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] left-padded
-        check_fits(options, _base_config(model), int(prompt_mask.sum(1).max()), options.max_new_tokens)
+        prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]
+        check_fits(self.options, _base_config(model), int(prompt_mask.sum(1).max()), max_new_tokens)
+        return prompt_ids, prompt_mask
+
+    @contextmanager
+    def _serving(self, model):
+        """The engine with the policy's weights for one call, outside the trainer's autocast (vLLM
+        has its own dtype); asleep after it with sleep mode (the update gets the memory back)."""
         with torch.autocast(model.device.type, enabled=False):
             llm = self._ready(model)
-            result = generate_partial_on_vllm(llm, tokenizer, prompt_ids, prompt_mask, num_samples, carried=carried,
-                                              quota=quota, version=version, max_new_tokens=options.max_new_tokens,
-                                              temperature=options.temperature, top_p=options.top_p)
-            if options.enable_sleep_mode:
+            yield llm
+            if self.options.enable_sleep_mode:
                 llm.sleep(level=2)
                 self.weights_asleep = True
-        return result
 
     def _rollouts(self, tokenizer, prompt_ids, prompt_mask, outputs, num_samples: int) -> Rollouts:
         samples = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]  # P lists of n, in order
@@ -261,7 +266,7 @@ class VLLMEngine(Stateless):
         from vllm import LLM
 
         config = _base_config(model)
-        _hide_expected_warnings(config)
+        hide_expected_warnings(config)
         remove_stale_config_folders()
         self.config_dir = tempfile.mkdtemp(prefix=CONFIG_FOLDER_PREFIX)
         write_owner(Path(self.config_dir))
@@ -311,35 +316,6 @@ class VLLMEngine(Stateless):
         if self.config_dir:
             shutil.rmtree(self.config_dir, ignore_errors=True)
             self.config_dir = None
-
-
-class _ExpectedWarnings(logging.Filter):
-    """vLLM warnings that the way podsrl runs the engine makes expected, dropped so that real ones
-    stand out: with ``skip_tokenizer_init`` (podsrl tokenizes and decodes itself, and passes the
-    EOS token with each request) vLLM's chat-template warm-up fails with a traceback and its EOS
-    id is None; a weight push carries no rotary cache and, for a head tied to the embedding, no
-    head weights (:func:`_repack_tied_head` repacks that head after each push)."""
-
-    def __init__(self, tied_head: bool) -> None:
-        super().__init__()
-        self.expected = ("Chat template warmup failed", "Using None for EOS token id because tokenizer is not",
-                         "RotaryEmbedding: Failed to load weights",
-                         *(("ParallelLMHead: Failed to load weights",) if tied_head else ()))
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.expected)
-
-
-# the vLLM modules that log them (vllm.logger.init_logger(__name__)); a logger's filter sees its own records
-EXPECTED_WARNING_LOGGERS = ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise")
-
-
-def _hide_expected_warnings(config) -> None:
-    for name in EXPECTED_WARNING_LOGGERS:
-        logger = logging.getLogger(name)
-        for old in [f for f in logger.filters if isinstance(f, _ExpectedWarnings)]:
-            logger.removeFilter(old)
-        logger.addFilter(_ExpectedWarnings(tied_head=bool(getattr(config, "tie_word_embeddings", False))))
 
 
 def _base_config(model):

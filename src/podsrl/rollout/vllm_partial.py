@@ -23,16 +23,6 @@ from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensor
 REQUEST_PREFIX = "podsrl-partial"  # request ids of their own: evaluation's LLM.generate numbers its requests
 
 
-def _copy(group: CarriedGroup) -> CarriedGroup:
-    return CarriedGroup([list(c) for c in group.completions], [list(v) for v in group.versions],
-                        [list(lp) for lp in group.logps], list(group.finished), list(group.skipped))
-
-
-def _fresh(num_samples: int) -> CarriedGroup:
-    return CarriedGroup([[] for _ in range(num_samples)], [[] for _ in range(num_samples)],
-                        [[] for _ in range(num_samples)], [False] * num_samples, [False] * num_samples)
-
-
 def _resume_order(groups: list[CarriedGroup]) -> list[tuple[int, int]]:
     """(prompt, sample) of every sample still to decode: cut-off ones first, then the rest in
     prompt order."""
@@ -54,7 +44,8 @@ def generate_partial_on_vllm(llm, tokenizer, prompt_ids: torch.Tensor, prompt_ma
     from vllm.sampling_params import RequestOutputKind
 
     prompt_tokens = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-    groups = [_copy(carried[p]) if p in carried else _fresh(num_samples) for p in range(len(prompt_tokens))]
+    groups = [carried[p].copy() if p in carried else CarriedGroup.unstarted(num_samples)
+              for p in range(len(prompt_tokens))]
     complete = [p for p, group in enumerate(groups) if len(group.done) == num_samples]
     engine, live = llm.llm_engine, set()
     try:
@@ -84,8 +75,8 @@ def generate_partial_on_vllm(llm, tokenizer, prompt_ids: torch.Tensor, prompt_ma
     rollouts.sampling_logp = rollouts.sampling_logp.nan_to_num(0.0) * rollouts.completion_mask
     rollouts.stats.update(generated_tokens=sum(v == version for group in groups for sample in group.versions
                                                for v in sample), decode_steps=steps)
-    left = [p for p in range(len(groups)) if p not in set(complete)]
-    return PartialGeneration(rollouts, complete, {p: groups[p] for p in left})
+    trained = set(complete)
+    return PartialGeneration(rollouts, complete, {p: group for p, group in enumerate(groups) if p not in trained})
 
 
 def _step_until(engine, groups: list[CarriedGroup], complete: list[int], live: set[str], quota: int,

@@ -112,8 +112,7 @@ class CarriedPool:
     def load_state_dict(self, state: dict) -> None:
         self.check_state(state)
         self.prompts = list(state["prompts"])
-        self.groups = [CarriedGroup(**{name: [list(x) if isinstance(x, list) else x for x in value]
-                                       for name, value in group.items()}) for group in state["groups"]]
+        self.groups = [CarriedGroup(**group).copy() for group in state["groups"]]  # not the snapshot's lists
 
 
 def carried_pool(options: PartialRolloutOptions, state: RunState) -> CarriedPool | None:
