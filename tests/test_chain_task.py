@@ -151,3 +151,20 @@ def test_a_build_refuses_an_output_folder_it_did_not_write(tmp_path):
     (tmp_path / "model.safetensors").symlink_to(tmp_path / "tokenizer.json")  # would write through to another file
     with pytest.raises(SystemExit, match=r"holds links \(model\.safetensors\)"):
         check_build_output(tmp_path)
+
+
+def test_a_build_refuses_a_link_as_its_output_before_any_training(tmp_path):
+    """A dangling link passed exists() and the build failed at save, its model lost; a link to a folder
+    would write the build through it: both refused, like a path under a dangling link."""
+    from podsrl.build.tiny import check_build_output
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    (tmp_path / "file").write_text("mine")
+    cases = {"dangling": "is a dangling link", "dangling/model": "lies under .*dangling, a dangling link",
+             "linked": "is a link", "file/model": "cannot be created"}
+    for name, message in cases.items():
+        with pytest.raises(SystemExit, match=f"--output .*{name}: {message}"):
+            check_build_output(tmp_path / name)
+    assert not (tmp_path / "nowhere").exists() and list((tmp_path / "real").iterdir()) == []

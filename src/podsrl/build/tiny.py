@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -189,7 +190,20 @@ def check_build_output(output_dir: Path) -> None:
     """Refuse, before any training, an output folder that holds anything but an earlier build:
     a build replaces only files it can prove a build wrote (the folder's build_info.json, whose
     ``params`` and ``build_seconds`` a build writes, and the model folder's own files beside it)."""
+    # exists() follows links: a dangling one passed it, and the build failed at save, its hours lost
+    for path in (output_dir, *output_dir.parents):
+        if path.is_symlink() and not path.exists():
+            where = "is" if path == output_dir else f"lies under {path},"
+            raise SystemExit(f"--output {output_dir}: {where} a dangling link; choose another --output")
+        if path.exists():
+            break
+    if output_dir.is_symlink():  # writing through a link would replace whatever it points to
+        raise SystemExit(f"--output {output_dir}: is a link; a build writes only into a plain folder: "
+                         "choose another --output")
     if not output_dir.exists():
+        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+            raise SystemExit(f"--output {output_dir}: cannot be created ({path} is not a writable folder); "
+                             "choose another --output")
         return
     if not output_dir.is_dir():
         raise SystemExit(f"--output {output_dir}: exists and is not a folder; choose another --output")
