@@ -104,6 +104,51 @@ def test_scorer_bounds_from_declared_functions():
     assert scorer.bounds() == pytest.approx((-1.0, 2.5))
 
 
+@pytest.mark.parametrize("declared, message", [
+    (("0", "1"), r"must be two finite numbers \(low, high\), got \('0', '1'\)"),
+    ((0.0, 1.0, 2.0), "must be two finite numbers"),
+    ((0.0,), "must be two finite numbers"),
+    ((0.0, float("inf")), "must be two finite numbers"),
+    ((True, 1.0), "must be two finite numbers"),
+    (0.5, "must be two finite numbers"),
+    ((1.0, 0.0), r"\(1.0, 0.0\) are reversed \(low 1 is above high 0\)"),
+])
+def test_malformed_reward_bounds_are_refused_naming_the_function_before_any_work(declared, message):
+    """Early stop's losslessness rests on the declared bounds: strings, three numbers, infinite or
+    reversed bounds are refused when the reward stack is built (before the model loads), never read
+    in part or swapped."""
+    task = build_task(TaskOptions())
+
+    def my_reward(prompts, completions, **_):
+        return [0.5] * len(completions)
+
+    my_reward.reward_bounds = declared
+    with pytest.raises(ValueError, match=f"^reward function my_reward: reward_bounds {message}"):
+        Scorer.build(task, ScoringOptions(reward_funcs=(in_process(my_reward),), reward_weights=(1.0,)))
+    with pytest.raises(ValueError, match="bounded\\(low, high\\): "):
+        bounded(*declared) if isinstance(declared, tuple) and len(declared) == 2 else bounded("a", 1)
+
+
+@pytest.mark.parametrize("policy", ["raise", "zero"])
+def test_a_reward_outside_its_declared_bounds_is_a_failure_of_the_function(policy):
+    """A value outside the declared [low, high] would make early stop's verdicts wrong: under 'raise'
+    one line naming the function, the value and the bounds; under 'zero' it scores 0, counted."""
+    task = build_task(TaskOptions())
+    values = [0.5, 1.5, -0.25, 1.0]
+    loose = bounded(0.0, 1.0)(in_process(lambda prompts, completions, **_: values[:len(completions)]))
+    loose.__name__ = "loose"
+    scorer = Scorer.build(task, ScoringOptions(reward_funcs=(loose,), reward_weights=(1.0,),
+                                               reward_error_policy=policy))
+    stack = scorer.custom
+    if policy == "raise":
+        with pytest.raises(RewardError, match=r"^reward function loose returned 1.5 on prompt index 1, outside its "
+                                              r"declared reward_bounds \[0, 1\]"):
+            stack(["p"] * 4, ["c"] * 4, {})
+        return
+    assert stack(["p"] * 4, ["c"] * 4, {}).tolist() == [0.5, 0.0, 0.0, 1.0]
+    assert stack.failures == 2
+
+
 @pytest.fixture(scope="module")
 def arithmetic_split(tiny):
     task = build_task(TaskOptions())

@@ -10,6 +10,8 @@ names, raw (``answer``: the data's own answer column, e.g. GSM8K's solution endi
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from typing import Any, Sequence
 
@@ -28,10 +30,25 @@ def bounded(low: float, high: float):
     """Declare that a reward function's values lie in [low, high] (its ``reward_bounds``
     attribute). Early stop (``group_early_stop``) needs every reward function's bounds;
     any function can declare them: ``my_reward.reward_bounds = (0.0, 1.0)``."""
+    bounds = checked_bounds((low, high), "bounded(low, high)")
+
     def declare(fn):
-        fn.reward_bounds = (float(low), float(high))
+        fn.reward_bounds = bounds
         return fn
     return declare
+
+
+def checked_bounds(declared: Any, name: str) -> tuple[float, float]:
+    """``declared`` reward bounds as (low, high): two finite real numbers, low <= high; anything
+    else (strings, three numbers, reversed bounds) is an error naming ``name``. Early stop's
+    "lossless" rests on them, so they are refused, never guessed at or swapped."""
+    if not (isinstance(declared, (tuple, list)) and len(declared) == 2
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in declared)):
+        raise ValueError(f"{name}: reward_bounds must be two finite numbers (low, high), got {declared!r}")
+    low, high = float(declared[0]), float(declared[1])
+    if low > high:
+        raise ValueError(f"{name}: reward_bounds {declared!r} are reversed (low {low:g} is above high {high:g})")
+    return low, high
 
 
 def extract_answer(completion: str) -> str | None:

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
+from podsrl.rewards.functions import checked_bounds
 from podsrl.rewards.worker import (
     CallFailed,
     CallTimedOut,
@@ -92,6 +93,8 @@ class RewardStack:
     _worker: RewardWorker | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        for fn in self.fns:  # malformed bounds refused before any work
+            declared_bounds(fn)
         user_fns = [fn for fn in self.fns if runs_in_worker(fn)]
         if user_fns:  # forked now, before the model loads: the worker shares little memory with the trainer
             self._new_worker().start(user_fns[0])
@@ -113,6 +116,8 @@ class RewardStack:
         total, verifiable, applied, per_fn = [0.0] * n, [False] * n, [False] * n, []
         for index, (fn, weight) in enumerate(zip(self.fns, self.weights)):
             values = self._call(index, fn, prompts, completions, columns, shared or {})
+            if (bounds := declared_bounds(fn)) is not None:
+                values = self._within_bounds(fn, values, bounds)
             per_fn.append(values)
             for i, value in enumerate(values):
                 if value is not None:
@@ -140,12 +145,27 @@ class RewardStack:
         'zero' policy), so each term's interval is widened to include 0."""
         low = high = 0.0
         for fn, weight in zip(self.fns, self.weights):
-            declared = getattr(fn, "reward_bounds", None)
+            declared = declared_bounds(fn)
             if declared is None:
                 return None
             terms = (weight * declared[0], weight * declared[1], 0.0)
             low, high = low + min(terms), high + max(terms)
         return low, high
+
+    def _within_bounds(self, fn: RewardFn, values: list, bounds: tuple[float, float]) -> list[float | None]:
+        """``values`` held to ``fn``'s declared bounds: early stop's lossless stop rests on them, so a
+        value outside is a failure of the function (the error policy applies), never trained on."""
+        low, high = bounds
+        outside = [i for i, v in enumerate(values) if v is not None and not isinstance(v, _Failed)
+                   and not low <= v <= high]
+        if not outside:
+            return values
+        if self.error_policy == "raise":
+            raise RewardError(f"reward function {reward_name(fn)} returned {values[outside[0]]:g} on prompt index "
+                              f"{outside[0]}, outside its declared reward_bounds [{low:g}, {high:g}] (group_early_stop "
+                              f"rests on them): fix the function or its bounds")
+        self.failures += len(outside)
+        return [_Failed(0.0) if i in set(outside) else v for i, v in enumerate(values)]
 
     def _call(self, index: int, fn: RewardFn, prompts, completions, columns, shared) -> list[float | None]:
         n = len(completions)
@@ -201,6 +221,12 @@ class RewardStack:
         self.failures += len(bad)
         rewards[bad] = 0.0
         return rewards, bad
+
+
+def declared_bounds(fn: RewardFn) -> tuple[float, float] | None:
+    """``fn``'s declared [low, high] (``reward_bounds``), checked; None where it declares none."""
+    declared = getattr(fn, "reward_bounds", None)
+    return None if declared is None else checked_bounds(declared, f"reward function {reward_name(fn)}")
 
 
 def _in_trainer(fn, prompts, completions, kwargs, expected) -> list[float | None]:
