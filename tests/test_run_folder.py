@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -505,10 +506,47 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(random_model_di
 
     monkeypatch.setattr(checkpoints_module.torch, "save", full_disk)
     with pytest.raises(OSError, match=r"checkpoint: could not write .*step_0000003 \(OSError: \[Errno 28\] No space "
-                                      r"left on device\); removed the partial folder; last good checkpoint: "
-                                      r".*step_0000002$"):
+                                      r"left on device\); removed the partial folder; once there is room, go on: "
+                                      r"last checkpoint: .*step_0000002; continue with the same command plus "
+                                      r"--resume true$"):
         train(quick(random_model_dir, out, max_steps=3, resume=True))
     assert snapshot(out / "checkpoints") == good  # no partial folder, the good ones untouched
+
+
+def test_resume_on_a_folder_without_a_run_gives_advice_that_works(tmp_path):
+    """--resume on a folder with a user's file: "drop --resume" would be refused too (not empty)."""
+    from podsrl.trainer.run_dir import check_output_dir
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError) as refused:
+        check_output_dir(str(tmp_path), resume=True)
+    assert str(refused.value) == (f"resume: {tmp_path} holds no podsrl run to resume (no metrics.jsonl and "
+                                  f"config.json); it holds notes.txt, so no new run starts there either: name the "
+                                  f"run's folder, or start a new run in another --output_dir")
+    with pytest.raises(RunDirError, match="is not empty"):  # what the old advice led to
+        check_output_dir(str(tmp_path), resume=False)
+    with pytest.raises(RunDirError, match="drop --resume to start a new run there"):
+        check_output_dir(str(tmp_path / "empty"), resume=True)
+    assert check_output_dir(str(tmp_path / "empty"), resume=False) == tmp_path / "empty"  # as that advice says
+
+
+def test_a_checkpoint_that_does_not_fit_says_why_where_torch_does_not(tmp_path, monkeypatch):
+    """torch.save reports a full disk as "[enforce fail at inline_container.cc] unexpected pos": the
+    message adds the cause (free space against the checkpoint's size, or the file size limit)."""
+    from podsrl.trainer.checkpoints import tensor_bytes, write_cause
+
+    weights = {"w": torch.zeros(1024, 256)}  # 1 MiB
+    assert tensor_bytes([weights, {"state": {0: {"exp_avg": torch.zeros(256)}}}, [{"x": 1}]]) == 2**20 + 1024
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 32")
+    assert write_cause(OSError(28, "No space left on device"), tmp_path, 2**20) == ""  # it says so itself
+    assert write_cause(torch_error, tmp_path, 2**20) == ""  # room and no limit: nothing to add
+    monkeypatch.setattr(checkpoints_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=2**19))
+    assert write_cause(torch_error, tmp_path, 2**20) == (": no space left on the device, 0 MiB free, the checkpoint "
+                                                         "needs about 1 MiB")
+    monkeypatch.setattr(checkpoints_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=2**30))
+    monkeypatch.setattr(checkpoints_module.resource, "getrlimit", lambda which: (2**18, 2**18))
+    assert write_cause(torch_error, tmp_path, 2**20) == (": a file would pass this process's file size limit of "
+                                                         "0.2 MiB (ulimit -f), the checkpoint needs about 1 MiB")
 
 
 # --- a reward function that fails under the 'raise' policy --------------------------------------------

@@ -21,9 +21,11 @@ as it was, and the caller can try an older one or start from scratch.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import random
+import resource
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -179,15 +181,40 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
         fsync(tmp)
     except (OSError, RuntimeError) as err:  # a full disk: torch.save raises RuntimeError from its writer
         shutil.rmtree(tmp, ignore_errors=True)  # no partial folder left to fill the disk further
-        good = list_checkpoints(directory)
-        raise OSError(f"checkpoint: could not write {final} ({error_line(err)}); removed the partial folder; "
-                      f"last good checkpoint: {good[-1] if good else 'none'}") from None
+        needed = tensor_bytes([weights, optimizer_state, part_states])
+        raise OSError(f"checkpoint: could not write {final} ({error_line(err)}{write_cause(err, directory, needed)}); "
+                      f"removed the partial folder") from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsync(directory)  # the rename itself reaches the disk
     for old in list_checkpoints(directory)[:-save_total_limit]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def tensor_bytes(data) -> int:
+    """Bytes of the tensors in ``data`` (nested dicts, lists and tuples): what writing it needs."""
+    if isinstance(data, torch.Tensor):
+        return data.nelement() * data.element_size()
+    values = data.values() if isinstance(data, dict) else data if isinstance(data, (list, tuple)) else ()
+    return sum(map(tensor_bytes, values))
+
+
+def write_cause(err: BaseException, folder: Path, needed: int) -> str:
+    """Why a write of ``needed`` bytes into ``folder`` failed, where ``err`` does not say it (torch.save
+    reports a full disk as "unexpected pos"): ': no space left ...' or ': ... file size limit ...', else ''."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return ""  # its own message says it
+    mib = 2 ** 20
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        return (f": no space left on the device, {free / mib:.0f} MiB free, the checkpoint needs about "
+                f"{needed / mib:.0f} MiB")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and limit < needed:
+        return (f": a file would pass this process's file size limit of {limit / mib:.1f} MiB (ulimit -f), the "
+                f"checkpoint needs about {needed / mib:.0f} MiB")
+    return ""
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

@@ -275,11 +275,14 @@ class Run:
         if components.procs.is_main:  # whole parameters and optimizer state are the same on every process
             for log in (components.metrics, components.rollout_log):
                 log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
-            self.checkpointing.save(components.checkpoints, step=state.step, weights=weights,
-                                    optimizer_state=optimizer_state, scheduler=components.scheduler,
-                                    part_states=part_states,
-                                    trainer_state={"train_seconds": state.train_seconds,
-                                                   **(held_back.trainer_state() if held_back else {})})
+            try:
+                self.checkpointing.save(components.checkpoints, step=state.step, weights=weights,
+                                        optimizer_state=optimizer_state, scheduler=components.scheduler,
+                                        part_states=part_states,
+                                        trainer_state={"train_seconds": state.train_seconds,
+                                                       **(held_back.trainer_state() if held_back else {})})
+            except OSError as err:  # a full disk: say what is kept and the command that goes on
+                raise OSError(f"{err}; once there is room, go on: {self.stopped_here()}") from None
         components.procs.barrier()
         self.checkpointing.restart_clock()
 

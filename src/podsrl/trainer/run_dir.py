@@ -140,9 +140,8 @@ def _check_config_readable(path: Path, field: str) -> None:
 
 
 def _stopped_run_refusal(path: Path, others: list[str]) -> RunExistsError:
-    shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
     return RunExistsError(f"output_dir: {path} holds a run that stopped before its first checkpoint and files "
-                          f"podsrl did not write ({shown}); podsrl removes only its own files: move those out "
+                          f"podsrl did not write ({_shown(others)}); podsrl removes only its own files: move those out "
                           f"to start the run afresh there, or choose another --output_dir")
 
 
@@ -176,8 +175,13 @@ def check_output_dir(output_dir: str, resume: bool) -> Path:
     _check_config_readable(path, "resume" if resume else "output_dir")
     if resume:
         if not is_run_folder(path):
+            others = _other_files(path)
+            # advice that works: a folder with others' files takes no new run either
+            way_on = (f"it holds {_shown(others)}, so no new run starts there either: name the run's folder, or "
+                      f"start a new run in another --output_dir" if others else
+                      "drop --resume to start a new run there, or name the run's folder")
             raise RunDirError(f"resume: {path} holds no podsrl run to resume (no metrics.jsonl and config.json); "
-                              f"drop --resume to start a new run there, or name the run's folder")
+                              f"{way_on}")
         return path
     _refuse_a_stopped_run_with_other_files(path)
     if is_run_folder(path):
@@ -186,13 +190,21 @@ def check_output_dir(output_dir: str, resume: bool) -> Path:
     if path.is_dir() and is_model_folder(path):
         raise RunDirError(f"output_dir: {path} holds a model (config.json / weights / tokenizer), not a run; "
                           f"podsrl never writes into a model folder: choose another --output_dir")
-    others = sorted(p.name for p in path.iterdir() if not (p.name == LOCK_FILE and is_podsrls(p))) \
-        if path.is_dir() else []
+    others = _other_files(path)
     if others:
-        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
-        raise RunDirError(f"output_dir: {path} is not empty (holds {shown}); a run starts in a new or empty "
+        raise RunDirError(f"output_dir: {path} is not empty (holds {_shown(others)}); a run starts in a new or empty "
                           f"folder: choose another --output_dir")
     return path
+
+
+def _other_files(path: Path) -> list[str]:
+    """What a folder holds besides podsrl's own lock file (a folder that does not exist: nothing)."""
+    return sorted(p.name for p in path.iterdir() if not (p.name == LOCK_FILE and is_podsrls(p))) \
+        if path.is_dir() else []
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def check_resume_config(run_dir: Path, config: dict) -> list[str]:
@@ -245,6 +257,23 @@ class RunLock:
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
         self._fd = fd
         return self
+
+    @staticmethod
+    def holder(run_dir: Path) -> str:
+        """Who holds ``run_dir``'s lock now (its pid, host and start), '' when no live run does."""
+        try:
+            fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return ""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return os.read(fd, 4096).decode(errors="replace").strip() or "unknown holder"
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return ""
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         """Unlock; a folder this run created and left empty (it failed before writing) goes too."""
