@@ -1,13 +1,17 @@
-"""Write docs/configuration.md from podsrl.config.Config, the single source of truth
-(tests/test_docs.py fails when the page and the config disagree).
+"""Write docs/configuration.md and the command line's field table (src/podsrl/config_fields.json,
+which `podsrl train --help` prints without importing the config's modules) from
+podsrl.config.Config, the single source of truth (tests/test_docs.py and tests/test_cli.py fail
+when either and the config disagree).
 
     python scripts/config_table.py
 """
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
+from podsrl.cli import FIELD_TABLE, field_rows
 from podsrl.config import FIELDS, Config
 from podsrl.rollout import ENGINES, FLAT_OPTIONS, capability
 
@@ -79,4 +83,5 @@ run knows (the policy's dtype, the seed, the processes) are the run's to set
 
 if __name__ == "__main__":
     PAGE.write_text(render())
-    print(f"{PAGE}: {len(FIELDS)} config fields")
+    FIELD_TABLE.write_text(json.dumps(field_rows(Config), indent=1) + "\n", encoding="utf-8")
+    print(f"{PAGE}, {FIELD_TABLE}: {len(FIELDS)} config fields")

@@ -35,6 +35,39 @@ def test_bad_arguments_fail_before_any_work(tmp_path, monkeypatch, capsys, args,
     assert not (tmp_path / "run").exists(), "nothing may be written for an invalid config"
 
 
+HEAVY = ("torch", "transformers", "peft", "accelerate", "datasets", "matplotlib")
+
+
+def test_help_of_every_command_imports_neither_torch_nor_transformers():
+    """`podsrl --help` and `podsrl COMMAND --help` answer at once: checked in the process that
+    printed them (this one has torch loaded already)."""
+    from podsrl.cli import COMMANDS
+
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from podsrl.entry import main\n"
+        f"for argv in [['--help'], *([c, '--help'] for c in {sorted(COMMANDS)!r})]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    assert 'usage: podsrl' in out.getvalue() or argv == ['--help'], argv\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
+def test_the_command_lines_field_table_is_the_configs():
+    """`podsrl train --help` prints config_fields.json, generated from the config: stale, it fails here."""
+    from podsrl.cli import FIELD_TABLE, field_rows
+    from podsrl.config import Config
+
+    assert json.loads(FIELD_TABLE.read_text()) == field_rows(Config), \
+        "src/podsrl/config_fields.json is stale: run python scripts/config_table.py"
+
+
 def test_compare_rejects_bad_sweep_values(tmp_path, capsys):
     assert main(["compare", "--budget_minutes", "1", "--n_values", "8,many", "--output_dir", str(tmp_path / "c")]) == 2
     assert "n_values: expected comma-separated integers" in capsys.readouterr().err

@@ -309,3 +309,18 @@ def test_the_warning_is_said_once_before_anything_loads_and_the_run_goes_on(monk
     assert capsys.readouterr().err.splitlines() == [
         "warning: generation_engine hf does not read vllm_enforce_eager = true (read by vllm): it has no effect in "
         "this run", "podsrl train: error: stopped before the data and model"]
+
+
+def test_the_completion_budget_is_the_tasks_own_unless_set():
+    """max_completion_length 0 (the default) is the task's declared budget (podsrl.tasks.budget), resolved
+    when the config is made, so the engine, evaluation and config.json all see tokens; a value set stays."""
+    from podsrl.tasks import DEFAULT_COMPLETION_BUDGET, TASKS, completion_budget
+
+    built_in = {"arithmetic": 8, "chain": 256, "gsm8k": 512, "math": 512, "jsonl": DEFAULT_COMPLETION_BUDGET}
+    assert {name: Config(task=name).max_completion_length for name in built_in} == built_in
+    assert all(completion_budget(name) == getattr(TASKS[name], "completion_budget", 256) for name in TASKS)
+    assert Config(task="reasoning_gym:leg_counting").max_completion_length == DEFAULT_COMPLETION_BUDGET
+    assert make_config(overrides={"task": "chain", "max_completion_length": "40"}).max_completion_length == 40
+    assert make_config(overrides={"task": "chain"}).to_dict()["max_completion_length"] == 256
+    with pytest.raises(ValueError, match="task: unknown task 'nope'"):  # the task's error, not the budget's
+        make_config(overrides={"task": "nope"})

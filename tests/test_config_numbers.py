@@ -172,8 +172,9 @@ def test_values_at_the_edges_of_a_range_pass_the_range_check(name):
     ("weight_decay", 0, math.inf, "[)"), ("max_grad_norm", 0, math.inf, "[)"), ("epsilon", 0, 1, "[)"),
     ("beta", 0, math.inf, "[)"), ("warmup_steps", 0, math.inf, "[)"), ("seed", 0, 2**32 - 1, "[]"),
     ("data_seed", 0, 2**32 - 1, "[]"), ("prompts_per_step", 0, math.inf, "()"),
-    ("num_generations", 0, math.inf, "()"), ("max_completion_length", 0, math.inf, "()"),
-    ("micro_batch_size", 0, math.inf, "()"), ("eval_prompts", 0, math.inf, "()"),
+    ("num_generations", 0, math.inf, "()"), ("max_completion_length", 0, math.inf, "[)"),  # 0 = the task's budget
+    ("micro_batch_size", 0, math.inf, "()"), ("eval_prompts", 1, 100_000, "[]"), ("reward_timeout", 0, 86400, "[]"),
+    ("reasoning_gym_size", 1, 1_000_000, "[]"),
 ])
 def test_the_ranges_the_issue_asks_for(name, low, high, closed):
     r = RANGES[name]

@@ -70,3 +70,52 @@ def test_a_lora_adapter_on_another_base_than_it_was_trained_on_is_one_line_namin
     assert err.startswith(f"podsrl eval: error: model: {alone / 'adapter_config.json'}: the adapter was trained on "
                           f"another model than its base_model_name_or_path 'tiny' (base_model.model.")
     assert err.endswith("torch.Size([4, 128]) in the base); set it to the model the adapter was trained on")
+
+
+def test_a_runs_model_is_evaluated_on_the_runs_task_and_budget_unless_told_otherwise(lora_run, tmp_path, capsys):
+    """Without --task, RUN/model is judged on what the run trained (parity, 4 tokens here), not the
+    defaults (arithmetic); one line says so. Another --task brings its own budget."""
+    assert main(["eval", "--model", str(lora_run / "model"), "--eval_prompts", "4", "--eval_samples", "1",
+                 "--output_dir", str(tmp_path / "e")]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads((tmp_path / "e" / "eval" / "parity-summary.json").read_text())
+    assert summary["task"] == "parity" and summary["max_completion_length"] == 4
+    assert f"podsrl eval: {lora_run / 'model'} is run {lora_run}'s model: evaluating on the run's task parity" \
+        in captured.err
+    assert "cut at max_completion_length 4" in captured.out
+    assert main(["eval", "--model", str(lora_run / "model"), "--eval_prompts", "4", "--eval_samples", "1",
+                 "--task", "arithmetic", "--output_dir", str(tmp_path / "e")]) == 0
+    summary = json.loads((tmp_path / "e" / "eval" / "arithmetic-summary.json").read_text())
+    assert summary["max_completion_length"] == 8  # the arithmetic task's own budget, not the run's
+    assert "is run" not in capsys.readouterr().err
+
+
+def test_the_model_of_a_run_in_progress_is_named_as_such(lora_run, tmp_path, capsys):
+    from podsrl.trainer.run_dir import RunLock
+
+    live = tmp_path / "live"
+    shutil.copytree(lora_run, live, ignore=shutil.ignore_patterns("model"))
+    lock = RunLock(live).acquire()  # as the running trainer holds it
+    try:
+        code, err = evaluate(live / "model", tmp_path, capsys)
+    finally:
+        lock.release()
+    assert code == 2 and err.startswith(f"podsrl eval: error: model: {live / 'model'} does not exist yet: {live} is "
+                                        f"a run still in progress (pid ")
+    assert err.endswith(f"whose final model is written when it ends; export it first: podsrl export {live} "
+                        f"EXPORT_DIR --checkpoint step_0000001, then podsrl eval --model EXPORT_DIR")
+    code, err = evaluate(live / "model", tmp_path, capsys)  # the lock released: a run that has not finished
+    assert code == 2 and f"{live} is a run that has not finished, whose final model" in err
+
+
+def test_completions_mostly_cut_by_the_budget_are_said_in_one_line(lora_run, tmp_path, capsys):
+    """One token cannot hold an answer: the eval says that its accuracy grades cut-off text."""
+    assert main(["eval", "--model", str(lora_run / "model"), "--eval_prompts", "4", "--eval_samples", "2",
+                 "--max_completion_length", "1", "--output_dir", str(tmp_path / "e")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: max_completion_length: 100% of 8 held-out completions were cut at 1 tokens before "
+                        "they ended: the budget cuts the answers, so accuracy grades cut-off text; raise "
+                        "max_completion_length (0 = the task's budget)"]
+    records = [json.loads(line) for line in (tmp_path / "e" / "eval" / "parity-samples.jsonl").read_text().split("\n")
+               if line]
+    assert all(r["cut"] for r in records)

@@ -38,7 +38,11 @@ def test_the_same_file_repeated_prompts_and_a_small_held_out_split_are_warned_on
         f"warning: train_data {data}: 3 of 8 train prompts repeat an earlier one (same prompt text, e.g. "
         f"'What is 0 + 0?'); they are trained on more often",
         "warning: eval_prompts: evaluating on 8 prompts, fewer than eval_prompts=50 asked (the held-out split has "
-        "no more)"]
+        "no more)",
+        # the random model never ends a completion: the first evaluation says so, once (not at the last)
+        "warning: max_completion_length: 100% of 8 held-out completions were cut at 6 tokens before they ended: the "
+        "budget cuts the answers, so accuracy grades cut-off text; raise max_completion_length (0 = the task's "
+        "budget)"]
     assert "x 8 prompts)" in captured.out and "x 50 prompts" not in captured.out  # the summary says what was evaluated
 
 

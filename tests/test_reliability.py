@@ -192,17 +192,20 @@ def test_a_second_ctrl_c_interrupts_at_once():
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous
 
 
-# a Ctrl-C while the command starts: torch and transformers take seconds to import (here: a minute)
+# a Ctrl-C while the command starts: the config's modules import torch and transformers, which
+# take seconds (here: a minute)
 SLOW_IMPORT = """import sys, time
 class SlowCli:
     def find_spec(self, name, path=None, target=None):
-        if name == "podsrl.cli":
+        if name == "podsrl.config":
             print("importing", flush=True)
             time.sleep(60)
 sys.meta_path.insert(0, SlowCli())
 from podsrl.entry import main
 raise SystemExit(main(sys.argv[1:]))
 """
+STOPPED_STARTING = ("podsrl train: stopped by SIGINT; the run had not begun, nothing was written: run the same "
+                    "command again")
 # a Ctrl-C while the model loads (here: 2 s longer), after the run folder is claimed
 SLOW_LOAD = """import sys, time, tests.conftest
 import podsrl.trainer.setup as setup
@@ -236,7 +239,7 @@ def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped
     assert process.returncode == 130 and "Traceback" not in stderr, stderr
     lines = stderr.strip().splitlines()
     if moment == "importing":
-        assert lines == ["podsrl train: stopped by SIGINT while starting; nothing was written"]
+        assert lines == [STOPPED_STARTING]
         assert not out.exists()
         return
     assert lines[-2:] == ["SIGINT: stopping once the run is set up, before its first step ... (again: stop at once)",
@@ -264,7 +267,7 @@ def test_a_run_started_ignoring_sigint_still_stops_on_one_while_it_starts(random
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert stderr.strip().splitlines() == ["podsrl train: stopped by SIGINT while starting; nothing was written"]
+    assert stderr.strip().splitlines() == [STOPPED_STARTING]
 
 
 def quick(model_dir, out, **overrides):

@@ -9,56 +9,72 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import json
 import os
 import signal
 import sys
-from dataclasses import fields
 from pathlib import Path
 
-from podsrl.config import Config, load_yaml, make_config, parse_value, split_list
-from podsrl.distributed import LaunchRefused
-from podsrl.experiments.compare import (
-    analyze,
-    arm_configs,
-    arm_specs,
-    baseline_name,
-    planned_arm_names,
-    run_comparison,
-    write_report,
-)
-from podsrl.experiments.plots import plot_accuracy
-from podsrl.experiments.report_files import check_report_folder
-from podsrl.provenance import environment_report
-from podsrl.trainer import RunResult, TrainingStopped, train
-from podsrl.trainer.eval_command import default_eval_dir, run_eval
-from podsrl.trainer.export import export_run
-from podsrl.trainer.setup import task_options
+# The field table `podsrl train --help` prints, generated from podsrl.config.Config by
+# scripts/config_table.py (tests/test_cli.py fails when it is stale): the config's modules
+# import torch and transformers (seconds), and a command line must answer --help at once.
+FIELD_TABLE = Path(__file__).with_name("config_fields.json")
+
+
+def field_rows(config_type) -> list[dict]:
+    """What the command line shows of each field of ``config_type``: its name, metavar,
+    help and default, and whether it is a flag (a bool: ``--resume`` alone = true)."""
+    return [{"name": f.name, "metavar": type(f.default).__name__.upper(), "flag": isinstance(f.default, bool),
+             "help": f"{f.metadata['help']} (default: {f.default!r})"} for f in dataclasses.fields(config_type)]
+
+
+def _lazy(module: str, name: str):
+    """``module.name``, imported when first called: a command's machinery (torch, transformers)
+    loads when the command runs, not for ``--help`` or another command."""
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+train = _lazy("podsrl.trainer", "train")
+run_eval = _lazy("podsrl.trainer.eval_command", "run_eval")
+export_run = _lazy("podsrl.trainer.export", "export_run")
+run_comparison = _lazy("podsrl.experiments.compare", "run_comparison")
+analyze = _lazy("podsrl.experiments.compare", "analyze")
+write_report = _lazy("podsrl.experiments.compare", "write_report")
+plot_accuracy = _lazy("podsrl.experiments.plots", "plot_accuracy")
+check_report_folder = _lazy("podsrl.experiments.report_files", "check_report_folder")
+environment_report = _lazy("podsrl.provenance", "environment_report")
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of config fields (command-line values override it).")
-    for f in fields(Config):
+    for row in json.loads(FIELD_TABLE.read_text(encoding="utf-8")):
         # Values stay strings here; podsrl.config.parse_value converts them and names the
         # field on error, the same way for YAML and the command line.
-        flag = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}  # `--resume` alone = true
-        parser.add_argument(f"--{f.name}", dest=f.name, default=None, metavar=type(f.default).__name__.upper(),
-                            help=f"{f.metadata['help']} (default: {f.default!r})", **flag)
+        flag = dict(nargs="?", const="true") if row["flag"] else {}  # `--resume` alone = true
+        parser.add_argument(f"--{row['name']}", dest=row["name"], default=None, metavar=row["metavar"],
+                            help=row["help"], **flag)
     return parser
 
 
-def _parse_config(argv: list[str], prog: str, description: str):
+def _parse_config(argv: list[str], prog: str, description: str, beneath: dict | None = None):
     """Config from ``--config FILE`` and ``--field value`` options, or None after printing
-    the error (which names the field)."""
+    the error (which names the field). ``beneath``: values for fields neither sets."""
     parser = _config_parser(prog, description)
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = parser.parse_known_args(argv)  # --help ends here, before the config's imports
+    from podsrl.config import make_config, parse_value
+
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     try:
         if unknown:
             if unknown[0].startswith("--"):  # raises "unknown config field", with a suggestion
                 parse_value(unknown[0][2:].split("=")[0], None)
             raise ValueError(f"unexpected argument {unknown[0]!r}")
-        return make_config(args.config, overrides)
+        return make_config(args.config, {**(beneath or {}), **overrides})
     except (ValueError, FileNotFoundError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return None
@@ -68,6 +84,9 @@ def cmd_train(argv: list[str]) -> int:
     cfg = _parse_config(argv, "podsrl train", "Train a causal LM with GRPO, GRPO-GA or PODS.")
     if cfg is None:
         return 2
+    from podsrl.distributed import LaunchRefused
+    from podsrl.trainer import TrainingStopped
+
     try:
         result = train(cfg)
     except TrainingStopped as stopped:
@@ -89,7 +108,7 @@ def cmd_train(argv: list[str]) -> int:
         return 130
 
 
-def _report_run(cfg: Config, result: RunResult) -> int:
+def _report_run(cfg, result) -> int:
     """The finished run's accuracies, files and plot; its exit code (1: it learned nothing)."""
     init, final = result.initial, result.final
     print(f"held-out accuracy (sampled, T={cfg.eval_temperature}, {cfg.eval_samples} samples x "
@@ -110,21 +129,48 @@ def _report_run(cfg: Config, result: RunResult) -> int:
     return 0
 
 
-def _output_dir_given(argv: list[str]) -> bool:
-    """Whether ``--output_dir`` or the ``--config`` file (already read without error) sets it."""
+def _given_fields(argv: list[str]) -> set[str]:
+    """The fields ``--FIELD`` options or the ``--config`` file (already read without error) set."""
+    from podsrl.config import load_yaml
+
     args, _ = _config_parser("", "").parse_known_args(argv)
-    return args.output_dir is not None or bool(args.config and "output_dir" in load_yaml(args.config))
+    given = {name for name, value in vars(args).items() if name != "config" and value is not None}
+    return given | (set(load_yaml(args.config)) if args.config else set())
+
+
+EVAL_DESCRIPTION = ("Accuracy of a model or a run's model/ folder on a task's held-out split; uses the eval_* fields "
+                    "(eval_temperature 0 = greedy). A run's model/ is evaluated on the run's task, prompts and "
+                    "max_completion_length (its config.json) unless options set them. Writes OUTPUT_DIR/eval/"
+                    "TASK-samples.jsonl and TASK-summary.json (TASK-2-... beside an earlier eval's); --output_dir "
+                    "default: runs/eval/MODEL-TASK.")
 
 
 def cmd_eval(argv: list[str]) -> int:
-    cfg = _parse_config(argv, "podsrl eval", "Accuracy of a model or a run's model/ folder on a task's held-out "
-                        "split; uses the eval_* fields (eval_temperature 0 = greedy). Writes OUTPUT_DIR/eval/"
-                        "TASK-samples.jsonl and TASK-summary.json (TASK-2-... beside an earlier eval's); "
-                        "--output_dir default: runs/eval/MODEL-TASK.")
+    args, _ = _config_parser("podsrl eval", EVAL_DESCRIPTION).parse_known_args(argv)  # --help ends here
+    from podsrl.trainer.eval_command import check_eval_model, default_eval_dir, run_of_model, run_terms
+    from podsrl.trainer.setup import task_options
+
+    try:  # a run's folders that are not a model, before the config calls them unknown models
+        if args.model:
+            check_eval_model(args.model)
+    except ValueError as err:
+        print(f"podsrl eval: error: {err}", file=sys.stderr)
+        return 2
+    cfg = _parse_config(argv, "podsrl eval", EVAL_DESCRIPTION)
     if cfg is None:
         return 2
+
+    given = _given_fields(argv)
+    run = run_of_model(cfg.model)
+    if run is not None and (terms := run_terms(run, given)):
+        cfg = _parse_config(argv, "podsrl eval", EVAL_DESCRIPTION, beneath=terms)
+        if cfg is None:
+            return 2
+        print(f"podsrl eval: {cfg.model} is run {run}'s model: evaluating on the run's task {cfg.task}, its prompts "
+              f"and its max_completion_length {cfg.max_completion_length} ({run / 'config.json'}); --task and "
+              f"--max_completion_length choose others", file=sys.stderr)
     # not the main job's runs/podsrl, which a later podsrl train would find taken
-    if not _output_dir_given(argv):
+    if "output_dir" not in given:
         cfg = dataclasses.replace(cfg, output_dir=str(default_eval_dir(cfg.model, cfg.task)))
     try:
         summary = run_eval(cfg, task_options(cfg))
@@ -133,13 +179,16 @@ def cmd_eval(argv: list[str]) -> int:
         return 2
     print(f"{summary['task']}: accuracy {100 * summary['accuracy']:.1f}% over {summary['prompts']} prompts x "
           f"{summary['samples_per_prompt']} samples (T={summary['temperature']}), "
-          f"{100 * summary['answered']:.0f}% gave an answer, {summary['seconds']:.0f}s")
+          f"{100 * summary['answered']:.0f}% gave an answer, {100 * summary['cut']:.0f}% cut at "
+          f"max_completion_length {summary['max_completion_length']}, {summary['seconds']:.0f}s")
     print(f"samples: {summary['samples_file']}")
     return 0
 
 
 def _ints(name: str, text: str, words: tuple[str, ...] = ()) -> list:
     """Comma-separated integers (and any of ``words`` as they are)."""
+    from podsrl.config import split_list
+
     try:
         return [v if v in words else int(v) for v in split_list(text)]
     except ValueError:
@@ -187,6 +236,10 @@ def cmd_compare(argv: list[str]) -> int:
     cfg = _parse_config(rest, "podsrl compare", "")
     if cfg is None:
         return 2
+    from podsrl.config import split_list
+    from podsrl.experiments.compare import arm_configs, arm_specs, baseline_name, planned_arm_names
+    from podsrl.trainer import TrainingStopped
+
     try:
         if args.seeds < 1 or args.budget_minutes < 0 or args.budget_steps < 0:
             raise ValueError("seeds, budget_minutes and budget_steps: must be positive")

@@ -24,6 +24,7 @@ from podsrl.prompt_selection import FLAT_OPTIONS as SELECTION_FLAT_OPTIONS
 from podsrl.prompt_selection import PromptSelectionOptions
 from podsrl.registry import Spec
 from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, engine_options
+from podsrl.tasks import DEFAULT_COMPLETION_BUDGET, completion_budget
 from podsrl.trainer.checkpoints import CheckpointOptions
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
@@ -58,7 +59,8 @@ class ConfigFields:
     prompt_column: str = _f("prompt", "Prompt column of task 'jsonl': text, or a conversation (a list of "
                                       "{role, content} messages) rendered with the chat template.")
     answer_column: str = _f("answer", "Gold-answer column of task 'jsonl'.")
-    reasoning_gym_size: int = _f(10000, "Train problems generated for a reasoning_gym:NAME task.", POSITIVE)
+    reasoning_gym_size: int = _f(10000, "Train problems generated for a reasoning_gym:NAME task.",
+                                 Range(1, 1_000_000, why="generated and held in memory up front"))
     system_prompt: str = _f("auto", "System prompt; 'auto' = the task's own (the <think>/<answer> "
                                     "instruction for gsm8k/math), '' = none.")
     chat_template: bool = _f(True, "Render prompts with the tokenizer's chat template when it has one.")
@@ -135,13 +137,17 @@ class ConfigFields:
     reward_timeout: float = _f(300.0, "Seconds a call of a user reward function may take; past it, its worker "
                                       "process is killed and reward_error_policy applies (0 = the default, 300 s). "
                                       "podsrl's built-in reward functions run in the trainer, without a limit.",
-                                      Range(0, why="0 = the default (300 s)"))
+                                      Range(0, 86400, why="0 = the default (300 s); at most a day, so that a hung "
+                                                          "reward function cannot hold the run forever"))
     # --- generation ----------------------------------------------------------------------
     temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0: they are sampled).",
                             Range(0, low_closed=False, why="training rollouts are sampled"))
     top_p: float = _f(1.0, "Nucleus sampling threshold of training rollouts, in (0, 1].",
                       Range(0, 1, low_closed=False))
-    max_completion_length: int = _f(8, "Maximum completion length in tokens (TRL's field).", POSITIVE)
+    max_completion_length: int = _f(0, "Maximum completion length in tokens (TRL's field); 0 = the task's own "
+                                       "budget (podsrl.tasks.budget: arithmetic 8, chain 256, gsm8k and math 512 "
+                                       "as in the paper, others 256, TRL's default), resolved when the config is "
+                                       "made and recorded in config.json.", Range(0, why="0 = the task's budget"))
     generation_engine: Spec = _f("hf", "Generation engine (podsrl.rollout.ENGINES): 'hf' = transformers generate "
                                       "on whole prompt groups; 'slots' = decoding slots refilled sample by sample "
                                       "(n bounded by time, not memory); 'vllm' = a vLLM engine in the training "
@@ -221,6 +227,15 @@ class Config(PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, 
     (``OptimizerOptions``, ``StopOptions``, ``CheckpointOptions``, ``EvalOptions``,
     ``LogOptions``, ``PartialRolloutOptions``), declared in the module that reads them, under the
     same names from the YAML file and the command line to their reader (podsrl.options.bind)."""
+
+    def __post_init__(self) -> None:
+        # 0 = the task's budget, resolved once, so every reader (engine, evaluation, config.json) sees tokens
+        if type(self.max_completion_length) is int and self.max_completion_length == 0:
+            try:
+                tokens = completion_budget(self.task)
+            except ValueError:  # a task validate() refuses, naming it; the budget must not fail first
+                tokens = DEFAULT_COMPLETION_BUDGET
+            object.__setattr__(self, "max_completion_length", tokens)
 
     @property
     def generated_per_prompt(self) -> int:

@@ -1,4 +1,4 @@
-"""The ``podsrl`` command's entry point: the command line needs the trainer's dependencies
+"""The ``podsrl`` command's entry point: the commands need the trainer's dependencies
 (the ``train`` extra), which a core install beside verl leaves out; say so in one line
 instead of a traceback."""
 
@@ -29,15 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     take_sigint()
     try:
         from podsrl.cli import main as run_command
+
+        # a command imports its machinery when it runs (--help answers without it)
+        return run_command(argv)
     except ModuleNotFoundError as err:
         if (err.name or "").split(".")[0] not in TRAIN_STACK:
             raise
         print(f"podsrl: the command line needs podsrl's trainer dependencies, and {err.name} is not installed: "
               f"pip install '.[train]' in a podsrl clone", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a Ctrl-C in the seconds torch and transformers take to import
+    except KeyboardInterrupt:  # a Ctrl-C while podsrl.cli imports (a command's own: podsrl.cli.INTERRUPTED)
         args = sys.argv[1:] if argv is None else argv
         command = f"podsrl {args[0]}" if args and args[0].isidentifier() else "podsrl"
         print(f"{command}: stopped by SIGINT while starting; nothing was written", file=sys.stderr)
         return 130
-    return run_command(argv)

@@ -50,6 +50,17 @@ class TaskOptions:
 
 
 TaskBuilder = Callable[[TaskOptions, bool], Task]
+# max_completion_length for a task that declares no budget of its own (TRL's default)
+DEFAULT_COMPLETION_BUDGET = 256
+
+
+def budget(tokens: int) -> Callable[[TaskBuilder], TaskBuilder]:
+    """Decorator: the completion budget the task's answers need (``max_completion_length`` 0 =
+    this): a budget that cuts every answer would train and evaluate nothing."""
+    def declare(builder: TaskBuilder) -> TaskBuilder:
+        builder.completion_budget = tokens
+        return builder
+    return declare
 
 
 def checks(rule: Callable[[TaskOptions], None]) -> Callable[[TaskBuilder], TaskBuilder]:
@@ -61,11 +72,13 @@ def checks(rule: Callable[[TaskOptions], None]) -> Callable[[TaskBuilder], TaskB
     return declare
 
 
+@budget(8)  # "Answer: -123" and an end of sequence, in the tiny model's tokens
 @checks(lambda o: check_level(o.task_level, o.eval_prompts))
 def arithmetic_task(o: TaskOptions, with_train: bool) -> Task:
     return build_arithmetic(level=o.task_level, num_test=o.eval_prompts, seed=o.data_seed)
 
 
+@budget(256)  # a worked chain of up to 12 steps, a line each (podsrl.tasks.chain)
 @checks(lambda o: check_chain_level(o.task_level))
 def chain_task(o: TaskOptions, with_train: bool) -> Task:
     return build_chain(level=o.task_level, num_test=o.eval_prompts, seed=o.data_seed)
@@ -82,13 +95,32 @@ def jsonl_task(o: TaskOptions, with_train: bool) -> Task:
     return build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column, with_train=with_train)
 
 
+@budget(512)  # the paper's completion length for GSM8K and MATH
+def gsm8k_task(o: TaskOptions, with_train: bool) -> Task:
+    return build_gsm8k(o.train_data, o.test_data, with_train=with_train)
+
+
+@budget(512)
+def math_task(o: TaskOptions, with_train: bool) -> Task:
+    return build_math(o.train_data, o.test_data, with_train=with_train)
+
+
 TASKS = Registry("task", "task", {
     "arithmetic": arithmetic_task,
     "chain": chain_task,
-    "gsm8k": lambda o, with_train: build_gsm8k(o.train_data, o.test_data, with_train=with_train),
-    "math": lambda o, with_train: build_math(o.train_data, o.test_data, with_train=with_train),
+    "gsm8k": gsm8k_task,
+    "math": math_task,
     "jsonl": jsonl_task,
 }, takes="(options, with_train)", arity=2)
+
+
+def completion_budget(spec: Spec) -> int:
+    """The completion budget task ``spec`` declares (:func:`budget`), else
+    :data:`DEFAULT_COMPLETION_BUDGET` (reasoning-gym's tasks, a task unknown or declaring none)."""
+    name = spec_parts(spec, "task")[0]
+    if name.startswith(REASONING_GYM_PREFIX) or not is_known_task(spec):
+        return DEFAULT_COMPLETION_BUDGET
+    return getattr(TASKS.resolve(spec), "completion_budget", DEFAULT_COMPLETION_BUDGET)
 
 
 def is_known_task(spec: Spec) -> bool:
@@ -130,6 +162,6 @@ def build_task(options: TaskOptions, with_train: bool = True) -> Task:
     return TASKS.resolve(options.task)(options, with_train)
 
 
-__all__ = ["TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "Messages", "PreparedSplit", "Task", "TaskOptions",
-           "build_task", "check_task_options", "check_task_spec", "checks", "is_known_task", "prepare_split",
-           "prompt_messages", "render_prompt", "reward_columns"]
+__all__ = ["DEFAULT_COMPLETION_BUDGET", "TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "Messages", "PreparedSplit",
+           "Task", "TaskOptions", "budget", "build_task", "check_task_options", "check_task_spec", "checks",
+           "completion_budget", "is_known_task", "prepare_split", "prompt_messages", "render_prompt", "reward_columns"]

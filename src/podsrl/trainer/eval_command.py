@@ -17,8 +17,13 @@ from podsrl.options import bind
 from podsrl.registry import component_label
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, list_checkpoints
-from podsrl.trainer.evaluate import EvalOptions, eval_shortfall, evaluate
-from podsrl.trainer.run_dir import is_run_folder
+from podsrl.trainer.evaluate import EvalOptions, cut_warning, eval_shortfall, evaluate
+from podsrl.trainer.run_dir import RunLock, is_run_folder
+
+FINAL_MODEL = "model"  # a run's final model: RUN/model
+# a run's fields that say what its model was trained to answer: podsrl eval --model RUN/model reads them
+RUN_TASK_FIELDS = ("task", "task_level", "data_seed", "train_data", "test_data", "prompt_column", "answer_column",
+                   "reasoning_gym_size", "system_prompt", "chat_template", "max_prompt_tokens", "max_completion_length")
 
 
 def check_eval_model(model: str) -> None:
@@ -27,8 +32,13 @@ def check_eval_model(model: str) -> None:
     tokenizer), and a run's LoRA adapter whose base_model_name_or_path names another model than
     the run trained (it would load, or fail as 'damaged', on the wrong base)."""
     path = Path(model).expanduser()
+    if not path.exists() and path.name == FINAL_MODEL and is_run_folder(path.parent):
+        run, holder = path.parent, RunLock.holder(path.parent)
+        state = f"a run still in progress ({holder})" if holder else "a run that has not finished"
+        raise ValueError(f"model: {path} does not exist yet: {run} is {state}, whose final model is written when it "
+                         f"ends; {_export_advice(run, run / 'checkpoints')}")
     if is_run_folder(path):
-        final = path / "model"
+        final = path / FINAL_MODEL
         if (final / "config.json").exists() or (final / "adapter_config.json").exists():
             raise ValueError(f"model: {path} is a podsrl run folder, not a model: evaluate its final model with "
                              f"podsrl eval --model {final}")
@@ -40,6 +50,23 @@ def check_eval_model(model: str) -> None:
                          f"model folder; {_export_advice(run, path.parent, path.name)}")
     if (path / "adapter_config.json").is_file() and is_run_folder(path.parent):
         _check_adapter_base(path, json.loads((path.parent / "config.json").read_text()).get("model", ""))
+
+
+def run_of_model(model: str) -> Path | None:
+    """The run folder whose final model ``model`` is (RUN/model), else None."""
+    path = Path(model).expanduser()
+    return path.parent if path.name == FINAL_MODEL and path.is_dir() and is_run_folder(path.parent) else None
+
+
+def run_terms(run: Path, given: set[str]) -> dict:
+    """What a run's model is evaluated on unless the command line says otherwise (``given``: the
+    fields it set): the task the run trained on, as its prompts were rendered, with its
+    completion budget, from the run's config.json; none of them where another task is given
+    (its own budget then applies)."""
+    if "task" in given:
+        return {}
+    recorded = json.loads((run / "config.json").read_text())
+    return {name: recorded[name] for name in RUN_TASK_FIELDS if name in recorded and name not in given}
 
 
 def _export_advice(run: Path | None, checkpoints: Path, name: str = "") -> str:
@@ -117,6 +144,9 @@ def run_eval(cfg, task_options: TaskOptions) -> dict:
     start = time.perf_counter()
     evaluation = evaluate(bundle, task, split, options, cfg.max_completion_length, seed=cfg.seed)
     seconds = time.perf_counter() - start
+    warning = cut_warning(evaluation.records, cfg.max_completion_length)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     out_dir = Path(cfg.output_dir) / "eval"
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)
@@ -130,6 +160,7 @@ def run_eval(cfg, task_options: TaskOptions) -> dict:
                "samples_per_prompt": 1 if options.eval_temperature == 0 else options.eval_samples,
                "temperature": options.eval_temperature, "max_completion_length": cfg.max_completion_length,
                "answered": sum(r["extracted"] is not None for r in records) / max(1, len(records)),
+               "cut": sum(r["cut"] for r in records) / max(1, len(records)),
                "seconds": round(seconds, 2), "samples_file": str(samples_path)}
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary

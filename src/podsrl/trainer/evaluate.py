@@ -8,6 +8,7 @@ the config composes them. During training :class:`Evaluator` is the run's evalua
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -29,7 +30,8 @@ class EvalOptions:
     eval_steps: int = option(25, "Evaluate every this many steps, at step 0 and at the end (0 = only those; "
                                  "TRL's field).", NON_NEGATIVE)
     eval_prompts: int = option(
-        300, "Held-out prompts per evaluation (the first ones of the split).", POSITIVE)
+        300, "Held-out prompts per evaluation (the first ones of the split).",
+        Range(1, 100_000, why="every evaluation decodes them all; procedural tasks generate them up front"))
     eval_samples: int = option(4, "Samples per held-out prompt for sampled accuracy.", POSITIVE)
     eval_temperature: float = option(
         0.9, "Temperature of sampled evaluation (paper: 0.9; 0 = greedy, one sample).", Range(0, why="0 = greedy"))
@@ -67,14 +69,33 @@ def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperatur
                                batch_size=batch_size)
     completions = [text for group in rollouts.texts for text in group]
     correct = correct_fn(**reward_inputs(split, rollouts).kwargs())
+    cut = cut_by_budget(rollouts, max_new_tokens, bundle.tokenizer.eos_token_id).flatten().tolist()
     records = []
     for k, (completion, verdict) in enumerate(zip(completions, correct)):
         example = split.examples[k // samples]
         records.append({"index": k // samples, "sample": k % samples, "prompt": example.prompt,
                         "completion": completion,
                         "extracted": extract_fn(completion) if extract_fn else None,
-                        "gold": example.answer, "correct": _is_correct(verdict)})
+                        "gold": example.answer, "correct": _is_correct(verdict), "cut": cut[k]})
     return records
+
+
+def cut_by_budget(rollouts: Rollouts, max_new_tokens: int, eos_token_id: int | None) -> torch.Tensor:
+    """[P, n] bool: samples that used the whole budget without an end of sequence (cut short)."""
+    mask = rollouts.completion_mask.bool()  # [P, n, Lc]
+    ended = (rollouts.completion_ids == eos_token_id) & mask if eos_token_id is not None else torch.zeros_like(mask)
+    return (mask.sum(-1) >= max_new_tokens) & ~ended.any(-1)
+
+
+def cut_warning(records: Sequence[dict], max_new_tokens: int) -> str:
+    """The line for completions mostly cut by the budget ('' when at most half are): their
+    accuracy grades cut-off text, and a run on them learns from it."""
+    cut = sum(r["cut"] for r in records) / max(1, len(records))
+    if cut <= 0.5:
+        return ""
+    return (f"max_completion_length: {100 * cut:.0f}% of {len(records)} held-out completions were cut at "
+            f"{max_new_tokens} tokens before they ended: the budget cuts the answers, so accuracy grades cut-off "
+            f"text; raise max_completion_length (0 = the task's budget)")
 
 
 def _is_correct(verdict) -> bool:
@@ -159,6 +180,7 @@ class Evaluator:
     seed: int  # evaluation's own sampling seed (this process's): every evaluation draws the same noise
     procs: Processes
     generate_fn: Callable[..., Rollouts] = generate  # transformers, or the engine's own sampler
+    warned: bool = False  # said that the budget cuts most completions (once a run)
 
     @property
     def prompts(self) -> int:
@@ -170,5 +192,10 @@ class Evaluator:
         return bool(self.options.eval_steps and step % self.options.eval_steps == 0) or last
 
     def __call__(self) -> dict[str, float]:
-        return evaluate(self.bundle, self.task, self.split, self.options, self.max_new_tokens, self.seed,
-                        self.procs, generate_fn=self.generate_fn).accuracies
+        evaluation = evaluate(self.bundle, self.task, self.split, self.options, self.max_new_tokens, self.seed,
+                              self.procs, generate_fn=self.generate_fn)
+        warning = cut_warning(evaluation.records, self.max_new_tokens) if not self.warned else ""
+        if warning and self.procs.is_main:
+            self.warned = True
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        return evaluation.accuracies

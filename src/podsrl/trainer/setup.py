@@ -38,6 +38,7 @@ from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
 from podsrl.trainer.components import Components
 from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
+from podsrl.trainer.fits import agreed, available_bytes, check_fits
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.limits import Limits, StopOptions
 from podsrl.trainer.logging import LogOptions, say
@@ -172,22 +173,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     bundle = load_model(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                         dtype=cfg.dtype, lora_target_modules=cfg.lora_targets)
     system_prompt = cfg.system_prompt_for(task)
-    train = task.train[:cfg.max_train_prompts] if cfg.max_train_prompts else task.train
-    splits = [prepare_split(examples, bundle.tokenizer, system_prompt=system_prompt,
-                            use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
-              for examples in (train, task.test)]
-    if (splits[0].dropped or splits[1].dropped) and procs.is_main:
-        say(f"max_prompt_tokens={cfg.max_prompt_tokens}: dropped {splits[0].dropped} train and "
-            f"{splits[1].dropped} held-out prompts that are longer")
-    if not splits[0].examples:
-        raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
-    if not splits[1].examples:
-        raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
-    check_prompts = capability(ENGINES.resolve(cfg.generation_engine), "check_prompts")
-    if check_prompts is not None:  # every prompt now, not the first long one some steps in
-        check_prompts(engine_options, bundle.model.config, max(split.longest_prompt for split in splits))
-    for warning in data_warnings(cfg, train, splits[1].examples) if procs.is_main else ():
-        say(f"warning: {warning}")  # once, at set-up; the run goes on
+    splits = _checked_splits(cfg, task, bundle, procs, engine_options, system_prompt)
     # the same on every process; built before the run's files are written: a selector that
     # refuses the train split (pass_rate, fewer prompts than prompts_per_step) leaves no files
     selector = prompt_selector(cfg, len(splits[0].examples))
@@ -218,6 +204,33 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds, carried)
     return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
                CheckpointSchedule(bind(CheckpointOptions, cfg)), resume(cfg))
+
+
+def _checked_splits(cfg: Config, task, bundle, procs: Processes, engine_options, system_prompt: str) -> list:
+    """The train and held-out splits as the model reads them, refused where no prompt is usable or
+    the run's settings exceed what the engine, the data, the model or the memory hold (before
+    anything is generated); what trains but not as meant is said once."""
+    train = task.train[:cfg.max_train_prompts] if cfg.max_train_prompts else task.train
+    splits = [prepare_split(examples, bundle.tokenizer, system_prompt=system_prompt,
+                            use_chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
+              for examples in (train, task.test)]
+    if (splits[0].dropped or splits[1].dropped) and procs.is_main:
+        say(f"max_prompt_tokens={cfg.max_prompt_tokens}: dropped {splits[0].dropped} train and "
+            f"{splits[1].dropped} held-out prompts that are longer")
+    if not splits[0].examples:
+        raise ValueError(f"train_data: no usable train prompts for task {cfg.task!r}")
+    if not splits[1].examples:
+        raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
+    longest = max(split.longest_prompt for split in splits)
+    check_prompts = capability(ENGINES.resolve(cfg.generation_engine), "check_prompts")
+    if check_prompts is not None:  # every prompt now, not the first long one some steps in
+        check_prompts(engine_options, bundle.model.config, longest)
+    fit_warnings = agreed(procs, lambda: check_fits(cfg, engine_options, bundle.model.config, longest,
+                                                    len(splits[0].examples), procs.world_size,
+                                                    available_bytes(procs.device(cfg.device))))
+    for warning in [*fit_warnings, *data_warnings(cfg, train, splits[1].examples)] if procs.is_main else ():
+        say(f"warning: {warning}")  # once, at set-up; the run goes on
+    return splits
 
 
 def evaluator(cfg: Config, bundle, task, split, procs: Processes, engine) -> Evaluator:
