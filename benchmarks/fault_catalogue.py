@@ -287,6 +287,56 @@ def engine_over_its_cap(work: Path) -> None:
                    capture_output=True, text=True, timeout=600, preexec_fn=child_setup(0))
 
 
+# #69: bounds, contracts, messages and evaluation's terms
+EARLY_STOP = ["--group_early_stop", "true", "--generation_engine", "slots", "--generation_schedule", "round_robin",
+              "--generation_micro_group", "4"]
+
+
+def bounded_reward(bounds: str, value: str = "0.5") -> Callable[[Path], None]:
+    """my_rewards.py: a reward declaring ``bounds`` (source text) and returning ``value``."""
+    return reward_file(f"def reward(prompts, completions, **kw):\n    return [{value}] * len(completions)\n"
+                       f"reward.reward_bounds = {bounds}\n")
+
+
+def bounded_case(name: str, bounds: str, value: str = "0.5") -> "Case":
+    return Case(name, "reward", "refuse", lambda w: out(w, "--reward_funcs", f"{w / 'my_rewards.py'}:reward",
+                                                        *EARLY_STOP), bounded_reward(bounds, value))
+
+
+def two_runs(work: Path) -> None:
+    finished_run(work)
+    _train(["--output_dir", str(work / "other")])
+
+
+def no_nan_in_report(folder: str) -> Callable[[Path], str]:
+    def check(work: Path) -> str:
+        report = work / folder / "compare.md"
+        return "" if report.exists() and "nan" not in report.read_text().lower() else f"{report}: nan or missing"
+    return check
+
+
+def nan_evaluation(work: Path) -> None:
+    """Two finished runs in work/runs (seeds of one arm), the second's evaluations after step 0 logged as NaN."""
+    finished_run(work)
+    (work / "runs").mkdir()
+    shutil.move(work / "run", work / "runs" / "a")
+    shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    metrics = work / "runs" / "b" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = [{**r, "eval_accuracy": float("nan")} if "eval_accuracy" in r and r["step"] else r for r in records]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def live_run(work: Path) -> None:
+    """A run folder as a run in progress leaves it: no final model yet."""
+    killed_run(work)
+
+
+def _lock_holder() -> list[str]:
+    return ["-c", "import sys, time; from pathlib import Path; from podsrl.trainer.run_dir import RunLock; "
+                  "RunLock(Path(sys.argv[1]) / 'run').acquire(); print('locked', flush=True); time.sleep(600)"]
+
+
 RULE = "from podsrl.algorithms.select import max_variance\ndef component(rewards, m, generator=None):\n"
 ESTIMATOR = ("from podsrl.algorithms.advantages import group_advantages\n"
              "def component(rewards, scale_by_std):\n")
@@ -621,6 +671,60 @@ CASES = [
          lambda w: ["launch", "--config_file", str(REPO / "configs/accelerate/fsdp.yaml"), "--num_processes", "2",
                     "-m", "podsrl.cli", "train", *QUICK, *out(w)],
          program=("accelerate",), venv=".venv-vllm"),
+    # #69: settings bounded by the data, the model and the memory; user contracts; messages; eval's terms
+    Case("partial_extra_prompts beyond the train split", "numbers", "refuse",
+         lambda w: out(w, "--generation_engine", "slots", "--partial_rollouts", "true", "--partial_extra_prompts",
+                       "100000")),
+    Case("num_generations beyond this machine's memory", "numbers", "refuse",
+         lambda w: out(w, "--num_generations", "1000000")),
+    Case("max_completion_length beyond this machine's memory", "numbers", "refuse",
+         lambda w: out(w, "--max_completion_length", "10000000")),
+    Case("lora_rank above the model's hidden size", "numbers", "refuse", lambda w: out(w, "--lora_rank", "4096")),
+    Case("reward_timeout of a year", "numbers", "refuse", lambda w: out(w, "--reward_timeout", "31536000")),
+    Case("generation_batch_size below one prompt group", "numbers", "refuse",
+         lambda w: out(w, "--generation_batch_size", "2")),
+    Case("build script --output a dangling link", "files", "refuse", lambda w: ["--output", str(w / "link")],
+         lambda w: (w / "link").symlink_to(w / "nowhere"), program=("scripts/build_tiny.py",), error_prefix="--output"),
+    Case("build script --output under a dangling link", "files", "refuse",
+         lambda w: ["--output", str(w / "link" / "tiny")], lambda w: (w / "link").symlink_to(w / "nowhere"),
+         program=("scripts/build_tiny_chain.py",), error_prefix="--output"),
+    bounded_case("reward_bounds given as strings", "('0', '1')"),
+    bounded_case("reward_bounds of three numbers", "(0.0, 1.0, 2.0)"),
+    bounded_case("reward_bounds reversed", "(1.0, 0.0)"),
+    bounded_case("a reward outside its declared bounds", "(0.0, 1.0)", "1.5"),
+    Case("a full disk at a checkpoint (file size limit)", "full disk", "refuse", out, file_size_limit=2_000_000),
+    Case("resume true on a folder holding only a user's file", "advice", "refuse", lambda w: out(w, "--resume", "true"),
+         lambda w: ((w / "run").mkdir(), (w / "run" / "notes.txt").write_text("mine\n")), run_files),
+    Case("eval of tiny-chain on the chain task (its own budget)", "eval", "succeed",
+         lambda w: ["--model", "tiny-chain", "--task", "chain", "--eval_prompts", "4", "--eval_temperature", "0",
+                    "--output_dir", str(w / "eval")], command="eval"),
+    Case("eval with a budget that cuts every answer", "eval", "succeed",
+         lambda w: ["--model", "tiny-chain", "--task", "chain", "--max_completion_length", "8", "--eval_prompts", "4",
+                    "--eval_temperature", "0", "--output_dir", str(w / "eval")], command="eval",
+         says="warning: max_completion_length:"),
+    Case("eval of a run's model/ without --task", "eval", "succeed",
+         lambda w: ["--model", str(w / "run" / "model"), "--eval_prompts", "4", "--output_dir", str(w / "eval")],
+         finished_run, command="eval", says="evaluating on the run's task"),
+    Case("eval of a running run's model/", "eval", "refuse",
+         lambda w: ["--model", str(w / "run" / "model"), "--output_dir", str(w / "eval")], live_run, run_files,
+         background=_lock_holder(), command="eval"),
+    Case("plot with an evaluation logged as NaN", "compare", "succeed",
+         lambda w: [str(w / "runs"), "--output_dir", str(w / "plots")], nan_evaluation, command="plot",
+         after=no_nan_in_report("plots")),
+    extension_case("selector takes the same prompt four times", "prompt_selector",
+                   SELECTOR + "        return [taken[0]] * len(taken)\n"),
+    Case("export --checkpoint of another run's checkpoint", "files", "refuse",
+         lambda w: [str(w / "run"), str(w / "hf"), "--checkpoint", str(w / "other" / "checkpoints" / "step_0000002")],
+         two_runs, command="export"),
+    Case("plot of one run under two names", "compare", "succeed",
+         lambda w: [str(w / "run"), str(w / "again"), "--output_dir", str(w / "plots")],
+         lambda w: (finished_run(w), (w / "again").symlink_to(w / "run")), command="plot", says="counted once"),
+    Case("vLLM's KV cache too small for one sequence", "vllm", "refuse",
+         lambda w: out(w, "--generation_engine", "vllm", "--vllm_enforce_eager", "true", "--vllm_kv_cache_memory_mb",
+                       "0.001"), venv=".venv-vllm"),
+    Case("TRL example --use_vllm with vLLM (.venv-vllm)", "advice", "succeed",
+         lambda w: ["--offline", "--use_vllm", "--max_steps", "2", "--output_dir", str(w / "trl")],
+         program=("examples/trl_pods.py",), venv=".venv-vllm"),
 ]
 
 

@@ -26,10 +26,18 @@ def podsrl(*args, cwd=None):
     (["--num_generations", "0"], "num_generations: must be positive"),
     (["stray"], "unexpected argument 'stray'"),
     (["--task", "jsonl", "--train_data", "train.jsonl"], "test_data: task 'jsonl' needs test_data"),
+    (["--generation_batch_size", "8"], "generation_batch_size: 8 is less than one prompt group (16 rollouts per "
+                                       "prompt)"),
+    (["--generation_batch_size", "8", "--method", "grpo"], None),  # grpo generates m = 4 per prompt: it fits
 ])
 def test_bad_arguments_fail_before_any_work(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.jsonl").write_text('{"prompt": "1 + 1?", "answer": 2}\n')
+    if message is None:  # accepted: only its validation runs here
+        from podsrl.cli import _parse_config
+
+        assert _parse_config([*args, "--output_dir", str(tmp_path / "run")], "podsrl train", "") is not None
+        return
     assert main(["train", *args, "--output_dir", str(tmp_path / "run")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists(), "nothing may be written for an invalid config"

@@ -158,6 +158,18 @@ def test_plot_leaves_out_a_run_without_evaluations_and_plots_the_others(tmp_path
         "podsrl plot: error: none of the 2 runs found has training steps and evaluations to compare")
 
 
+def test_plot_of_one_run_under_two_names_counts_it_once_and_says_so(tmp_path, capsys):
+    """A run given as a folder and again through a link (or inside its parent) was two seeds of one arm."""
+    two_arms(tmp_path / "runs")
+    seed = tmp_path / "runs" / "grpo" / "seed0"
+    (tmp_path / "again").symlink_to(seed)
+    assert cli.main(["plot", str(tmp_path / "runs"), str(tmp_path / "again"), "--output_dir",
+                     str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"podsrl plot: {tmp_path / 'again'} is the run {seed} again: counted once"
+    assert "| grpo 4/4 | 1 |" in captured.out
+
+
 def test_compare_json_is_strict_and_the_tables_print_no_nan_or_inf(tmp_path):
     """A single seed (no interval) and a statistic that one dropped evaluation sends to infinity
     wrote bare NaN tokens into compare.json and 'nan%', '11.58x (inf%)' into compare.md (#57)."""
@@ -176,6 +188,20 @@ def test_compare_json_is_strict_and_the_tables_print_no_nan_or_inf(tmp_path):
     table = (out / "compare.md").read_text()
     assert not {"nan", "inf"} & set(table.lower().replace("|", " ").replace("%", " ").replace("(", " ").split())
     assert "(unbounded)" in table  # the paper's statistic: dropping grpo's last evaluation puts pods at its target
+
+
+def test_an_evaluation_logged_as_nan_is_no_point_of_the_curve(tmp_path):
+    """An evaluation that gave no number (NaN in metrics.jsonl) printed 'nan%' in compare.md and cut
+    the curve: it is left out, and the arm is judged on its other evaluations (#69)."""
+    nan = float("nan")
+    runs = [fake_run(tmp_path, "grpo", "grpo", 0, [(0, 0.5), (10, nan), (20, 0.8)]),
+            fake_run(tmp_path, "pods", "pods", 0, [(0, 0.6), (10, 0.9), (20, nan)])]
+    table = format_table(analyze(runs))
+    assert "nan" not in table.lower()
+    main_table = table.split("| arm | headline")[0]
+    peaks = {line.split("|")[1].split()[0]: line.split("|")[6].strip() for line in main_table.splitlines()
+             if line.startswith(("| grpo", "| pods"))}
+    assert peaks == {"grpo": "80.0%", "pods": "90.0%"}  # each arm's best finite evaluation
 
 
 def test_a_run_evaluated_only_at_its_start_is_named_instead_of_a_common_budget_of_0_s(tmp_path):

@@ -203,11 +203,18 @@ def selector(tmp_path, take="list(range(count))", record="{}", state="{}"):
     ("[0, 1, 2, 10]", "prompt index 10, outside 0..9"),
     ("[0.0, 1.0, 2.0, 3.0]", "0.0 among its prompt indices, expected integers"),
     ("None", "a NoneType, expected a list of 4 prompt indices"),
+    ("[3, 3, 3, 3]", "prompt index 3 4 times among its 4; a step's prompts are distinct"),
+    ("[0, 1, 2, 1]", "prompt index 1 2 times among its 4"),
 ])
 def test_a_selectors_take_must_give_count_indices_into_the_train_split(tmp_path, take, expected):
     with pytest.raises(UserCodeError, match=expected) as refused:
         selector(tmp_path, take=take).take(4, 1, 4)
     assert str(refused.value).startswith("prompt_selector: ")
+
+
+def test_a_selector_repeats_prompts_only_where_the_train_split_has_too_few(tmp_path):
+    """10 train prompts: a step of 12 must repeat some, so repeats pass there."""
+    assert selector(tmp_path, take="[i % 10 for i in range(count)]").take(12, 1, 4) == [*range(10), 0, 1]
 
 
 def test_numpy_and_tensor_indices_are_accepted(tmp_path):

@@ -96,6 +96,18 @@ def test_a_checkpoint_exports_the_model_of_its_step(lora_run, tmp_path):
     assert "checkpoint step_0000001 (step 1)" in card and "| training steps | 1 of 2 |" in card
 
 
+def test_a_checkpoint_of_another_run_is_refused_naming_its_run(lora_run, full_run, tmp_path, capsys):
+    """Exported through another run, its model card named that run as the source (and that run's config
+    read the weights): refused, with the command that exports it from its own run."""
+    checkpoint = lora_run / "checkpoints" / "step_0000001"
+    assert main(["export", str(full_run), str(tmp_path / "hf"), "--checkpoint", str(checkpoint)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"podsrl export: error: --checkpoint {checkpoint}: a checkpoint of run {lora_run.resolve()}, not of "
+        f"{full_run}; export it from its own run: podsrl export {lora_run.resolve()} OUTPUT_DIR --checkpoint "
+        f"step_0000001")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_a_moved_lora_run_whose_base_folder_is_gone_names_the_field_to_fix(lora_run, random_model_dir, tmp_path,
                                                                          capsys):
     adapter_config = lora_run / "model" / "adapter_config.json"

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -444,3 +445,18 @@ def test_rewards_too_large_for_float32_are_refused_naming_the_function(tmp_path,
     with pytest.raises(ValueError, match=f"^PODSTrainer: {refused}") as failed:
         pods.train()
     assert "\n" not in str(failed.value)
+
+
+@pytest.mark.parametrize("returned, refused", [
+    ("['1.0'] * len(completions)", "reward function wordy returned str '1.0' at index 0, expected a number or None"),
+    ("{'reward': 1.0}", "reward function wordy returned dict, expected a list of numbers or None, one per "
+                           "completion"),
+])
+def test_a_reward_that_returns_no_numbers_is_one_line_naming_it(tmp_path, returned, refused):
+    """Strings ended in torch.tensor's traceback inside TRL's reward step."""
+    namespace = {}
+    exec(f"def wordy(completions, **kwargs):\n    return {returned}\n", namespace)
+    pods = trainer(PODSTrainer, PODSConfig(**options(tmp_path, max_steps=1, reward_weights=[1.0, 1.0]), num_kept=2),
+                   reward_funcs=[namespace["wordy"], arithmetic_format])
+    with pytest.raises(ValueError, match=f"^PODSTrainer: {re.escape(refused)}$"):
+        pods.train()

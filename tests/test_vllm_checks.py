@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig
 
-from podsrl.rollout.vllm import VLLMOptions, check_fits
+from podsrl.rollout.vllm import VLLMOptions, check_fits, kv_cache_advice
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, OWNER_FILE, _process_start, remove_stale_config_folders
 
 CONFIG = LlamaConfig(max_position_embeddings=2048)
@@ -65,3 +65,18 @@ def test_a_killed_runs_config_folder_is_removed_and_nothing_podsrl_cannot_prove_
             for path in folder.iterdir():
                 path.unlink()
             folder.rmdir()
+
+
+def test_vllms_kv_cache_refusal_names_podsrls_settings():
+    """vLLM says 'Try increasing `gpu_memory_utilization` or decreasing `max_model_len`', its own
+    arguments: the one line names the config fields that set them; other errors pass unchanged."""
+    vllm_says = ValueError("To serve at least one request with the models's max seq len (40960), (5.62 GiB KV cache "
+                           "is needed, which is larger than the available KV cache memory (4.50 GiB). Try increasing "
+                           "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+    assert kv_cache_advice(vllm_says, VLLMOptions(gpu_memory_utilization=0.3), 40960) == (
+        f"vllm_kv_cache_memory_mb: vLLM's KV cache does not fit ({str(vllm_says)[:200]}); raise "
+        f"vllm_gpu_memory_utilization (now 0.3) or vllm_kv_cache_memory_mb, or lower vllm_max_model_length (now "
+        f"40960: prompt plus max_completion_length)")
+    blocks = RuntimeError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`")
+    assert "raise vllm_kv_cache_memory_mb (now 64)" in kv_cache_advice(blocks, VLLMOptions(kv_cache_memory_mb=64), 99)
+    assert kv_cache_advice(ValueError("unknown architecture"), VLLMOptions(), 99) is None

@@ -279,13 +279,18 @@ def cmd_plot(argv: list[str]) -> int:
     parser.add_argument("--output_dir", type=Path, default=Path("plots"))
     parser.add_argument("--baseline", default="")
     args = parser.parse_args(argv)
-    found = []
+    found, seen = [], {}
     for path in args.run_dirs:
         runs = [p.parent for p in sorted(path.rglob("metrics.jsonl"))] if path.is_dir() else []
         if not runs:
             print(f"podsrl plot: error: no run (metrics.jsonl) found in {path}", file=sys.stderr)
             return 2
-        found += runs
+        for run in runs:  # one run named twice (a link, a folder and its parent) would count as two seeds
+            first = seen.setdefault(run.resolve(), run)
+            if first is run:
+                found.append(run)
+            else:
+                print(f"podsrl plot: {run} is the run {first} again: counted once", file=sys.stderr)
     try:
         check_report_folder(args.output_dir)
         result = analyze(found, baseline=args.baseline or None,

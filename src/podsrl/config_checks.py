@@ -141,6 +141,11 @@ def _check_combinations(cfg) -> None:
     require(cfg.num_kept <= cfg.num_generations or not METHODS[cfg.method].generates_n,
              f"num_kept: must be <= num_generations (got {cfg.num_kept} > {cfg.num_generations}); PODS keeps m of "
              f"the n rollouts it generates")
+    group = cfg.num_generations_max if cfg.adaptive_n else cfg.generated_per_prompt
+    require(not 0 < cfg.generation_batch_size < group,
+            f"generation_batch_size: {cfg.generation_batch_size} is less than one prompt group ({group} rollouts per "
+            f"prompt); engine calls take whole groups, so each would decode {group} anyway: set at least {group}, or "
+            f"0 for the whole batch in one call")
     check_size = getattr(PROMPT_SELECTORS.resolve(cfg.prompt_selector), "check_size", None)  # optional
     if cfg.max_train_prompts and check_size is not None:
         try:

@@ -199,7 +199,13 @@ class CheckedSelector:
     def take(self, count: int, step: int, group_size: int) -> list[int]:
         with calling(self.field, self.spec):
             indices = self.inner.take(count, step, group_size)
-        return index_list(indices, self.field, f"{self.spec}.take()", count, self.size)
+        taken = index_list(indices, self.field, f"{self.spec}.take()", count, self.size)
+        repeated = max(set(taken), key=taken.count)
+        if count <= self.size and taken.count(repeated) > 1:  # distinct prompts exist: a repeat is a defect
+            raise broken(self.field, f"{self.spec}.take()", f"prompt index {repeated} {taken.count(repeated)} times "
+                                                            f"among its {count}; a step's prompts are distinct (each "
+                                                            f"is one group), as the train split has {self.size}")
+        return taken
 
     def observe(self, step: int, indices: list[int], correct: torch.Tensor) -> None:
         with calling(self.field, self.spec):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from podsrl.experiments.runs import evaluated_record
 from podsrl.metrics import read_metrics
 
 
@@ -15,7 +16,7 @@ def plot_accuracy(run_dirs: list[Path], output: Path, title: str = "") -> Path:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for run_dir in run_dirs:
-        records = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("eval_accuracy") is not None]
+        records = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if evaluated_record(r)]
         label = Path(run_dir).name
         minutes = [r["train_seconds"] / 60 for r in records]
         ax.plot(minutes, [100 * r["eval_accuracy"] for r in records], marker="o", label=f"{label} sampled")

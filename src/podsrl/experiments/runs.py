@@ -116,11 +116,18 @@ def off_policy_numbers(steps: list[dict]) -> dict[str, float]:
     return numbers
 
 
+def evaluated_record(record: dict) -> bool:
+    """Whether a metrics record holds an evaluation: a finite eval_accuracy (an evaluation that gave
+    no number, NaN, is no point of the curve: it printed 'nan%' and broke the interpolation)."""
+    value = record.get("eval_accuracy")
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def load_run(path: Path) -> FinishedRun:
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     records = read_metrics(path / "metrics.jsonl")
-    evaluated = [r for r in records if r.get("eval_accuracy") is not None]
+    evaluated = [r for r in records if evaluated_record(r)]
     evals = [(r["train_seconds"], r["eval_accuracy"]) for r in evaluated]
     steps = [r for r in records if r["step"] > 0]
     if _nothing_to_compare(path, steps, evaluated):

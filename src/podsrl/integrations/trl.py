@@ -44,6 +44,8 @@ Not run by the developers: GPUs, and vLLM on a GPU (vLLM colocate ran on vLLM's 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +63,7 @@ except ImportError as err:  # an optional dependency
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, Groups, select
 from podsrl.rewards.stack import REWARD_LIMIT
+from podsrl.rewards.worker import checked_values
 from podsrl.rollout.vllm import load_weights_into, vllm_runs_on_cpu
 
 # GRPOTrainer's per-row state of the generation batch: each rollout's environment instance,
@@ -231,6 +234,28 @@ class CPUWeightSync:
         load_weights_into(self.generation.llm, self.generation._iter_named_params())
 
 
+def checked_reward(fn):
+    """A reward function held to TRL's contract where PODSTrainer calls it (one number or None per
+    completion): what else it returns (strings, a value per prompt) is one line naming it, not
+    torch.tensor's traceback inside TRL's reward step. Reward models and async functions, which
+    TRL calls its own ways, are left as they are."""
+    if isinstance(fn, torch.nn.Module) or inspect.iscoroutinefunction(fn) or not callable(fn):
+        return fn
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        values = fn(*args, **kwargs)
+        completions = kwargs.get("completions")
+        try:
+            checked_values(fn, values, len(values) if completions is None else len(completions))
+        except TypeError as err:  # not numbers; a wrong count or inf: TRL's and check_rewards' own lines
+            raise ValueError(f"PODSTrainer: {err}") from None
+        except ValueError:
+            pass
+        return values
+    return checked
+
+
 class PODSTrainer(GRPOTrainer):
     """``GRPOTrainer`` that trains on ``num_kept`` of the ``num_generations`` rollouts of each
     prompt (see the module docstring). Evaluation generates and scores as GRPOTrainer does."""
@@ -250,6 +275,7 @@ class PODSTrainer(GRPOTrainer):
                 "Make the generated rows per process a multiple of num_generations (podsrl.trl.trl_batch_arguments)")
         if self.use_vllm and self.vllm_mode == "colocate" and vllm_runs_on_cpu():
             self.vllm_generation = CPUWeightSync(self.vllm_generation)
+        self.reward_funcs = [checked_reward(fn) for fn in self.reward_funcs]
         # the same stream on every process: rules that draw choose the same rows everywhere
         self.selection_generator = torch.Generator().manual_seed(self.args.seed)
         self._pods_inputs = None  # the generation batch's dataset rows while it is being scored

@@ -290,7 +290,13 @@ class VLLMEngine(Stateless):
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         if options.processes > 1:  # each process its own engine, beside torch.distributed (as TRL does)
             kwargs["distributed_executor_backend"] = "external_launcher"
-        return LLM(**kwargs)
+        try:
+            return LLM(**kwargs)
+        except (ValueError, RuntimeError) as err:  # vLLM's advice names its own arguments, not podsrl's
+            advice = kv_cache_advice(err, options, max_model_len)
+            if advice is None:
+                raise
+            raise ValueError(advice) from None
 
     def _kv_cache_mb(self, config, max_model_len: int) -> float:
         """The configured size, else on the CPU room for vLLM's most sequences at once at full
@@ -321,6 +327,19 @@ class VLLMEngine(Stateless):
 def _base_config(model):
     """The policy's architecture: its own config, or under a LoRA adapter the base model's."""
     return getattr(model, "get_base_model", lambda: model)().config
+
+
+def kv_cache_advice(err: BaseException, options: VLLMOptions, max_model_len: int) -> str | None:
+    """vLLM's KV-cache refusal ("... KV cache is needed, which is larger than the available KV cache
+    memory ... Try increasing `gpu_memory_utilization` or decreasing `max_model_len`", "No available
+    memory for the cache blocks") in podsrl's settings; None for any other error."""
+    text = str(err)
+    if "KV cache" not in text and "cache blocks" not in text:
+        return None
+    size = (f"vllm_kv_cache_memory_mb (now {options.kv_cache_memory_mb:g})" if options.kv_cache_memory_mb else
+            f"vllm_gpu_memory_utilization (now {options.gpu_memory_utilization:g}) or vllm_kv_cache_memory_mb")
+    return (f"vllm_kv_cache_memory_mb: vLLM's KV cache does not fit ({text.strip().splitlines()[0][:200]}); raise "
+            f"{size}, or lower vllm_max_model_length (now {max_model_len}: prompt plus max_completion_length)")
 
 
 def model_length(options: VLLMOptions, config) -> int:

@@ -105,6 +105,11 @@ def _checkpoint_source(info: RunInfo, checkpoint: str | Path) -> Source:
         available = ", ".join(p.name for p in list_checkpoints(info.run_dir / "checkpoints")) or "none"
         raise FileNotFoundError(f"{path}: not a podsrl checkpoint (no {WEIGHTS_FILE} and {STATE_FILE}); "
                                 f"checkpoints of {info.run_dir}: {available}")
+    owner = path.resolve().parent.parent
+    if path.resolve().parent.name == "checkpoints" and is_run_folder(owner) and owner != info.run_dir.resolve():
+        # the model card would name RUN_DIR as its source, and RUN_DIR's config would load the weights
+        raise ValueError(f"--checkpoint {checkpoint}: a checkpoint of run {owner}, not of {info.run_dir}; export it "
+                         f"from its own run: podsrl export {owner} OUTPUT_DIR --checkpoint {path.name}")
     return Source(path, f"checkpoint {path.name}", *_step_and_seconds(read_json(path / STATE_FILE), path / STATE_FILE))
 
 
