@@ -34,7 +34,7 @@ from datasets import Dataset, load_dataset
 
 from podsrl.trl import PODSConfig as GRPOConfig  # was: from trl import GRPOConfig, GRPOTrainer
 from podsrl.trl import PODSTrainer as GRPOTrainer
-from podsrl.trl import trl_batch_arguments
+from podsrl.trl import release_vllm, trl_batch_arguments
 
 SYSTEM_PROMPT = ("A conversation between User and Assistant. The Assistant first thinks about the reasoning process "
                  "and then gives the answer. The reasoning and the answer are enclosed within <think> </think> and "
@@ -108,6 +108,7 @@ def main() -> None:
                           train_dataset=dataset)
     trainer.train()
     trainer.save_model(args.output_dir)
+    release_vllm(trainer)  # vLLM's own process groups first: its exit-time teardown would fail after the default's
     if torch.distributed.is_initialized():  # tear the process group down before exit (see tests/test_trl.py)
         torch.distributed.destroy_process_group()
 

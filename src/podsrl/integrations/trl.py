@@ -234,6 +234,15 @@ class CPUWeightSync:
         load_weights_into(self.generation.llm, self.generation._iter_named_params())
 
 
+def release_vllm(trainer) -> None:
+    """Shut the trainer's colocated vLLM engine down now (nothing without one): it holds process
+    groups of its own, and vLLM's exit-time finalizer would tear them down after a script has
+    destroyed the default group, printing a traceback ("Invalid process group specified")."""
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def checked_reward(fn):
     """A reward function held to TRL's contract where PODSTrainer calls it (one number or None per
     completion): what else it returns (strings, a value per prompt) is one line naming it, not
