@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -37,15 +38,51 @@ def test_the_accelerate_launcher_is_installed():
     assert ACCELERATE is not None, f"no accelerate launcher next to {sys.executable}"
 
 
-def launch(output_dir: Path, processes: int = 2, setup: tuple[str, ...] = tuple(DDP),
-           **overrides) -> subprocess.CompletedProcess:
-    """`accelerate launch` podsrl; ``setup``: DDP flags or ``--config_file`` of a shipped config."""
-    options = {**OPTIONS, **overrides, "output_dir": str(output_dir)}
-    argv = [f"--{k}={v}" for k, v in options.items()]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([ACCELERATE or "accelerate", "launch", *setup, "--num_processes", str(processes),
-                           "--num_machines", "1", "--main_process_port", "0", "-m", "podsrl.cli", "train", *argv],
-                          capture_output=True, text=True, env=env, timeout=300)
+class SharedLaunch:
+    """The runs of one launcher setup (DDP flags, or a shipped config's ``--config_file``), in one
+    `accelerate launch` (tests/distributed_jobs.py): a launch costs the launcher's and both
+    processes' start before any training, so runs of one setup share it. Jobs run in the order
+    added; :meth:`result` is a job's outcome as its own launch would have been."""
+
+    def __init__(self, folder: Path, setup: tuple[str, ...] = tuple(DDP), processes: int = 2) -> None:
+        self.folder, self.setup, self.processes = folder, setup, processes
+        self.jobs: list[dict] = []
+        self.launcher: subprocess.CompletedProcess | None = None
+
+    def add(self, name: str, output_dir: Path, **overrides) -> None:
+        options = {**OPTIONS, **overrides, "output_dir": str(output_dir)}
+        self.jobs.append({"name": name, "argv": [f"--{k}={v}" for k, v in options.items()],
+                          "output_dir": str(output_dir), "report": str(self.folder / f"{name}.report")})
+
+    def run(self) -> "SharedLaunch":
+        jobs = self.folder / "jobs.json"
+        jobs.write_text(json.dumps(self.jobs))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        self.launcher = subprocess.run(
+            [ACCELERATE or "accelerate", "launch", *self.setup, "--num_processes", str(self.processes),
+             "--num_machines", "1", "--main_process_port", "0", "-m", "tests.distributed_jobs", str(jobs)],
+            capture_output=True, text=True, env=env, timeout=240 * len(self.jobs), cwd=Path(__file__).parents[1])
+        return self
+
+    def result(self, name: str) -> "JobResult":
+        """The job's exit code (the first process's that failed, else 0), what every process
+        printed, and the checkpoints its folder held when it ended."""
+        job = next(job for job in self.jobs if job["name"] == name)
+        reports = [Path(f"{job['report']}.rank{rank}.json") for rank in range(self.processes)]
+        if not all(report.is_file() for report in reports):  # the launch ended before this job finished
+            return JobResult(self.launcher.returncode or 1, self.launcher.stdout,
+                             f"no report of job {name}: the launch ended first\n{self.launcher.stderr}")
+        done = [json.loads(report.read_text()) for report in reports]
+        return JobResult(next((d["returncode"] for d in done if d["returncode"]), 0),
+                         "".join(d["stdout"] for d in done), "".join(d["stderr"] for d in done), done[0]["checkpoints"])
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    checkpoints: list[str] = field(default_factory=list)
 
 
 def one_process(output_dir: Path, **overrides) -> Path:
@@ -73,12 +110,74 @@ def one_process_run(tmp_path_factory):
     return one_process(tmp_path_factory.mktemp("one") / "run")
 
 
+RANK_REWARDS = {
+    "spread_on_one_rank_1": "import os\n\n\ndef spread_on_one_rank(completions, **kwargs):\n"
+                            "    spread = os.environ.get('RANK') == '1'\n"
+                            "    return [float(spread and i % 2) for i in range(len(completions))]\n",
+    "spread_on_one_rank_none": "import os\n\n\ndef spread_on_one_rank(completions, **kwargs):\n"
+                               "    spread = os.environ.get('RANK') == 'none'\n"
+                               "    return [float(spread and i % 2) for i in range(len(completions))]\n",
+    "fails_on_rank_1": "import os\n\n\ndef fails_on_rank_1(completions, **kwargs):\n"
+                       "    if os.environ.get('RANK') == '1':\n        raise ValueError('rank 1 refuses')\n"
+                       "    return [float('Answer' in c) for c in completions]\n\n\n"
+                       "fails_on_rank_1.reward_bounds = (0.0, 1.0)\n",
+}
+PARTIAL = dict(generation_engine="slots", generation_micro_group=4, generation_schedule="round_robin",
+               partial_rollouts=True, prompt_selector="pass_rate", generation_batch_size=0, dynamic_sampling_rounds=2)
+SELECTION = dict(prompt_selector="pass_rate", max_train_prompts=12, max_steps=4)
+SHARDED_LORA = dict(lora_rank=4, generation_engine="slots", generation_micro_group=4)
+
+
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("ddp") / "run"
-    done = launch(run_dir)
+def ddp(tmp_path_factory) -> SharedLaunch:
+    """Every DDP run of this module in one launch; the runs expected to fail come last."""
+    folder = tmp_path_factory.mktemp("ddp")
+    for name, source in RANK_REWARDS.items():
+        (folder / f"{name}.py").write_text(source)
+    launch = SharedLaunch(folder)
+    launch.add("run", folder / "run")
+    launch.add("grpo_loss", folder / "grpo_loss", loss_type="grpo")
+    launch.add("part", folder / "part", max_steps=2, save_steps=2)
+    launch.add("resumed", folder / "part", max_steps=3, resume=True)
+    launch.add("pass_rate", folder / "pass_rate", **SELECTION)
+    launch.add("dynamic", folder / "dynamic", dynamic_sampling=True, dynamic_sampling_rounds=2)
+    for dynamic_sampling in (False, True):
+        launch.add(f"partial_{dynamic_sampling}", folder / f"partial_{dynamic_sampling}", **PARTIAL,
+                   dynamic_sampling=dynamic_sampling)
+    for spread_on in ("1", "none"):
+        launch.add(f"signal_{spread_on}", folder / f"signal_{spread_on}", max_steps=1,
+                   reward_funcs=f"{folder / f'spread_on_one_rank_{spread_on}.py'}:spread_on_one_rank")
+    launch.add("early_stop_failure", folder / "early_stop_failure", generation_engine="slots",
+               generation_schedule="round_robin", generation_micro_group=8, group_early_stop=True,
+               reward_funcs=f"{folder / 'fails_on_rank_1.py'}:fails_on_rank_1")
+    launch.add("odd", folder / "odd", prompts_per_step=3, generation_batch_size=0)
+    return launch.run()
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory) -> SharedLaunch:
+    folder = tmp_path_factory.mktemp("fsdp")
+    launch = SharedLaunch(folder, ("--config_file", str(CONFIGS / "fsdp.yaml")))
+    launch.add("run", folder / "run")
+    one_process(folder / "part", max_steps=2, save_steps=2)  # checkpoints hold whole tensors: any layout resumes
+    launch.add("resumed", folder / "part", resume=True)
+    return launch.run()
+
+
+@pytest.fixture(scope="module")
+def zero2(tmp_path_factory) -> SharedLaunch:
+    folder = tmp_path_factory.mktemp("zero2")
+    launch = SharedLaunch(folder, ("--config_file", str(CONFIGS / "fsdp-zero2.yaml")))
+    launch.add("run", folder / "run")
+    launch.add("lora", folder / "lora", **SHARDED_LORA)
+    return launch.run()
+
+
+@pytest.fixture(scope="module")
+def two_process_run(ddp):
+    done = ddp.result("run")
     assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir, done
+    return ddp.folder / "run", done
 
 
 @pytest.mark.slow
@@ -128,50 +227,49 @@ def test_two_processes_match_one_process_over_the_same_prompts(two_process_run, 
 
 
 @pytest.mark.slow
-def test_sequence_aggregation_matches_one_process(tmp_path):
-    done = launch(tmp_path / "two", loss_type="grpo")
+def test_sequence_aggregation_matches_one_process(ddp, tmp_path):
+    done = ddp.result("grpo_loss")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_training(tmp_path / "two", one_process(tmp_path / "one", loss_type="grpo"))
+    assert_same_training(ddp.folder / "grpo_loss", one_process(tmp_path / "one", loss_type="grpo"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["fsdp.yaml", "fsdp-zero2.yaml"])
-def test_sharded_processes_match_one_process(config, one_process_run, tmp_path):
-    done = launch(tmp_path / "run", setup=("--config_file", str(CONFIGS / config)))
+def test_sharded_processes_match_one_process(config, one_process_run, request):
+    launch = request.getfixturevalue({"fsdp.yaml": "fsdp", "fsdp-zero2.yaml": "zero2"}[config])
+    done = launch.result("run")
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    records = [r for r in read_metrics(launch.folder / "run" / "metrics.jsonl") if r["step"] > 0]
     assert "rank_param_spread" not in records[0]  # sharded: no replicas to compare
-    assert_same_training(tmp_path / "run", one_process_run)
+    assert_same_training(launch.folder / "run", one_process_run)
 
 
 @pytest.mark.slow
-def test_sharded_lora_matches_one_process(tmp_path):
+def test_sharded_lora_matches_one_process(zero2, tmp_path):
     # slots decoding takes a different number of steps on each process: without gathering
     # the whole model first, the per-layer all-gathers fall out of step and hang (checked)
-    lora = dict(lora_rank=4, generation_engine="slots", generation_micro_group=4)
-    done = launch(tmp_path / "run", setup=("--config_file", str(CONFIGS / "fsdp-zero2.yaml")), **lora)
+    done = zero2.result("lora")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_training(tmp_path / "run", one_process(tmp_path / "one", **lora))
+    assert_same_training(zero2.folder / "lora", one_process(tmp_path / "one", **SHARDED_LORA))
 
 
 @pytest.mark.slow
-def test_sharded_run_resumes_a_one_process_checkpoint(one_process_run, tmp_path):
-    # checkpoints hold whole tensors, so they move between process layouts
-    part = tmp_path / "part"
-    one_process(part, max_steps=2, save_steps=2)
-    done = launch(part, resume=True, setup=("--config_file", str(CONFIGS / "fsdp.yaml")))
+def test_sharded_run_resumes_a_one_process_checkpoint(one_process_run, fsdp):
+    # checkpoints hold whole tensors, so they move between process layouts (the fixture trained
+    # fsdp.folder / "part" for 2 steps in this process)
+    done = fsdp.result("resumed")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_training(part, one_process_run)
+    assert_same_training(fsdp.folder / "part", one_process_run)
 
 
 @pytest.mark.slow
-def test_two_process_resume_matches_the_uninterrupted_run(two_process_run, tmp_path):
+def test_two_process_resume_matches_the_uninterrupted_run(two_process_run, ddp):
     run_dir, _ = two_process_run
-    part = tmp_path / "part"
-    done = launch(part, max_steps=2, save_steps=2)
+    part = ddp.folder / "part"
+    done = ddp.result("part")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in (part / "checkpoints").iterdir()) == ["step_0000002"]
-    done = launch(part, max_steps=3, resume=True)
+    assert done.checkpoints == ["step_0000002"]
+    done = ddp.result("resumed")
     assert done.returncode == 0, done.stderr[-3000:]
     # the interrupted run evaluated at its end (step 2); evaluation has its own RNG
     assert without_timings(steps(part), "eval_") == without_timings(steps(run_dir), "eval_")
@@ -180,15 +278,14 @@ def test_two_process_resume_matches_the_uninterrupted_run(two_process_run, tmp_p
 
 
 @pytest.mark.slow
-def test_pass_rate_selection_over_two_processes_matches_one_process(tmp_path):
+def test_pass_rate_selection_over_two_processes_matches_one_process(ddp, tmp_path):
     """The selector learns from every process's outcomes (gathered), so each process draws
     the same prompts, and the run is the one-process run: the same selector numbers, the
     same rollouts and the same weights."""
-    selection = dict(prompt_selector="pass_rate", max_train_prompts=12, max_steps=4)
-    done = launch(tmp_path / "two", **selection)
+    done = ddp.result("pass_rate")
     assert done.returncode == 0, done.stderr[-3000:]
-    one = one_process(tmp_path / "one", **selection)
-    ran, reference = steps(tmp_path / "two"), steps(one)
+    one = one_process(tmp_path / "one", **SELECTION)
+    ran, reference = steps(ddp.folder / "pass_rate"), steps(one)
     assert [r["selector_prompts_seen"] for r in ran] == [r["selector_prompts_seen"] for r in reference]
     for a, b in zip(ran, reference):
         assert a["selector_informativeness"] == pytest.approx(b["selector_informativeness"], rel=1e-12)
@@ -197,12 +294,12 @@ def test_pass_rate_selection_over_two_processes_matches_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
+def test_dynamic_sampling_over_two_processes_stays_in_sync(ddp):
     """Refill rounds are decided for all processes together (a process short of informative
     groups makes every process generate again), so their collectives never diverge."""
-    done = launch(tmp_path / "run", dynamic_sampling=True, dynamic_sampling_rounds=2)
+    done = ddp.result("dynamic")
     assert done.returncode == 0, done.stderr[-3000:]
-    records = steps(tmp_path / "run")
+    records = steps(ddp.folder / "dynamic")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["rank_param_spread"] == 0.0 for r in records)
     assert all(r["prompts_generated"] == 4 * r["prompt_rounds"] for r in records)
@@ -210,15 +307,13 @@ def test_dynamic_sampling_over_two_processes_stays_in_sync(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dynamic_sampling", [False, True])
-def test_partial_rollouts_over_two_processes_stay_in_sync(tmp_path, dynamic_sampling):
+def test_partial_rollouts_over_two_processes_stay_in_sync(ddp, dynamic_sampling):
     """Each process carries its own groups in flight; fresh prompts are drawn for both together
     (each its own slice: with dynamic sampling, a round may find one process with its share and
     the other without) and a learning selector observes every process's complete groups."""
-    done = launch(tmp_path / "run", generation_engine="slots", generation_micro_group=4,
-                  generation_schedule="round_robin", partial_rollouts=True, prompt_selector="pass_rate",
-                  generation_batch_size=0, dynamic_sampling=dynamic_sampling, dynamic_sampling_rounds=2)
+    done = ddp.result(f"partial_{dynamic_sampling}")
     assert done.returncode == 0, done.stderr[-3000:]
-    records = steps(tmp_path / "run")
+    records = steps(ddp.folder / f"partial_{dynamic_sampling}")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["rank_param_spread"] == 0.0 for r in records)
     assert all(r["partial_groups_carried"] == 2 * 2 for r in records)  # each process keeps its 2 extra in flight
@@ -228,15 +323,11 @@ def test_partial_rollouts_over_two_processes_stay_in_sync(tmp_path, dynamic_samp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spread_on", ["1", "none"])
-def test_a_run_with_a_learning_signal_on_one_process_only_is_judged_the_same_on_both(tmp_path, spread_on):
+def test_a_run_with_a_learning_signal_on_one_process_only_is_judged_the_same_on_both(ddp, spread_on):
     """Every advantage 0 fails the run (exit 1); the processes agree on it: rewards that differ
     only on rank 1's prompts are a signal for the whole run, so neither process fails it."""
-    reward = tmp_path / "rank_reward.py"
-    reward.write_text("import os\n\n\ndef spread_on_one_rank(completions, **kwargs):\n"
-                      f"    spread = os.environ.get('RANK') == {spread_on!r}\n"
-                      "    return [float(spread and i % 2) for i in range(len(completions))]\n")
-    done = launch(tmp_path / "run", max_steps=1, reward_funcs=f"{reward}:spread_on_one_rank")
-    failure = json.loads((tmp_path / "run" / "summary.json").read_text()).get("failure", "")  # the files are kept
+    done = ddp.result(f"signal_{spread_on}")
+    failure = json.loads((ddp.folder / f"signal_{spread_on}" / "summary.json").read_text()).get("failure", "")
     if spread_on == "none":
         assert done.returncode != 0 and "podsrl train: error: every advantage was 0 in the 1 steps run" in done.stderr
         assert failure.startswith("every advantage was 0")
@@ -245,16 +336,11 @@ def test_a_run_with_a_learning_signal_on_one_process_only_is_judged_the_same_on_
 
 
 @pytest.mark.slow
-def test_a_reward_failure_on_one_process_in_early_stop_stops_both(tmp_path):
+def test_a_reward_failure_on_one_process_in_early_stop_stops_both(ddp):
     """group_early_stop scores inside generation; a reward that fails on rank 1 alone must stop
-    both processes with the error, not leave rank 0 waiting in a collective."""
-    reward = tmp_path / "rank_reward.py"
-    reward.write_text("import os\n\n\ndef fails_on_rank_1(completions, **kwargs):\n"
-                      "    if os.environ.get('RANK') == '1':\n        raise ValueError('rank 1 refuses')\n"
-                      "    return [float('Answer' in c) for c in completions]\n\n\n"
-                      "fails_on_rank_1.reward_bounds = (0.0, 1.0)\n")
-    done = launch(tmp_path / "run", generation_engine="slots", generation_schedule="round_robin",
-                  generation_micro_group=8, group_early_stop=True, reward_funcs=f"{reward}:fails_on_rank_1")
+    both processes with the error, not leave rank 0 waiting in a collective (the launch goes on
+    to its next job: neither waits)."""
+    done = ddp.result("early_stop_failure")
     assert done.returncode != 0
     assert "rank 1 refuses" in done.stderr  # rank 1's own error
     assert "a reward function failed on another process" in done.stderr  # rank 0 stopped with it
@@ -262,8 +348,8 @@ def test_a_reward_failure_on_one_process_in_early_stop_stops_both(tmp_path):
 
 
 @pytest.mark.slow
-def test_prompts_must_split_evenly_over_processes(tmp_path):
-    done = launch(tmp_path / "odd", prompts_per_step=3, generation_batch_size=0)
+def test_prompts_must_split_evenly_over_processes(ddp):
+    done = ddp.result("odd")
     assert done.returncode != 0
     assert "prompts_per_step: 3 prompts cannot be split evenly over 2 processes" in done.stderr
 
