@@ -203,7 +203,7 @@ def test_pool_state_round_trips():
     (dict(generation_engine="hf"), "partial_rollouts: generation_engine hf cannot stop"),
     (dict(generation_schedule="length_aware"), "partial_rollouts: generation_schedule length_aware"),
     (dict(adaptive_n=True), "partial_rollouts: not with adaptive_n"),
-    (dict(generation_batch_size=8), "partial_rollouts: generation_batch_size 8"),
+    (dict(generation_batch_size=32), "partial_rollouts: generation_batch_size 32"),  # >= n: a valid size otherwise
     (dict(partial_stale_correction="drop"), "partial_stale_correction: unknown 'drop'"),
     (dict(partial_max_staleness=0), "partial_max_staleness: must be >= 1"),
     (dict(partial_extra_prompts=0), "partial_extra_prompts: must be positive"),
