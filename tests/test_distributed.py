@@ -154,22 +154,25 @@ def ddp(tmp_path_factory) -> SharedLaunch:
     return launch.run()
 
 
+def sharded(tmp_path_factory, config: str) -> SharedLaunch:
+    """A launch of a shipped sharding config whose first job is the default run."""
+    launch = SharedLaunch(tmp_path_factory.mktemp(config.split(".")[0]), ("--config_file", str(CONFIGS / config)))
+    launch.add("run", launch.folder / "run")
+    return launch
+
+
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory) -> SharedLaunch:
-    folder = tmp_path_factory.mktemp("fsdp")
-    launch = SharedLaunch(folder, ("--config_file", str(CONFIGS / "fsdp.yaml")))
-    launch.add("run", folder / "run")
-    one_process(folder / "part", max_steps=2, save_steps=2)  # checkpoints hold whole tensors: any layout resumes
-    launch.add("resumed", folder / "part", resume=True)
+    launch = sharded(tmp_path_factory, "fsdp.yaml")
+    one_process(launch.folder / "part", max_steps=2, save_steps=2)  # checkpoints hold whole tensors: any layout
+    launch.add("resumed", launch.folder / "part", resume=True)
     return launch.run()
 
 
 @pytest.fixture(scope="module")
 def zero2(tmp_path_factory) -> SharedLaunch:
-    folder = tmp_path_factory.mktemp("zero2")
-    launch = SharedLaunch(folder, ("--config_file", str(CONFIGS / "fsdp-zero2.yaml")))
-    launch.add("run", folder / "run")
-    launch.add("lora", folder / "lora", **SHARDED_LORA)
+    launch = sharded(tmp_path_factory, "fsdp-zero2.yaml")
+    launch.add("lora", launch.folder / "lora", **SHARDED_LORA)
     return launch.run()
 
 
