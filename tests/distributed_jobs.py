@@ -33,7 +33,7 @@ def run_jobs(jobs: list[dict]) -> None:
                 code = main(["train", *job["argv"]])
             except SystemExit as exit:
                 code = exit.code if isinstance(exit.code, int) else 1
-            except BaseException:  # noqa: BLE001 (the report says what it was)
+            except BaseException:  # the report says what it was
                 traceback.print_exc()
                 code, crashed = 1, True
         checkpoints = Path(job["output_dir"]) / "checkpoints"  # as the job left them (a later job may add some)

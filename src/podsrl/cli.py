@@ -129,11 +129,11 @@ def _report_run(cfg, result) -> int:
     return 0
 
 
-def _given_fields(argv: list[str]) -> set[str]:
-    """The fields ``--FIELD`` options or the ``--config`` file (already read without error) set."""
+def _given_fields(args: argparse.Namespace) -> set[str]:
+    """The fields that parsed ``--FIELD`` options or their ``--config`` file (already read without
+    error) set."""
     from podsrl.config import load_yaml
 
-    args, _ = _config_parser("", "").parse_known_args(argv)
     given = {name for name, value in vars(args).items() if name != "config" and value is not None}
     return given | (set(load_yaml(args.config)) if args.config else set())
 
@@ -160,7 +160,7 @@ def cmd_eval(argv: list[str]) -> int:
     if cfg is None:
         return 2
 
-    given = _given_fields(argv)
+    given = _given_fields(args)
     run = run_of_model(cfg.model)
     if run is not None and (terms := run_terms(run, given)):
         cfg = _parse_config(argv, "podsrl eval", EVAL_DESCRIPTION, beneath=terms)

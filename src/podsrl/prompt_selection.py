@@ -25,6 +25,7 @@ holds it to that contract.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -200,11 +201,11 @@ class CheckedSelector:
         with calling(self.field, self.spec):
             indices = self.inner.take(count, step, group_size)
         taken = index_list(indices, self.field, f"{self.spec}.take()", count, self.size)
-        repeated = max(set(taken), key=taken.count)
-        if count <= self.size and taken.count(repeated) > 1:  # distinct prompts exist: a repeat is a defect
-            raise broken(self.field, f"{self.spec}.take()", f"prompt index {repeated} {taken.count(repeated)} times "
-                                                            f"among its {count}; a step's prompts are distinct (each "
-                                                            f"is one group), as the train split has {self.size}")
+        repeated, times = Counter(taken).most_common(1)[0] if taken else (None, 0)
+        if count <= self.size and times > 1:  # distinct prompts exist: a repeat is a defect
+            raise broken(self.field, f"{self.spec}.take()", f"prompt index {repeated} {times} times among its "
+                                                            f"{count}; a step's prompts are distinct (each is one "
+                                                            f"group), as the train split has {self.size}")
         return taken
 
     def observe(self, step: int, indices: list[int], correct: torch.Tensor) -> None:

@@ -157,7 +157,7 @@ class RewardStack:
         value outside is a failure of the function (the error policy applies), never trained on."""
         low, high = bounds
         outside = [i for i, v in enumerate(values) if v is not None and not isinstance(v, _Failed)
-                   and not low <= v <= high]
+                   and not low <= v <= high]  # prompt indices, in order
         if not outside:
             return values
         if self.error_policy == "raise":
@@ -165,7 +165,8 @@ class RewardStack:
                               f"{outside[0]}, outside its declared reward_bounds [{low:g}, {high:g}] (group_early_stop "
                               f"rests on them): fix the function or its bounds")
         self.failures += len(outside)
-        return [_Failed(0.0) if i in set(outside) else v for i, v in enumerate(values)]
+        failed = set(outside)
+        return [_Failed(0.0) if i in failed else v for i, v in enumerate(values)]
 
     def _call(self, index: int, fn: RewardFn, prompts, completions, columns, shared) -> list[float | None]:
         n = len(completions)

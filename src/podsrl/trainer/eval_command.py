@@ -17,7 +17,7 @@ from podsrl.options import bind
 from podsrl.registry import component_label
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, list_checkpoints
-from podsrl.trainer.evaluate import EvalOptions, cut_warning, eval_shortfall, evaluate
+from podsrl.trainer.evaluate import EvalOptions, cut_share, cut_warning, eval_shortfall, evaluate
 from podsrl.trainer.run_dir import RunLock, is_run_folder
 
 FINAL_MODEL = "model"  # a run's final model: RUN/model
@@ -160,7 +160,7 @@ def run_eval(cfg, task_options: TaskOptions) -> dict:
                "samples_per_prompt": 1 if options.eval_temperature == 0 else options.eval_samples,
                "temperature": options.eval_temperature, "max_completion_length": cfg.max_completion_length,
                "answered": sum(r["extracted"] is not None for r in records) / max(1, len(records)),
-               "cut": sum(r["cut"] for r in records) / max(1, len(records)),
+               "cut": cut_share(records),
                "seconds": round(seconds, 2), "samples_file": str(samples_path)}
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -87,10 +87,15 @@ def cut_by_budget(rollouts: Rollouts, max_new_tokens: int, eos_token_id: int | N
     return (mask.sum(-1) >= max_new_tokens) & ~ended.any(-1)
 
 
+def cut_share(records: Sequence[dict]) -> float:
+    """The share of the records' completions cut by the budget (:func:`cut_by_budget`)."""
+    return sum(r["cut"] for r in records) / max(1, len(records))
+
+
 def cut_warning(records: Sequence[dict], max_new_tokens: int) -> str:
     """The line for completions mostly cut by the budget ('' when at most half are): their
     accuracy grades cut-off text, and a run on them learns from it."""
-    cut = sum(r["cut"] for r in records) / max(1, len(records))
+    cut = cut_share(records)
     if cut <= 0.5:
         return ""
     return (f"max_completion_length: {100 * cut:.0f}% of {len(records)} held-out completions were cut at "

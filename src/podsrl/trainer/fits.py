@@ -114,17 +114,18 @@ def _decodings(cfg, options, longest_prompt: int, share: int, extra: int) -> lis
     seq_len = longest_prompt + cfg.max_completion_length
     n = cfg.num_generations_max if cfg.adaptive_n else cfg.generated_per_prompt
     samples = (share + extra) * n
+    lead = "num_generations" if n >= share else "prompts_per_step"  # the larger factor of the rows
     slots = getattr(options, "micro_group", None)
     if slots is not None:  # the slots engine: g slots, or every sample in flight; its prefills stored
-        lead = "partial_extra_prompts" if extra > share else "num_generations" if n >= share else "prompts_per_step"
+        lead = "partial_extra_prompts" if extra > share else lead
         train = (Decoding(slots, seq_len, share + extra, "generation_micro_group", f"generation_micro_group {slots}")
                  if slots and slots < samples else
                  Decoding(samples, seq_len, share + extra, lead, f"generation_micro_group 0: every sample in flight, "
                           f"({share} prompts a step{f' + {extra} partial_extra_prompts' if extra else ''}) x {n}"))
     else:  # whole prompt groups, generation_batch_size sequences a call (0 = all)
         rows = min(samples, max(n, getattr(options, "batch_size", 0) or samples))
-        field = "generation_batch_size" if rows < samples else "num_generations" if n >= share else "prompts_per_step"
-        train = Decoding(rows, seq_len, 0, field, f"{rows // n} prompt groups x {n} a call")
+        train = Decoding(rows, seq_len, 0, "generation_batch_size" if rows < samples else lead,
+                         f"{rows // n} prompt groups x {n} a call")
     samples_per_prompt = 1 if cfg.eval_temperature == 0 else cfg.eval_samples
     evaluation = min(cfg.eval_batch_size, cfg.eval_prompts * samples_per_prompt)
     return [train, Decoding(evaluation, seq_len, 0, "eval_batch_size", f"evaluation: eval_batch_size "

@@ -247,7 +247,7 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown holder"
+            holder = _holder(fd)
             os.close(fd)
             raise RunDirError(f"output_dir: {self.run_dir} is in use by another run ({holder}); wait for it to "
                               f"finish or choose another --output_dir") from None
@@ -268,7 +268,7 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return os.read(fd, 4096).decode(errors="replace").strip() or "unknown holder"
+            return _holder(fd)
         else:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return ""
@@ -287,6 +287,11 @@ class RunLock:
             with contextlib.suppress(OSError):
                 self.path.unlink()
                 self.run_dir.rmdir()
+
+
+def _holder(fd: int) -> str:
+    """What a held lock file says of its holder (its pid, host and start)."""
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
 
 
 def _agreed(procs: Processes, refusal: RunDirError | None) -> None:
