@@ -49,7 +49,7 @@ def test_a_run_is_refused_exactly_when_what_it_decodes_at_once_exceeds_the_memor
     samples = (prompts + extra) * n
     if engine == "slots":
         rows = micro_group if micro_group and micro_group < samples else samples
-        need = generation_memory_bytes(model_config, rows, seq_len, prompts + extra, seq_len)
+        need = generation_memory_bytes(model_config, rows, seq_len, prompts + extra, longest)  # prefills: prompts
     else:
         rows = min(samples, max(n, batch_size or samples))
         need = generation_memory_bytes(model_config, rows, seq_len)

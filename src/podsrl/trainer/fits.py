@@ -42,17 +42,18 @@ def available_bytes(device: torch.device) -> int:
 @dataclass(frozen=True)
 class Decoding:
     """What one engine call decodes at once: ``rows`` sequences of up to ``seq_len`` tokens
-    (and, for the slots engine, ``prompts`` stored prefills), set by the ``field`` named."""
+    (and, for the slots engine, ``prompts`` stored prefills of ``prompt_len`` tokens, as the
+    engine's own cap counts them: podsrl.rollout.base.rows_within), set by the ``field`` named."""
 
     rows: int
     seq_len: int
     prompts: int
     field: str
     why: str
+    prompt_len: int = 0
 
     def bytes(self, model_config) -> int:
-        return generation_memory_bytes(model_config, self.rows, self.seq_len, self.prompts,
-                                       self.seq_len if self.prompts else 0)
+        return generation_memory_bytes(model_config, self.rows, self.seq_len, self.prompts, self.prompt_len)
 
 
 def agreed(procs, check):
@@ -118,10 +119,12 @@ def _decodings(cfg, options, longest_prompt: int, share: int, extra: int) -> lis
     slots = getattr(options, "micro_group", None)
     if slots is not None:  # the slots engine: g slots, or every sample in flight; its prefills stored
         lead = "partial_extra_prompts" if extra > share else lead
-        train = (Decoding(slots, seq_len, share + extra, "generation_micro_group", f"generation_micro_group {slots}")
+        train = (Decoding(slots, seq_len, share + extra, "generation_micro_group", f"generation_micro_group {slots}",
+                          longest_prompt)
                  if slots and slots < samples else
                  Decoding(samples, seq_len, share + extra, lead, f"generation_micro_group 0: every sample in flight, "
-                          f"({share} prompts a step{f' + {extra} partial_extra_prompts' if extra else ''}) x {n}"))
+                          f"({share} prompts a step{f' + {extra} partial_extra_prompts' if extra else ''}) x {n}",
+                          longest_prompt))
     else:  # whole prompt groups, generation_batch_size sequences a call (0 = all)
         rows = min(samples, max(n, getattr(options, "batch_size", 0) or samples))
         train = Decoding(rows, seq_len, 0, "generation_batch_size" if rows < samples else lead,
