@@ -13,22 +13,43 @@ in a collective; the jobs after it have no report.
 """
 
 import contextlib
-import io
 import json
 import os
 import sys
+import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from podsrl.cli import main
 
 
+@contextlib.contextmanager
+def captured(fd: int) -> Iterator[list[str]]:
+    """What is written to file descriptor ``fd`` (1 or 2) inside the block, appended to the list
+    yielded once the block ends. The descriptor itself is redirected, not ``sys.stdout``: an engine
+    may ask a stream for its ``fileno()`` (vLLM does), and its C code writes to the descriptor."""
+    stream = sys.stdout if fd == 1 else sys.stderr
+    text: list[str] = []
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+") as file:
+        stream.flush()
+        os.dup2(file.fileno(), fd)
+        try:
+            yield text
+        finally:
+            stream.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            file.seek(0)
+            text.append(file.read())
+
+
 def run_jobs(jobs: list[dict]) -> None:
     rank = os.environ.get("RANK", "0")
     for job in jobs:
-        out, err = io.StringIO(), io.StringIO()
         crashed = False
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with captured(1) as out, captured(2) as err:
             try:
                 code = main(["train", *job["argv"]])
             except SystemExit as exit:
@@ -37,7 +58,7 @@ def run_jobs(jobs: list[dict]) -> None:
                 traceback.print_exc()
                 code, crashed = 1, True
         checkpoints = Path(job["output_dir"]) / "checkpoints"  # as the job left them (a later job may add some)
-        report = {"name": job["name"], "returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
+        report = {"name": job["name"], "returncode": code, "stdout": "".join(out), "stderr": "".join(err),
                   "checkpoints": sorted(p.name for p in checkpoints.iterdir()) if checkpoints.is_dir() else []}
         Path(f"{job['report']}.rank{rank}.json").write_text(json.dumps(report))
         if crashed:

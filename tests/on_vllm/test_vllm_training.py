@@ -188,10 +188,12 @@ def test_two_processes_each_with_an_engine_match_one_process(tmp_path):
     beside torch.distributed (vLLM's external_launcher) and pushes the weights every step. The
     rollouts are seeded per chunk of prompts, so two processes sample what one samples, and the
     parameters stay identical across processes."""
-    from tests.test_distributed import OPTIONS, launch, one_process, steps, weights
+    from tests.test_distributed import OPTIONS, SharedLaunch, one_process, steps, weights
 
     engine = dict(generation_engine="vllm", vllm_enforce_eager=True)
-    done = launch(tmp_path / "two", **engine)
+    launch = SharedLaunch(tmp_path)
+    launch.add("two", tmp_path / "two", **engine)
+    done = launch.run().result("two")
     assert done.returncode == 0, done.stderr[-3000:]
     two, one = steps(tmp_path / "two"), steps(one_process(tmp_path / "one", **engine))
     assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, OPTIONS["max_steps"] + 1))
