@@ -1,7 +1,7 @@
 """Token sampling with transformers' semantics, for podsrl's own decoder (the slots engine).
 
-logits in float32, temperature then top-p (nucleus) filtering, one multinomial draw per
-token; greedy (argmax) at temperature 0. Tested against transformers' logits warpers.
+logits in float32, temperature then top-p (nucleus) filtering, one categorical draw per
+token (the exponential race); greedy (argmax) at temperature 0. Tested against transformers' logits warpers.
 """
 
 from __future__ import annotations
@@ -32,4 +32,9 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = warp_logits(logits.float(), temperature, top_p).softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1).squeeze(1)
+    # The exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) drawn independently is token i with
+    # probability p_i, as torch.multinomial (which races the same way with exponential_) draws it;
+    # E = -log U from uniform draws is 4x faster on the CPU at [256, 317] (1.9 -> 0.4 ms a step).
+    # U = 0 (p = 2^-24 per entry) gives E = inf: that entry weighs 0 in that one draw.
+    race = torch.rand_like(probs).log_().neg_()
+    return (probs / race).argmax(dim=-1)
