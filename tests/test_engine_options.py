@@ -73,10 +73,10 @@ def test_trls_vllm_names_reach_the_vllm_options():
     ('{"name": "slots", "micro_group": "8"}',
      "generation_engine: slots: argument micro_group: expected a number like its default 0, got '8' (YAML reads "
      "1e-6 as text: write 1.0e-6)"),
-    ('{"name": "slots", "slots": 8}', "generation_engine: slots takes no argument 'slots' (it takes: memory_mb, "
-                                      "micro_group, probe_tokens, refill, schedule)"),
+    ('{"name": "slots", "slots": 8}', "generation_engine: slots takes no argument 'slots' (it takes: decode_path, "
+                                      "memory_mb, micro_group, probe_tokens, refill, schedule)"),
     ('{"name": "slots", "max_new_tokens": 8}', "generation_engine: slots takes no argument 'max_new_tokens' (it takes: "
-                                               "memory_mb, micro_group, probe_tokens, refill, schedule)"),
+                                               "decode_path, memory_mb, micro_group, probe_tokens, refill, schedule)"),
     ('{"name": "hf", "micro_group": 8}', "generation_engine: hf takes no argument 'micro_group' (it takes: batch_size, "
                                          "copy_dtype, memory_mb, share_prefill, static_cache)"),
     ('{"name": "hf", "compute_dtype": "bfloat16"}', "generation_engine: hf takes no argument 'compute_dtype' (it "

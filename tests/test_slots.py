@@ -350,7 +350,7 @@ def make_decoder(bundle, prompts, num_samples, **options):
     prompt_kv, logits = prefill(bundle.model.eval(), enc["input_ids"], enc["attention_mask"], chunk=8)
     pending = PendingSamples(len(prompts), num_samples, "fifo", [0.0] * len(prompts), None)
     settings = dict(eos=bundle.tokenizer.eos_token_id, pad=bundle.tokenizer.pad_token_id, max_new_tokens=8,
-                    temperature=1.0, top_p=1.0) | options
+                    temperature=1.0, top_p=1.0, path="model") | options
     return SlotDecoder(bundle.model, prompt_kv, logits, pending, num_samples, **settings), enc
 
 
@@ -362,15 +362,15 @@ def test_admission_places_each_prompt_cache_right_aligned(tiny):
     torch.manual_seed(0)
     started = decoder.start_samples(2)
     decoder.place(rows, started)
-    width = decoder.column_mask.shape[1]
+    width = decoder.rows.column_mask.shape[1]
     lengths = enc["attention_mask"].sum(1).tolist()
     assert width == max(lengths)
     for row, (prompt, sample, token) in zip(rows, started):
         length = lengths[prompt]
         assert decoder.row_sample[row] == (prompt, sample) and int(decoder.last_token[row]) == token
-        assert decoder.column_mask[row].tolist() == [0] * (width - length) + [1] * length
+        assert decoder.rows.column_mask[row].tolist() == [0] * (width - length) + [1] * length
         assert int(decoder.position[row]) == length  # the next token's position id
-        for layer, (keys, values) in zip(decoder.layers, decoder.prompt_kv[prompt]):
+        for layer, (keys, values) in zip(decoder.rows.layers, decoder.prompt_kv[prompt]):
             assert torch.equal(layer.keys[row, :, width - length:], keys)
             assert not layer.values[row, :, :width - length].any()  # the masked-out columns hold zeros
 
@@ -397,16 +397,16 @@ def test_compaction_drops_rows_and_unused_columns_without_changing_what_live_row
         decoder.step()
 
     def attended(row):  # keys and values at the columns the row attends to, layer by layer
-        mask = decoder.column_mask[row].bool()
-        return [(layer.keys[row][:, mask], layer.values[row][:, mask]) for layer in decoder.layers]
+        mask = decoder.rows.column_mask[row].bool()
+        return [(layer.keys[row][:, mask], layer.values[row][:, mask]) for layer in decoder.rows.layers]
 
     short_row_view = attended(1)
     decoder.row_sample[0] = None  # the long prompt's sample ended
     decoder.drop_idle_rows()
-    assert decoder.row_sample == [(1, 0)] and decoder.layers[0].keys.shape[0] == 1
-    width_before = decoder.column_mask.shape[1]
+    assert decoder.row_sample == [(1, 0)] and decoder.rows.layers[0].keys.shape[0] == 1
+    width_before = decoder.rows.column_mask.shape[1]
     decoder.trim_columns()
-    assert decoder.column_mask.shape[1] < width_before and bool(decoder.column_mask[:, 0].any())
+    assert decoder.rows.column_mask.shape[1] < width_before and bool(decoder.rows.column_mask[:, 0].any())
     assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(attended(0), short_row_view))
 
 

@@ -162,6 +162,7 @@ class ConfigFields:
     generation_refill: str = flat_option(SlotsOptions, "refill")
     generation_schedule: Spec = flat_option(SlotsOptions, "schedule")
     generation_probe_tokens: int = flat_option(SlotsOptions, "probe_tokens")
+    generation_decode_path: str = flat_option(SlotsOptions, "decode_path")
     group_early_stop: bool = _f(False, "pods + max_variance on the slots engine: stop sampling a prompt once "
                                        "the m rollouts PODS would keep already have the largest variance the "
                                        "reward's declared bounds allow (lossless for the kept variance); its "

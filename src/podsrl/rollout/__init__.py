@@ -65,6 +65,7 @@ FLAT_OPTIONS = {
     "generation_refill": "refill",
     "generation_schedule": "schedule",
     "generation_probe_tokens": "probe_tokens",
+    "generation_decode_path": "decode_path",
     "vllm_gpu_memory_utilization": "gpu_memory_utilization",
     "vllm_kv_cache_memory_mb": "kv_cache_memory_mb",
     "vllm_max_model_length": "max_model_length",

@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from podsrl.rollout.base import Stopper
+from podsrl.rollout.kv_rows import cache_rows, full_attention_layers
 from podsrl.rollout.sampling import next_tokens
 from podsrl.rollout.schedule import PendingSamples
-
-
-def full_attention_layers(cache) -> list:
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
-        kinds = sorted({type(layer).__name__ for layer in cache.layers})
-        raise NotImplementedError(f"generation_engine 'slots' supports full-attention KV caches only; this model's "
-                                  f"cache has layers of type {kinds}: use generation_engine 'hf'")
-    return cache.layers
 
 
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, chunk: int):
@@ -47,16 +39,21 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, chunk: i
 class SlotDecoder:
     """The decoding state of a batch of prompts' samples in a bounded number of cache rows.
 
-    Row r of the cache decodes sample ``row_sample[r]`` = (prompt, sample), or idles (None).
-    ``column_mask`` [B, W] marks which cache columns belong to each row; ``last_token`` and
-    ``position`` [B] are the token to feed next and its position id. The parts:
-    admission (:meth:`open_rows`, :meth:`place`), refill (:meth:`fill`), row and column
-    compaction (:meth:`keep_rows`, :meth:`trim_columns`) and :meth:`step`.
+    Row r of the cache (``rows``: :mod:`podsrl.rollout.kv_rows`, podsrl's decode step or the
+    model's forward) decodes sample ``row_sample[r]`` = (prompt, sample), or idles (None). Per row,
+    as tensors [B]: ``last_token`` and ``position`` (the token to feed next and its position id),
+    ``live``, ``length`` (the sample's completion length so far); ``drawn`` [B, max_new_tokens]
+    holds the tokens a row drew at completion indices [row_base[r], length[r]) until the sample
+    ends or pauses (then they join ``completions``): a step is whole-tensor work, and only rows
+    that end or pause go through Python. The parts: admission (:meth:`open_rows`, :meth:`place`),
+    refill (:meth:`fill`), row and column compaction (:meth:`keep_rows`, :meth:`trim_columns`) and
+    :meth:`step`.
     """
 
     def __init__(self, model, prompt_kv: list, prompt_logits: torch.Tensor, pending: PendingSamples,
                  num_samples: int, *, eos: int, pad: int, max_new_tokens: int, temperature: float,
-                 top_p: float, stopper: Stopper | None = None, version: int | None = None) -> None:
+                 top_p: float, stopper: Stopper | None = None, version: int | None = None,
+                 path: str = "auto") -> None:
         self.model, self.prompt_kv, self.prompt_logits, self.pending = model, prompt_kv, prompt_logits, pending
         self.stopper = stopper
         # partial rollouts (``version``: the step whose weights decode now; None: off): per token, the
@@ -86,18 +83,22 @@ class SlotDecoder:
         self.temperature, self.top_p = temperature, top_p
         self.completions: list[list[list[int]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
         device = model.device
-        self.cache = DynamicCache(config=model.config)
-        self.layers = None
+        self.rows, self.path_refusal = cache_rows(model, prompt_kv, max_new_tokens, path)
         self.row_sample: list[tuple[int, int] | None] = []
-        self.column_mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, W]
+        self.row_base: list[int] = []  # completion tokens a row's sample had when it was placed
         self.last_token = torch.zeros(0, dtype=torch.long, device=device)  # [B]
         self.position = torch.zeros(0, dtype=torch.long, device=device)  # [B]
+        self.live_rows = torch.zeros(0, dtype=torch.bool, device=device)  # [B]
+        self.length = torch.zeros(0, dtype=torch.long, device=device)  # [B]
+        self.drawn = torch.zeros(0, max_new_tokens, dtype=torch.long, device=device)  # [B, T]
+        self.drawn_logp = torch.zeros(0, max_new_tokens, dtype=torch.float, device=device)  # [B, T]
         self.decode_steps = 0
         self.live_slot_steps = 0  # rows decoding a sample, summed over decode steps
 
     @property
     def live(self) -> bool:
         return any(s is not None for s in self.row_sample)
+
 
     @property
     def quota_met(self) -> bool:
@@ -158,22 +159,17 @@ class SlotDecoder:
 
     # --- admission ----------------------------------------------------------------------------
     def open_rows(self, count: int) -> list[int]:
-        """Append ``count`` idle rows (zero cache, masked) and return their indices."""
+        """Append ``count`` idle rows and return their indices."""
         first = len(self.row_sample)
         self.row_sample.extend([None] * count)
-        width = self.column_mask.shape[1]
-        self.column_mask = torch.cat([self.column_mask, self.column_mask.new_zeros(count, width)])
+        self.row_base.extend([0] * count)
         self.last_token = torch.cat([self.last_token, self.last_token.new_full((count,), self.pad)])
         self.position = torch.cat([self.position, self.position.new_zeros(count)])
-        if self.layers is None:  # first rows: initialise the cache with one empty column per layer
-            for index, (keys, values) in enumerate(self.prompt_kv[0]):
-                shape = (count, keys.shape[0], 0, keys.shape[-1])
-                self.cache.update(keys.new_zeros(shape), values.new_zeros(shape), index)
-            self.layers = full_attention_layers(self.cache)
-        else:
-            for layer in self.layers:
-                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((count, *layer.keys.shape[1:]))])
-                layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
+        self.live_rows = torch.cat([self.live_rows, self.live_rows.new_zeros(count)])
+        self.length = torch.cat([self.length, self.length.new_zeros(count)])
+        self.drawn = torch.cat([self.drawn, self.drawn.new_zeros(count, self.drawn.shape[1])])
+        self.drawn_logp = torch.cat([self.drawn_logp, self.drawn_logp.new_zeros(count, self.drawn.shape[1])])
+        self.rows.open(count)
         return list(range(first, first + count))
 
     def start_samples(self, count: int) -> list[tuple[int, int, int]]:
@@ -204,31 +200,21 @@ class SlotDecoder:
 
     def place(self, rows: list[int], started: list[tuple[int, int, int]]) -> None:
         """Put each started sample's prompt cache (and a resumed sample's own prefix after it)
-        into its row, right-aligned at the current width."""
-        need = max(self.context_length(p, s) for p, s, _ in started)
-        width = self.column_mask.shape[1]
-        if need > width:  # widen every row on the left; the new columns are masked out
-            grow = need - width
-            self.column_mask = torch.nn.functional.pad(self.column_mask, (grow, 0))
-            for layer in self.layers:
-                layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, grow, 0))
-                layer.values = torch.nn.functional.pad(layer.values, (0, 0, grow, 0))
-            width = need
-        for row, (prompt, sample, token) in zip(rows, started):
-            length = self.context_length(prompt, sample)
-            prefix = self.paused.pop((prompt, sample), None) or [(None, None)] * len(self.layers)
-            self.column_mask[row] = 0
-            self.column_mask[row, width - length:] = 1
-            for layer, (keys, values), (prefix_keys, prefix_values) in zip(self.layers, self.prompt_kv[prompt], prefix):
-                if prefix_keys is not None:
-                    keys, values = torch.cat([keys, prefix_keys], dim=1), torch.cat([values, prefix_values], dim=1)
-                layer.keys[row, :, :width - length] = 0
-                layer.keys[row, :, width - length:] = keys
-                layer.values[row, :, :width - length] = 0
-                layer.values[row, :, width - length:] = values
+        into its row."""
+        kvs = []
+        for prompt, sample, _ in started:
+            prefix = self.paused.pop((prompt, sample), None)
+            kvs.append(self.prompt_kv[prompt] if prefix is None else
+                       [(torch.cat([k, pk], dim=1), torch.cat([v, pv], dim=1))
+                        for (k, v), (pk, pv) in zip(self.prompt_kv[prompt], prefix)])
+        self.rows.place(rows, kvs)
+        for row, (prompt, sample, token), kv in zip(rows, started, kvs):
             self.row_sample[row] = (prompt, sample)
+            self.row_base[row] = len(self.completions[prompt][sample])
             self.last_token[row] = token
-            self.position[row] = length
+            self.position[row] = kv[0][0].shape[1]
+            self.live_rows[row] = True
+            self.length[row] = self.row_base[row]
 
     # --- refill -------------------------------------------------------------------------------
     def fill(self, rows: list[int]) -> None:
@@ -278,60 +264,77 @@ class SlotDecoder:
 
     # --- compaction ---------------------------------------------------------------------------
     def keep_rows(self, keep: list[int]) -> None:
-        index = torch.tensor(keep, dtype=torch.long, device=self.column_mask.device)
-        self.column_mask, self.last_token, self.position = \
-            self.column_mask[index], self.last_token[index], self.position[index]
-        self.row_sample = [self.row_sample[i] for i in keep]
-        for layer in self.layers:
-            layer.keys, layer.values = layer.keys[index], layer.values[index]
+        """Keep the rows ``keep`` (each row's state moves with it): the kept rows past the first
+        len(keep) fill the first ones' holes, so rows that stay need no copy."""
+        staying = [row for row in keep if row < len(keep)]
+        holes = sorted(set(range(len(keep))) - set(staying))
+        order = list(range(len(keep)))
+        for hole, row in zip(holes, [row for row in keep if row >= len(keep)]):
+            order[hole] = row
+        index = torch.tensor(order, dtype=torch.long, device=self.position.device)
+        for name in ("last_token", "position", "live_rows", "length", "drawn", "drawn_logp"):
+            setattr(self, name, getattr(self, name)[index])
+        self.row_sample = [self.row_sample[i] for i in order]
+        self.row_base = [self.row_base[i] for i in order]
+        self.rows.reorder(order)
 
     def drop_idle_rows(self) -> None:
         if any(s is None for s in self.row_sample):
             self.keep_rows([row for row, s in enumerate(self.row_sample) if s is not None])
 
     def trim_columns(self) -> None:
-        """Drop the leading cache columns no live row uses."""
-        if not self.row_sample:
-            return
-        live = self.column_mask.any(dim=0).nonzero()
-        first = int(live.min()) if len(live) else self.column_mask.shape[1]
-        if first:
-            self.column_mask = self.column_mask[:, first:]
-            for layer in self.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        """Drop the leading cache columns no live row uses (the model-forward rows)."""
+        if self.row_sample:
+            self.rows.trim()
 
     # --- decoding -----------------------------------------------------------------------------
     def step(self) -> list[int]:
-        """One decode step of every row; returns the rows whose sample ended."""
-        attention_mask = torch.cat([self.column_mask, self.column_mask.new_ones(len(self.row_sample), 1)], dim=1)
-        out = self.model(input_ids=self.last_token[:, None], attention_mask=attention_mask,
-                         position_ids=self.position[:, None], past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1)
+        """One decode step of every row; returns the rows whose sample ended or paused."""
+        logits = self.rows.step(self.last_token, self.position)  # [B, V]
         self.decode_steps += 1
-        self.live_slot_steps += sum(s is not None for s in self.row_sample)
-        self.column_mask = attention_mask
-        logits = out.logits[:, -1, :].float()  # [B, V]
-        del out
+        self.live_slot_steps += len(self.row_sample) - self.row_sample.count(None)
         drawn = next_tokens(logits, self.temperature, self.top_p)  # [B]
-        ended = []
-        for row, (token, logp) in enumerate(zip(drawn.tolist(), self._drew(logits, drawn))):
-            if self.row_sample[row] is None:
-                continue
+        index = torch.arange(len(drawn), device=drawn.device)
+        column = self.length.clamp(max=self.max_new_tokens - 1)  # idle rows write where nothing is read
+        self.drawn[index, column] = drawn
+        if self.version is not None:  # log-probs at temperature 1, as the update's loss takes them
+            self.drawn_logp[index, column] = logits.log_softmax(dim=-1).gather(1, drawn[:, None]).squeeze(1)
+        live = self.live_rows
+        self.length += live
+        self.position += live
+        self.last_token = torch.where(live, drawn, self.last_token)
+        ended = live & ((drawn == self.eos) | (self.length == self.max_new_tokens))
+        stopping = ended | (live & (self.length == self.pause_at)) if self.pause_at else ended
+        if not bool(stopping.any()):
+            return []
+        rows = stopping.nonzero()[:, 0].tolist()
+        for row, end in zip(rows, ended[rows].tolist()):
             prompt, sample = self.row_sample[row]
-            self._append(prompt, sample, token, logp)
-            self.last_token[row] = token
-            self.position[row] += 1
-            if token == self.eos or len(self.completions[prompt][sample]) == self.max_new_tokens:
+            self._take_drawn(row)
+            if end:
                 self._finish(prompt, sample)
-                self.row_sample[row] = None
-                ended.append(row)
-            elif len(self.completions[prompt][sample]) == self.pause_at:
-                fed = self.pause_at - 1  # this row's last columns hold its fed tokens
-                self.paused[(prompt, sample)] = [
-                    (layer.keys[row, :, -fed:].clone(), layer.values[row, :, -fed:].clone()) for layer in self.layers]
-                self.row_sample[row] = None
-                ended.append(row)
-        return ended
+            else:  # the probe's end: this row's columns before its position hold its fed tokens
+                self.paused[(prompt, sample)] = self.rows.tail(row, self.pause_at - 1, int(self.position[row]))
+            self.row_sample[row] = None
+            self.live_rows[row] = False
+        return rows
+
+    def _take_drawn(self, row: int) -> None:
+        """The tokens row ``row`` drew join its sample's completion (with their versions and
+        log-probs under partial rollouts)."""
+        prompt, sample = self.row_sample[row]
+        start, stop = self.row_base[row], int(self.length[row])
+        self.completions[prompt][sample].extend(self.drawn[row, start:stop].tolist())
+        if self.version is not None:
+            self.versions[prompt][sample].extend([self.version] * (stop - start))
+            self.logps[prompt][sample].extend(self.drawn_logp[row, start:stop].tolist())
+        self.row_base[row] = stop
+
+    def take_running(self) -> None:
+        """The running samples' tokens so far join their completions (the call stops with them running)."""
+        for row, owner in enumerate(self.row_sample):
+            if owner is not None:
+                self._take_drawn(row)
 
 
 def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
@@ -347,7 +350,8 @@ def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
         if decoder.stopper is not None:
             decoder.stop_saturated()
         if decoder.quota_met:
-            break  # the samples still running carry over: no more compute goes to them this step
+            decoder.take_running()  # the samples still running carry over: no more compute goes to them
+            break
         if refill == "continuous" and ended:
             decoder.fill([row for row, s in enumerate(decoder.row_sample) if s is None])
             decoder.drop_idle_rows()  # nothing left to start in them: stop decoding them

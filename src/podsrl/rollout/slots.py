@@ -43,6 +43,7 @@ import torch
 from podsrl.options import NON_NEGATIVE, Range, option
 from podsrl.registry import Spec
 from podsrl.rollout.base import EngineOptions, Stopper, longest_prompt, rows_within, to_rollouts
+from podsrl.rollout.kv_rows import DECODE_PATHS
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
 from podsrl.rollout.schedule import (
     SCHEDULES,
@@ -79,9 +80,17 @@ class SlotsOptions(EngineOptions):
                                   " length is predicted from them (>= 2); their keys and values wait outside the "
                                   "slots until the sample resumes.",
                                   Range(2, why="the length_aware probe decodes at least 2 tokens"))
+    decode_path: str = option("auto", "slots engine: the decode step: 'auto' = podsrl's own (a KV cache written in "
+                                      "place, docs/generation.md) for the models it covers (Llama, Qwen2, Mistral "
+                                      "families, full attention, no LoRA) and the model's forward for others "
+                                      "(one note says why); 'podsrl' refuses a model it does not cover; 'model' "
+                                      "always decodes with the model's forward.")
 
     def check(self) -> None:
         check_options(self.refill, SCHEDULES.resolve(self.schedule), self.probe_tokens)
+        if self.decode_path not in DECODE_PATHS:
+            raise ValueError(f"generation_decode_path: unknown {self.decode_path!r}; use one of "
+                             f"{', '.join(DECODE_PATHS)}")
 
     def early_stop_refusal(self) -> str:
         refusal = SCHEDULES.resolve(self.schedule).early_stop_refusal
@@ -115,7 +124,7 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
                       temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
                       schedule: Schedule | str = "fifo",
                       predictor: LengthPredictor | PrefixLengthPredictor | None = None,
-                      stopper: Stopper | None = None, probe_tokens: int = 4) -> Rollouts:
+                      stopper: Stopper | None = None, probe_tokens: int = 4, decode_path: str = "auto") -> Rollouts:
     """Sample ``num_samples`` completions per prompt, decoding at most ``slots`` at once.
 
     ``slots`` = 0 decodes every sample at once. ``stopper``: early stop of saturated groups
@@ -127,11 +136,11 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
     prefill), generated_tokens, slots, slot_steps and live_slot_steps (rows decoding a sample,
     summed over decode steps; length_aware adds probe_steps and length_mae, the mean
     absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
-    stopper was given.
+    stopper was given. ``decode_path``: :func:`podsrl.rollout.kv_rows.cache_rows`.
     """
     run = SlotRun(model, tokenizer, prompts, num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
                   top_p=top_p, slots=slots, refill=refill, schedule=schedule, predictor=predictor, stopper=stopper,
-                  probe_tokens=probe_tokens)
+                  probe_tokens=probe_tokens, decode_path=decode_path)
     run.decode()
     return run.rollouts(list(range(len(prompts))), with_generated=stopper is not None)
 
@@ -170,7 +179,8 @@ class SlotRun:
                  temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
                  schedule: Schedule | str = "fifo", predictor: LengthPredictor | PrefixLengthPredictor | None = None,
                  stopper: Stopper | None = None, probe_tokens: int = 4,
-                 carried: dict[int, CarriedGroup] | None = None, version: int | None = None) -> None:
+                 carried: dict[int, CarriedGroup] | None = None, version: int | None = None,
+                 decode_path: str = "auto") -> None:
         # a spec, or the Schedule
         schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, (str, dict)) else schedule
         check_options(refill, schedule, probe_tokens)
@@ -191,7 +201,8 @@ class SlotRun:
                                  self.predictor if self.prompt_level else None)
         self.decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, eos=tokenizer.eos_token_id,
                                    pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, top_p=top_p, stopper=stopper, version=version)
+                                   temperature=temperature, top_p=top_p, stopper=stopper, version=version,
+                                   path=decode_path)
         self.stats = {}
         if carried:
             prefixes = self.cut_off_prefixes(carried)
@@ -304,7 +315,7 @@ class SlotsEngine:
             slots = slots or rows
         return dict(max_new_tokens=options.max_new_tokens, temperature=options.temperature, top_p=options.top_p,
                     slots=slots, refill=options.refill, schedule=self.schedule, predictor=self.predictor,
-                    probe_tokens=options.probe_tokens)
+                    probe_tokens=options.probe_tokens, decode_path=options.decode_path)
 
     def generate(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:
@@ -313,7 +324,8 @@ class SlotsEngine:
         decodes long, variable-length completions too, where whole-batch decoding waits for the
         longest row; the training schedule and its learned length predictor stay untouched."""
         return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_p=top_p, slots=batch_size or 0)
+                                 temperature=temperature, top_p=top_p, slots=batch_size or 0,
+                                 decode_path=self.options.decode_path)
 
     def state_dict(self) -> dict:
         return {"length_predictor": self.predictor.state_dict()} if self.predictor is not None else {}

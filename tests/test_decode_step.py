@@ -1,0 +1,168 @@
+"""podsrl's own decode step (podsrl.rollout.decode_step) against the model's forward, the rows it
+decodes in (podsrl.rollout.kv_rows), the models it refuses, and the sampler's draw."""
+
+import math
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+from podsrl.rollout.decode_step import DecodeModel, decode_path_refusal
+from podsrl.rollout.kv_rows import InPlaceRows, cache_rows
+from podsrl.rollout.sampling import next_tokens, warp_logits
+from podsrl.rollout.slots import SlotsOptions, generate_in_slots
+from podsrl.tasks import TaskOptions, build_task, render_prompt
+
+
+def llama(**overrides):
+    """A random Llama-family model with grouped kv heads (3 query heads per kv head), odd sizes."""
+    config = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5) | overrides
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**config)).eval()
+
+
+MODELS = {
+    "qwen2 (tiny)": lambda tiny: tiny.model.eval(),
+    "llama": lambda tiny: llama(),
+    "llama, biases, llama3 rope": lambda tiny: llama(attention_bias=True, mlp_bias=True, rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=32)),
+    "mistral": lambda tiny: MistralForCausalLM(MistralConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, sliding_window=None, max_position_embeddings=128)).eval(),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_decode_step_gives_the_models_logits_for_rows_of_different_lengths(tiny, name):
+    """Rows of random lengths, prefilled by the model, then 6 steps of random tokens: each step's
+    logits match the model's forward over the row's whole sequence (float32 tolerance)."""
+    model = MODELS[name](tiny)
+    assert decode_path_refusal(model) == ""
+    generator = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    lengths = [1, 5, 17, 9]
+    sequences = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+    step_model = DecodeModel(model)
+    cache = step_model.new_cache(len(lengths), max(lengths) + 8)
+    with torch.no_grad():
+        for row, tokens in enumerate(sequences):
+            out = model(torch.tensor([tokens]), use_cache=True)
+            cache.write(row, [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+        position = torch.tensor(lengths)
+        for _ in range(6):
+            fed = torch.randint(0, vocab, (len(lengths),), generator=generator)
+            logits = step_model.step(cache, fed, position)  # [B, V]
+            for row, token in enumerate(fed.tolist()):
+                sequences[row].append(token)
+                expected = model(torch.tensor([sequences[row]])).logits[0, -1].float()
+                torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=1e-4)
+            position += 1
+
+
+def test_the_step_reads_the_weights_of_when_it_was_made_and_a_new_one_sees_an_update(tiny):
+    model = llama()
+    cache_tokens = torch.tensor([3, 4])
+    before = DecodeModel(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    after = DecodeModel(model)
+    with torch.no_grad():
+        expected = model(cache_tokens[:, None], position_ids=torch.zeros(2, 1, dtype=torch.long)).logits[:, -1]
+    logits = {}
+    for name, step_model in (("before", before), ("after", after)):
+        cache = step_model.new_cache(2, 4)
+        logits[name] = step_model.step(cache, cache_tokens, torch.zeros(2, dtype=torch.long))
+    torch.testing.assert_close(logits["after"], expected, atol=2e-5, rtol=1e-4)
+    # the fused q|k|v and gate|up matrices are copies (read once per call); norms and o_proj are not
+    assert not torch.allclose(logits["before"], expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)), "model type 'gpt2'"),
+    (lambda: MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                              num_attention_heads=2, num_key_value_heads=1, sliding_window=8)),
+     "a sliding window"),
+    (lambda: llama(hidden_act="gelu"), "not a plain SiLU-gated"),
+])
+def test_models_it_does_not_cover_are_refused_in_one_line_and_decode_with_their_forward(make, reason, capsys,
+                                                                                       monkeypatch):
+    from podsrl.rollout import kv_rows
+
+    monkeypatch.setattr(kv_rows, "NOTED", set())
+    model = make()
+    refusal = decode_path_refusal(model)
+    assert reason in refusal and "\n" not in refusal
+    kv = [[(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))]]
+    for _ in range(2):
+        rows, why = cache_rows(model, kv, 4)
+        assert rows.path == "model" and why == refusal
+    assert capsys.readouterr().err.count(f"decodes with the model's own forward (slower, docs/generation.md): "
+                                         f"{refusal}\n") == 1  # said once
+    with pytest.raises(ValueError, match="podsrl's decode step cannot run this model: .*" + reason):
+        cache_rows(model, kv, 4, path="podsrl")
+
+
+def test_a_lora_model_is_refused(tiny):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(llama(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert "LoRA" in decode_path_refusal(model)
+
+
+def test_the_decode_path_option_is_checked():
+    SlotsOptions(decode_path="model").check()
+    with pytest.raises(ValueError, match="generation_decode_path: unknown 'fast'"):
+        SlotsOptions(decode_path="fast").check()
+
+
+@pytest.mark.parametrize("refill", ["continuous", "group"])
+def test_both_paths_decode_the_same_greedy_completions(tiny, refill):
+    """Greedy decoding on podsrl's step and on the model's forward: the same completions, unless
+    the two logits' top tokens were within float32 noise of a tie where they first differ."""
+    prompts = [render_prompt(tiny.tokenizer, ex) for ex in build_task(TaskOptions()).train[:6]]
+    runs = {path: generate_in_slots(tiny.model, tiny.tokenizer, prompts, 2, max_new_tokens=12, temperature=0.0,
+                                    slots=5, refill=refill, decode_path=path) for path in ("podsrl", "model")}
+    a, b = runs["podsrl"].completion_ids, runs["model"].completion_ids
+    width = min(a.shape[-1], b.shape[-1])
+    differing = (a[..., :width] != b[..., :width]).any(-1).nonzero().tolist()
+    for prompt, sample in differing:  # a near tie: the model's top two logits at the first difference
+        first = int((a[prompt, sample, :width] != b[prompt, sample, :width]).nonzero()[0])
+        ids = torch.cat([runs["model"].prompt_ids[prompt][runs["model"].prompt_mask[prompt].bool()],
+                         b[prompt, sample, :first]])
+        with torch.no_grad():
+            top = tiny.model(ids[None]).logits[0, -1].float().topk(2).values
+        assert float(top[0] - top[1]) < 1e-4, (prompt, sample, first)
+    assert len(differing) <= 1
+
+
+def test_in_place_rows_reorder_without_changing_what_kept_rows_hold(tiny):
+    rows = InPlaceRows(llama(), 12)
+    rows.open(4)
+    kvs = [[(torch.full((2, n, 8), float(r)), torch.full((2, n, 8), -float(r))) for _ in range(2)]
+           for r, n in enumerate([3, 5, 2, 7], start=1)]
+    rows.place([0, 1, 2, 3], kvs)
+    rows.reorder([3, 1])  # row 0 takes old row 3, row 1 stays
+    assert rows.count == 2
+    for row, (old, length) in enumerate([(3, 7), (1, 5)]):
+        for (keys, values), (k, v) in zip(rows.tail(row, length, length), kvs[old]):
+            assert torch.equal(keys, k) and torch.equal(values, v)
+
+
+def test_the_exponential_race_draws_each_token_with_its_probability():
+    """64 rows x 20,000 draws of a fixed distribution with zeros (top-p filtered): every token's
+    frequency within 5 standard errors of its probability, and no filtered token drawn."""
+    torch.manual_seed(0)
+    logits = torch.randn(1, 12) * 2
+    probs = warp_logits(logits, 0.7, 0.9).softmax(-1)[0]  # [12] with zeros
+    assert (probs == 0).any()
+    counts = torch.zeros(12)
+    for _ in range(20):
+        drawn = next_tokens(logits.expand(1000, 12).contiguous(), 0.7, 0.9)
+        counts += torch.bincount(drawn, minlength=12)
+    total = counts.sum()
+    assert counts[probs == 0].sum() == 0
+    for p, c in zip(probs.tolist(), counts.tolist()):
+        assert abs(c / total - p) <= 5 * math.sqrt(p * (1 - p) / total) + 1e-9, (p, c / total)
