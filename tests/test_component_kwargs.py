@@ -124,7 +124,7 @@ KINDS = [("downsampling_rule", "ranked", "keep", "highest", "rewards"),
 
 # what a component takes besides its own keyword argument: the user's engine subclasses the slots
 # engine, so it takes the slots engine's options too (podsrl.rollout.SlotsOptions)
-TAKES_TOO = {"generation_engine": ["memory_mb", "micro_group", "probe_tokens", "refill", "schedule"]}
+TAKES_TOO = {"generation_engine": ["decode_path", "memory_mb", "micro_group", "probe_tokens", "refill", "schedule"]}
 
 
 def takes(field: str, key: str) -> str:

@@ -166,3 +166,24 @@ def test_the_exponential_race_draws_each_token_with_its_probability():
     assert counts[probs == 0].sum() == 0
     for p, c in zip(probs.tolist(), counts.tolist()):
         assert abs(c / total - p) <= 5 * math.sqrt(p * (1 - p) / total) + 1e-9, (p, c / total)
+
+
+def test_under_bf16_autocast_the_step_follows_the_models_autocast_forward(tiny):
+    """bf16 runs generate under the trainer's autocast: the step's linear layers compute in
+    bfloat16 as the model's do, and its logits stay within bfloat16 rounding of the model's
+    autocast forward (a tolerance that holds whether the CPU has native bf16 or emulates it)."""
+    model = llama()
+    sequence = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(sequence[:, :-1], use_cache=True)
+        step_model = DecodeModel(model)
+        assert step_model.compute == torch.bfloat16
+        cache = step_model.new_cache(1, 12)
+        cache.write(0, [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+        logits = step_model.step(cache, sequence[:, -1], torch.tensor([8]))
+        expected = model(sequence).logits[0, -1].float()
+    with torch.no_grad():  # the same weights in float32: the scale of bfloat16's error
+        exact = model(sequence).logits[0, -1].float()
+    bf16_error = float((expected - exact).abs().max())
+    assert float((logits[0] - expected).abs().max()) <= 4 * bf16_error + 1e-2
+    assert cache.keys[0].dtype == torch.float32  # the cache keeps the weights' dtype

@@ -139,18 +139,26 @@ class DecodeModel:
         self.scale = self.head_dim ** -0.5
         self.embed = body.embed_tokens.weight
         self.final_norm = (body.norm.weight, body.norm.variance_epsilon)
-        self.head = model.lm_head.weight
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        # Under the trainer's autocast (bf16 runs) the model's linear layers compute in autocast's
+        # dtype while the residual stream keeps the weights' dtype; the step does the same,
+        # explicitly, and runs with autocast off (the cache keeps the weights' dtype).
+        kind = self.device.type
+        self.compute = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.dtype
+
+        def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.detach().to(self.compute)
+
+        self.head = cast(model.lm_head.weight)
         self.layers = []
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            qkv, gate_up = _fused([attn.q_proj, attn.k_proj, attn.v_proj]), _fused([mlp.gate_proj, mlp.up_proj])
             self.layers.append((
                 (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                *_fused([attn.q_proj, attn.k_proj, attn.v_proj]),
-                attn.o_proj.weight, attn.o_proj.bias,
+                *map(cast, qkv), cast(attn.o_proj.weight), cast(attn.o_proj.bias),
                 (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-                *_fused([mlp.gate_proj, mlp.up_proj]),
-                mlp.down_proj.weight, mlp.down_proj.bias))
+                *map(cast, gate_up), cast(mlp.down_proj.weight), cast(mlp.down_proj.bias)))
 
     def new_cache(self, rows: int, width: int) -> InPlaceCache:
         return InPlaceCache(len(self.layers), rows, self.kv_heads, self.head_dim, width,
@@ -163,8 +171,15 @@ class DecodeModel:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(x.dtype)
 
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x.to(self.compute), weight, bias)
+
     @torch.no_grad()
     def step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device.type, enabled=False):
+            return self._step(cache, tokens, position)
+
+    def _step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Feed ``tokens`` [B] at columns ``position`` [B] of the cache's first B rows; returns
         the next-token logits [B, V] in float32. Each row attends to its columns [0, position]."""
         rows = tokens.shape[0]
@@ -182,7 +197,7 @@ class DecodeModel:
         cos, sin = self.rotary(h[:, None, :], position[:, None])  # [B, 1, d]
         for (norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, gate_up_b, down_w, down_b), keys, values in zip(
                 self.layers, cache.keys, cache.values):
-            qkv = F.linear(self._norm(h, norm1), qkv_w, qkv_b).view(rows, heads + 2 * kv_heads, d)
+            qkv = self._linear(self._norm(h, norm1), qkv_w, qkv_b).to(self.dtype).view(rows, heads + 2 * kv_heads, d)
             qk, v = qkv[:, :heads + kv_heads], qkv[:, heads + kv_heads:]  # [B, H + Hkv, d], [B, Hkv, d]
             half = d // 2
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
@@ -193,7 +208,7 @@ class DecodeModel:
             q = q.reshape(rows, kv_heads, groups, d)  # query head h reads kv head h // groups
             scores = torch.matmul(q, keys[:rows, :, :width].transpose(-1, -2)) * self.scale + bias  # [B, Hkv, g, W]
             attended = torch.matmul(scores.float().softmax(dim=-1).to(self.dtype), values[:rows, :, :width])
-            h = h + F.linear(attended.reshape(rows, heads * d), o_w, o_b)
-            gate, up = F.linear(self._norm(h, norm2), gate_up_w, gate_up_b).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, down_w, down_b)
-        return F.linear(self._norm(h, self.final_norm), self.head).float()
+            h = h + self._linear(attended.reshape(rows, heads * d), o_w, o_b)  # back to h's dtype
+            gate, up = self._linear(self._norm(h, norm2), gate_up_w, gate_up_b).chunk(2, dim=-1)
+            h = h + self._linear(F.silu(gate) * up, down_w, down_b)
+        return self._linear(self._norm(h, self.final_norm), self.head, None).float()

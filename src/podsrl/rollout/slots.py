@@ -27,11 +27,14 @@ Which random draw goes to which sample depends on the schedule, so samples diffe
 full-group generation draw by draw while following the same distribution; greedy decoding
 gives the same completions.
 
-Cache layout: one batch row per slot, all rows sharing the cache's column axis. A sample
-that starts at column W gets its prompt's keys and values right-aligned at [W - Lp, W) and
-its earlier columns masked out, exactly like left padding; columns no live row needs any
-more are trimmed from the left (compaction), so the cache never grows beyond
-g x (longest prompt + max_new_tokens).
+Cache layout: one batch row per slot (:mod:`podsrl.rollout.kv_rows`). On podsrl's decode step
+(:mod:`podsrl.rollout.decode_step`, the models it covers) a row holds its prompt's keys and
+values at columns [0, Lp) and its completion's after them, written in place, in a cache
+allocated once per call at g x (longest prompt + max_new_tokens). On the model's own forward
+all rows share the cache's column axis: a sample that starts at column W gets its prompt's keys
+and values right-aligned at [W - Lp, W) and its earlier columns masked out, exactly like left
+padding; columns no live row needs any more are trimmed from the left (compaction), so the cache
+never grows beyond that same bound.
 """
 
 from __future__ import annotations
