@@ -320,6 +320,7 @@ def test_partial_rollouts_over_two_processes_stay_in_sync(ddp, dynamic_sampling)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["rank_param_spread"] == 0.0 for r in records)
     assert all(r["partial_groups_carried"] == 2 * 2 for r in records)  # each process keeps its 2 extra in flight
+    assert "decodes with the model's own forward" not in done.stderr  # DDP's replica runs podsrl's decode step
     if dynamic_sampling:
         assert all(r["prompts_generated"] >= 4 for r in records)
 

@@ -29,8 +29,16 @@ import torch.nn.functional as F
 FAMILIES = ("llama", "qwen2", "mistral")  # config.model_type: full attention, RMSNorm, SiLU MLP
 
 
+def unwrapped(model):
+    """The model under DDP's wrapper (its replicas hold the whole weights), else ``model``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
 def decode_path_refusal(model) -> str:
     """Why ``model`` cannot decode on :class:`DecodeModel` ('' = it can): one line."""
+    model = unwrapped(model)
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None)
     if kind not in FAMILIES:
@@ -131,6 +139,7 @@ class DecodeModel:
     (read when this is made: make one per generation call)."""
 
     def __init__(self, model) -> None:
+        model = unwrapped(model)
         body, config = model.model, model.config
         self.rotary = body.rotary_emb
         self.heads = config.num_attention_heads
