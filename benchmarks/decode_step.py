@@ -24,6 +24,7 @@ figure is measured with `--baseline-src` pointing at its src/, in the same run).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -124,8 +125,7 @@ def model_step(model, rows: int, kv: int, steps: int) -> float:
         state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(rows, 1)], dim=1)
         model(input_ids=tokens, attention_mask=state["mask"], position_ids=position, past_key_values=cache,
               use_cache=True, logits_to_keep=1)
-    ms = timed(call, 2, steps)
-    return ms
+    return timed(call, 2, steps)
 
 
 @torch.no_grad()
@@ -201,8 +201,6 @@ for seed in range(int(sys.argv[2])):
 def regime(repeats: int, baseline_src: str) -> str:
     """tokens/s of the slots engine's call on the regime's settings, per arm (a fresh process each,
     arms interleaved round by round)."""
-    import json
-
     arms = {"podsrl step": ({"decode_path": "podsrl"}, None), "model forward": ({"decode_path": "model"}, None)}
     if baseline_src:
         arms["slots engine at 3353d05"] = ({}, baseline_src)

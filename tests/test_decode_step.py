@@ -61,7 +61,7 @@ def test_a_decode_step_gives_the_models_logits_for_rows_of_different_lengths(tin
             position += 1
 
 
-def test_the_step_reads_the_weights_of_when_it_was_made_and_a_new_one_sees_an_update(tiny):
+def test_the_step_reads_the_weights_of_when_it_was_made_and_a_new_one_sees_an_update():
     model = llama()
     cache_tokens = torch.tensor([3, 4])
     before = DecodeModel(model)
@@ -138,7 +138,7 @@ def test_both_paths_decode_the_same_greedy_completions(tiny, refill):
     assert len(differing) <= 1
 
 
-def test_in_place_rows_reorder_without_changing_what_kept_rows_hold(tiny):
+def test_in_place_rows_reorder_without_changing_what_kept_rows_hold():
     rows = InPlaceRows(llama(), 12)
     rows.open(4)
     kvs = [[(torch.full((2, n, 8), float(r)), torch.full((2, n, 8), -float(r))) for _ in range(2)]
@@ -168,7 +168,7 @@ def test_the_exponential_race_draws_each_token_with_its_probability():
         assert abs(c / total - p) <= 5 * math.sqrt(p * (1 - p) / total) + 1e-9, (p, c / total)
 
 
-def test_under_bf16_autocast_the_step_follows_the_models_autocast_forward(tiny):
+def test_under_bf16_autocast_the_step_follows_the_models_autocast_forward():
     """bf16 runs generate under the trainer's autocast: the step's linear layers compute in
     bfloat16 as the model's do, and its logits stay within bfloat16 rounding of the model's
     autocast forward (a tolerance that holds whether the CPU has native bf16 or emulates it)."""

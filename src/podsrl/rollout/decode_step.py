@@ -197,7 +197,7 @@ class DecodeModel:
             raise ValueError(f"DecodeModel.step: {rows} rows to column {width - 1}; the cache holds "
                              f"{cache.rows} rows of {cache.width} columns")
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        groups = heads // kv_heads
+        groups, half = heads // kv_heads, d // 2
         index = torch.arange(rows, device=tokens.device)
         # [B, W]: -inf past each row's newest column (shared by every layer)
         past = torch.arange(width, device=tokens.device)[None, :] > position[:, None]
@@ -208,7 +208,6 @@ class DecodeModel:
                 self.layers, cache.keys, cache.values):
             qkv = self._linear(self._norm(h, norm1), qkv_w, qkv_b).to(self.dtype).view(rows, heads + 2 * kv_heads, d)
             qk, v = qkv[:, :heads + kv_heads], qkv[:, heads + kv_heads:]  # [B, H + Hkv, d], [B, Hkv, d]
-            half = d // 2
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
             qk = qk * cos + rotated * sin
             q, k = qk[:, :heads], qk[:, heads:]

@@ -42,7 +42,7 @@ class SlotDecoder:
     Row r of the cache (``rows``: :mod:`podsrl.rollout.kv_rows`, podsrl's decode step or the
     model's forward) decodes sample ``row_sample[r]`` = (prompt, sample), or idles (None). Per row,
     as tensors [B]: ``last_token`` and ``position`` (the token to feed next and its position id),
-    ``live``, ``length`` (the sample's completion length so far); ``drawn`` [B, max_new_tokens]
+    ``live_rows``, ``length`` (the sample's completion length so far); ``drawn`` [B, max_new_tokens]
     holds the tokens a row drew at completion indices [row_base[r], length[r]) until the sample
     ends or pauses (then they join ``completions``): a step is whole-tensor work, and only rows
     that end or pause go through Python. The parts: admission (:meth:`open_rows`, :meth:`place`),
@@ -83,7 +83,7 @@ class SlotDecoder:
         self.temperature, self.top_p = temperature, top_p
         self.completions: list[list[list[int]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
         device = model.device
-        self.rows, self.path_refusal = cache_rows(model, prompt_kv, max_new_tokens, path)
+        self.rows = cache_rows(model, prompt_kv, max_new_tokens, path)[0]
         self.row_sample: list[tuple[int, int] | None] = []
         self.row_base: list[int] = []  # completion tokens a row's sample had when it was placed
         self.last_token = torch.zeros(0, dtype=torch.long, device=device)  # [B]
@@ -98,7 +98,6 @@ class SlotDecoder:
     @property
     def live(self) -> bool:
         return any(s is not None for s in self.row_sample)
-
 
     @property
     def quota_met(self) -> bool:
@@ -192,11 +191,6 @@ class SlotDecoder:
                 else:
                     started.append((prompt, sample, token))
         return started
-
-    def context_length(self, prompt: int, sample: int) -> int:
-        """Cache columns a starting sample needs: its prompt's, and those of a paused prefix."""
-        prefix = self.paused.get((prompt, sample))
-        return self.prompt_lengths[prompt] + (prefix[0][0].shape[1] if prefix else 0)
 
     def place(self, rows: list[int], started: list[tuple[int, int, int]]) -> None:
         """Put each started sample's prompt cache (and a resumed sample's own prefix after it)
