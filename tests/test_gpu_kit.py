@@ -175,3 +175,16 @@ def test_the_partial_regime_runs_the_partial_rollouts_benchmark_and_brings_its_b
     assert (tmp_path / "out" / "RESULTS.md").read_text() == "the device's RESULTS.md\n"
     with tarfile.open(tmp_path / "out" / "runs.tar.gz") as archive:
         assert "runs/pods-n16-m4-max_variance-partial-2/seed0/metrics.jsonl" in archive.getnames()
+
+
+def test_decode_refuses_earlier_results_and_a_machine_without_a_gpu(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "RESULTS.md").write_text("an earlier session's block")
+    with pytest.raises(SystemExit, match="RESULTS.md exists"):
+        gpu_kit.decode(out, tmp_path / "carried")
+    assert (out / "RESULTS.md").read_text() == "an earlier session's block"
+    fresh = tmp_path / "fresh"
+    with pytest.raises(SystemExit, match="no GPU here"):
+        gpu_kit.decode(fresh, tmp_path / "carried")
+    assert not fresh.exists()  # refused before any work

@@ -23,6 +23,8 @@ keep the model's own forward (the caller says which path ran).
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -184,15 +186,19 @@ class DecodeModel:
         return F.linear(x.to(self.compute), weight, bias)
 
     @torch.no_grad()
-    def step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    def step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor,
+             width: int | None = None) -> torch.Tensor:
         with torch.autocast(self.device.type, enabled=False):
-            return self._step(cache, tokens, position)
+            return self._step(cache, tokens, position, width)
 
-    def _step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    def _step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor,
+              width: int | None) -> torch.Tensor:
         """Feed ``tokens`` [B] at columns ``position`` [B] of the cache's first B rows; returns
-        the next-token logits [B, V] in float32. Each row attends to its columns [0, position]."""
+        the next-token logits [B, V] in float32. Each row attends to its columns [0, position],
+        read from the first ``width`` columns (None: up to the longest row's, which costs one
+        device-to-host read; a captured step passes the cache's whole width)."""
         rows = tokens.shape[0]
-        width = int(position.max()) + 1
+        width = int(position.max()) + 1 if width is None else width
         if rows > cache.rows or width > cache.width:
             raise ValueError(f"DecodeModel.step: {rows} rows to column {width - 1}; the cache holds "
                              f"{cache.rows} rows of {cache.width} columns")
@@ -220,3 +226,72 @@ class DecodeModel:
             gate, up = self._linear(self._norm(h, norm2), gate_up_w, gate_up_b).chunk(2, dim=-1)
             h = h + self._linear(F.silu(gate) * up, down_w, down_b)
         return self._linear(self._norm(h, self.final_norm), self.head, None).float()
+
+
+def row_bucket(rows: int) -> int:
+    """The row count a captured step serves ``rows`` rows with: the next power of two, at least
+    8, so a call's shrinking tail needs a handful of graphs, each padded by less than 2x."""
+    return max(8, 1 << max(rows - 1, 0).bit_length())
+
+
+class GraphedStep:
+    """:meth:`DecodeModel.step` replayed as CUDA graphs, one per row bucket (:func:`row_bucket`)
+    over the cache's whole width: one launch a step instead of one per kernel. A small model's
+    decode step on a GPU is bound by kernel launches (the H200 took +18% for 4x the rows, #70),
+    which a graph removes (torch.cuda.CUDAGraph; PyTorch's CUDA-graph recipe: warm up on a side
+    stream, capture, replay with the inputs copied into the captured tensors).
+
+    Rows past the ones stepped feed a pad token at the cache's last column, which no row reads
+    (a row's newest column is at most its prompt plus its budget minus one). The graphs hold the
+    cache's tensors by address: a cache that grows drops them. ``capture_seconds`` is the time
+    spent capturing (warm-up included), reported apart from decoding."""
+
+    def __init__(self, step_model: DecodeModel, cache: InPlaceCache) -> None:
+        self.step_model, self.cache = step_model, cache
+        self.graphs: dict[int, tuple] = {}  # bucket -> (graph, tokens [R], position [R], logits [R, V])
+        self.captured_on = None  # the cache tensor the graphs were captured over
+        self.capture_seconds = 0.0
+
+    def __call__(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        rows = tokens.shape[0]
+        size = row_bucket(rows)
+        self.cache.reserve(size)
+        if self.captured_on is not self.cache.keys[0]:
+            self.graphs.clear()
+            self.captured_on = self.cache.keys[0]
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size)
+        graph, fed, at, logits = self.graphs[size]
+        fed[:rows].copy_(tokens)
+        fed[rows:] = 0
+        at[:rows].copy_(position)
+        at[rows:] = self.cache.width - 1
+        graph.replay()
+        return logits[:rows].clone()  # the graph's output is overwritten by its next replay
+
+    def _capture(self, size: int) -> tuple:
+        start = time.perf_counter()
+        device = self.cache.keys[0].device
+        fed = torch.zeros(size, dtype=torch.long, device=device)  # [R] tokens, [R] columns: the graph's inputs
+        at = torch.full((size,), self.cache.width - 1, dtype=torch.long, device=device)
+        width = self.cache.width
+        graph, logits = capture(lambda: self.step_model.step(self.cache, fed, at, width), device)
+        self.capture_seconds += time.perf_counter() - start
+        return graph, fed, at, logits
+
+
+def capture(run, device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``run()`` captured as a CUDA graph, and the tensor its replays write (PyTorch's recipe:
+    two warm-up runs on a side stream, so allocations and lazy initialisation happen before
+    capture)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = run()
+    torch.cuda.synchronize(device)
+    return graph, output

@@ -17,11 +17,18 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from podsrl.rollout.decode_step import DecodeModel, decode_path_refusal
+from podsrl.rollout.decode_step import DecodeModel, GraphedStep, decode_path_refusal
 
-DECODE_PATHS = ("auto", "podsrl", "model")
-NOTED: set[str] = set()  # the reasons already said
+DECODE_PATHS = ("auto", "podsrl", "eager", "model")
+NOTED: set[str] = set()  # the notes already said
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, columns, head_dim]
+
+
+def note(message: str) -> None:
+    """``message`` on stderr, once per process."""
+    if message not in NOTED:
+        NOTED.add(message)
+        print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def full_attention_layers(cache) -> list:
@@ -38,10 +45,11 @@ class InPlaceRows:
 
     path = "podsrl"
 
-    def __init__(self, model, columns: int) -> None:
+    def __init__(self, model, columns: int, captured: bool = False) -> None:
         self.step_model = DecodeModel(model)
         self.cache = self.step_model.new_cache(0, columns)
         self.count = 0
+        self.graphed = GraphedStep(self.step_model, self.cache) if captured else None
 
     def open(self, count: int) -> None:
         self.count += count
@@ -52,7 +60,18 @@ class InPlaceRows:
             self.cache.write(row, kv)
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        if self.graphed is not None:
+            try:
+                return self.graphed(tokens, position)
+            except RuntimeError as err:  # e.g. a rope variant that reads positions on the host mid-capture
+                note(f"podsrl's decode step runs without CUDA graphs: capturing it failed "
+                     f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})")
+                self.graphed = None
         return self.step_model.step(self.cache, tokens, position)
+
+    @property
+    def capture_seconds(self) -> float:
+        return self.graphed.capture_seconds if self.graphed is not None else 0.0
 
     def tail(self, row: int, count: int, position: int) -> KV:
         """Copies of the ``count`` columns before ``position`` (the row's newest)."""
@@ -73,6 +92,7 @@ class ShiftedRows:
     ``column_mask`` [B, W] marks the columns each row attends to."""
 
     path = "model"
+    capture_seconds = 0.0  # nothing is captured
 
     def __init__(self, model, prompt_kv: KV) -> None:
         self.model = model
@@ -146,15 +166,17 @@ class ShiftedRows:
 
 def cache_rows(model, prompt_kv: list[KV], max_new_tokens: int, path: str = "auto") -> tuple[object, str]:
     """The rows a call decodes in, and why it is not podsrl's decode step ('' when it is).
-    ``path``: 'auto' (podsrl's where :func:`decode_path_refusal` allows), 'podsrl' or 'model'."""
+    ``path``: 'auto' (podsrl's where :func:`decode_path_refusal` allows, replayed as CUDA graphs
+    on a GPU), 'podsrl' (the same, refused where it cannot run), 'eager' (podsrl's, never
+    captured) or 'model'."""
     refusal = decode_path_refusal(model) if path != "model" else "asked for the model's own forward"
-    if path == "podsrl" and refusal:
+    if path in ("podsrl", "eager") and refusal:
         raise ValueError(f"podsrl's decode step cannot run this model: {refusal}")
     if refusal:
-        if path == "auto" and refusal not in NOTED:  # once per process and reason
-            NOTED.add(refusal)
-            print(f"note: generation_engine slots decodes with the model's own forward (slower, "
-                  f"docs/generation.md): {refusal}", file=sys.stderr, flush=True)
+        if path == "auto":
+            note(f"generation_engine slots decodes with the model's own forward (slower, docs/generation.md): "
+                 f"{refusal}")
         return ShiftedRows(model, prompt_kv[0]), refusal
     longest = max(kv[0][0].shape[1] for kv in prompt_kv)
-    return InPlaceRows(model, longest + max_new_tokens + 1), ""
+    captured = path != "eager" and next(model.parameters()).device.type == "cuda"
+    return InPlaceRows(model, longest + max_new_tokens + 1, captured), ""

@@ -86,7 +86,8 @@ class SlotsOptions(EngineOptions):
     decode_path: str = option("auto", "slots engine: the decode step: 'auto' = podsrl's own (a KV cache written in "
                                       "place, docs/generation.md) for the models it covers (Llama, Qwen2, Mistral "
                                       "families, full attention, no LoRA) and the model's forward for others "
-                                      "(one note says why); 'podsrl' refuses a model it does not cover; 'model' "
+                                      "(one note says why), replayed as CUDA graphs on a GPU; 'podsrl' refuses a "
+                                      "model it does not cover; 'eager' is podsrl's step never captured; 'model' "
                                       "always decodes with the model's forward.")
 
     def check(self) -> None:
@@ -266,6 +267,8 @@ class SlotRun:
         rollouts.stats.update(decode_steps=decoder.decode_steps, slots=self.slots,
                               slot_steps=self.slots * decoder.decode_steps, live_slot_steps=decoder.live_slot_steps,
                               **self.stats)
+        if decoder.rows.capture_seconds:  # CUDA graphs captured in this call (inside its generation time)
+            rollouts.stats["capture_seconds"] = decoder.rows.capture_seconds
         return rollouts
 
     def carried_group(self, prompt: int) -> CarriedGroup:
