@@ -25,11 +25,10 @@ import json
 import sys
 from pathlib import Path
 
-from podsrl.config import make_config, parse_value
 from podsrl.experiments.compare import analyze, format_table, planned_arm_names, run_comparison, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from partial_rollouts import per_arm_table  # noqa: E402 (benchmarks/ is not a package)
+from partial_rollouts import base_config, per_arm_table  # noqa: E402 (benchmarks/ is not a package)
 from results_md import record  # noqa: E402
 
 
@@ -56,11 +55,7 @@ def main() -> int:
     parser.add_argument("--output_dir", type=Path, default=Path("runs/methods-at-best"))
     parser.add_argument("--record", default="")
     args = parser.parse_args()
-    malformed = [pair for pair in args.set if "=" not in pair]
-    if malformed:
-        parser.error(f"--set: expected FIELD=VALUE, got {malformed[0]!r}")
-    settings = dict(pair.split("=", 1) for pair in args.set)
-    base = make_config(args.config, {k: parse_value(k, v) for k, v in settings.items()})
+    base = base_config(parser, args.config, args.set)
     arms = plan_arms(base, args.extra, args.grpo_plain)
     run_dirs = run_comparison(base, arms, args.seeds, args.budget_minutes, args.output_dir / "runs")
     names = planned_arm_names(base, arms)

@@ -83,6 +83,15 @@ def per_arm_table(run_dirs: list[Path], configs: dict[Path, dict]) -> str:
     return "\n".join(lines)
 
 
+def base_config(parser: argparse.ArgumentParser, config: str, pairs: list[str]):
+    """``config`` with the ``--set FIELD=VALUE`` overrides (a malformed pair is the parser's error)."""
+    malformed = [pair for pair in pairs if "=" not in pair]
+    if malformed:
+        parser.error(f"--set: expected FIELD=VALUE, got {malformed[0]!r}")
+    settings = dict(pair.split("=", 1) for pair in pairs)
+    return make_config(config, {k: parse_value(k, v) for k, v in settings.items()})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -95,11 +104,7 @@ def main() -> int:
     parser.add_argument("--output_dir", type=Path, default=Path("runs/partial-rollouts"))
     parser.add_argument("--record", default="")
     args = parser.parse_args()
-    malformed = [pair for pair in args.set if "=" not in pair]
-    if malformed:
-        parser.error(f"--set: expected FIELD=VALUE, got {malformed[0]!r}")
-    settings = dict(pair.split("=", 1) for pair in args.set)
-    base = make_config(args.config, {k: parse_value(k, v) for k, v in settings.items()})
+    base = base_config(parser, args.config, args.set)
     extras = args.extra or [2]
     pods = dict(method="pods", num_generations=base.num_generations, num_kept=base.num_kept)
     arms = [pods] + [{**pods, "partial_rollouts": True, "partial_extra_prompts": k} for k in extras]
