@@ -272,3 +272,55 @@ def test_a_step_that_cannot_be_captured_falls_back_to_the_eager_step_with_one_no
     err = capsys.readouterr().err
     assert err.count("note: podsrl's decode step runs without CUDA graphs: capturing it failed (operation not "
                      "permitted when stream is capturing)\n") == 1
+
+
+def test_the_compiled_step_traces_whole_once_and_gives_the_eager_logits_for_new_rows_widths_and_weights(monkeypatch):
+    """Dynamo's eager backend (its tracing and guards, no code generation: the suite's budget):
+    one graph, no break, reused by every call's new DecodeModel, row count and width."""
+    from torch._dynamo.utils import counters
+
+    from podsrl.rollout import kv_rows
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(decode_step, "BACKEND", "eager")
+    monkeypatch.setattr(decode_step, "COMPILED", [])
+    monkeypatch.setattr(kv_rows, "COMPILED_ONCE", [])
+    model = llama()
+    generator = torch.Generator().manual_seed(5)
+    for rows, width in ((3, 10), (7, 16), (2, 5)):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.001)  # an update between calls: the next call's weights
+        compiled = InPlaceRows(model, width, compiled=True)
+        compiled.open(rows)
+        eager = DecodeModel(model)
+        cache = eager.new_cache(rows, width)
+        for _ in range(3):
+            tokens = torch.randint(0, 97, (rows,), generator=generator)
+            position = torch.randint(0, width - 1, (rows,), generator=generator)
+            torch.testing.assert_close(compiled.step(tokens, position), eager.step(cache, tokens, position),
+                                       atol=1e-5, rtol=1e-5)
+        assert compiled.compiled and compiled.reports_compile
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_compile_that_fails_runs_the_eager_step_with_one_note(monkeypatch, capsys):
+    from podsrl.rollout import kv_rows
+
+    def broken():
+        def call(*args):
+            raise RuntimeError("no C++ compiler found")
+        return call
+
+    monkeypatch.setattr(decode_step, "compiled_step", broken)
+    monkeypatch.setattr(kv_rows, "NOTED", set())
+    model = llama()
+    rows = InPlaceRows(model, 8, compiled=True)
+    rows.open(2)
+    tokens, position = torch.tensor([5, 6]), torch.tensor([1, 3])
+    logits = rows.step(tokens, position)
+    torch.testing.assert_close(logits, DecodeModel(model).step(DecodeModel(model).new_cache(2, 8), tokens, position))
+    assert not rows.compiled and rows.reports_compile  # still logged: every process logs the same fields
+    assert capsys.readouterr().err.count("note: podsrl's decode step runs uncompiled: torch.compile failed "
+                                         "(RuntimeError: no C++ compiler found)\n") == 1

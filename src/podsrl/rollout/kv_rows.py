@@ -12,6 +12,7 @@ at one shared width and masks the columns before a row's prompt, like left paddi
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 from transformers import DynamicCache
@@ -19,8 +20,9 @@ from transformers.cache_utils import DynamicLayer
 
 from podsrl.rollout.decode_step import DecodeModel, GraphedStep, decode_path_refusal
 
-DECODE_PATHS = ("auto", "podsrl", "eager", "model")
+DECODE_PATHS = ("auto", "podsrl", "compiled", "eager", "model")
 NOTED: set[str] = set()  # the notes already said
+COMPILED_ONCE: list[bool] = []  # the compiled step has run in this process (its compile paid)
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, columns, head_dim]
 
 
@@ -45,11 +47,15 @@ class InPlaceRows:
 
     path = "podsrl"
 
-    def __init__(self, model, columns: int, captured: bool = False) -> None:
+    def __init__(self, model, columns: int, captured: bool = False, compiled: bool = False) -> None:
         self.step_model = DecodeModel(model)
         self.cache = self.step_model.new_cache(0, columns)
         self.count = 0
         self.graphed = GraphedStep(self.step_model, self.cache) if captured else None
+        self.compiled = compiled
+        # from the settings alone, so every process logs the same fields (a collective mean)
+        self.reports_compile = compiled or captured
+        self.compile_seconds = 0.0  # torch.compile's first call in this process, when it fell in this call
 
     def open(self, count: int) -> None:
         self.count += count
@@ -67,11 +73,29 @@ class InPlaceRows:
                 note(f"podsrl's decode step runs without CUDA graphs: capturing it failed "
                      f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})")
                 self.graphed = None
+        if self.compiled:
+            return self._compiled_step(tokens, position)
         return self.step_model.step(self.cache, tokens, position)
+
+    def _compiled_step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        first = not COMPILED_ONCE
+        start = time.perf_counter()
+        try:
+            logits = self.step_model.step(self.cache, tokens, position, compiled=True)
+        except Exception as err:  # no C++ compiler, an inductor failure: the eager step computes the same
+            note(f"podsrl's decode step runs uncompiled: torch.compile failed ({type(err).__name__}: "
+                 f"{str(err).strip().splitlines()[0] if str(err).strip() else ''})")
+            self.compiled = False
+            return self.step_model.step(self.cache, tokens, position)
+        if first:
+            COMPILED_ONCE.append(True)
+            self.compile_seconds += time.perf_counter() - start
+        return logits
 
     @property
     def capture_seconds(self) -> float:
-        return self.graphed.capture_seconds if self.graphed is not None else 0.0
+        """Seconds this call spent capturing CUDA graphs or compiling the step (warm-up included)."""
+        return (self.graphed.capture_seconds if self.graphed is not None else 0.0) + self.compile_seconds
 
     def tail(self, row: int, count: int, position: int) -> KV:
         """Copies of the ``count`` columns before ``position`` (the row's newest)."""
@@ -92,7 +116,7 @@ class ShiftedRows:
     ``column_mask`` [B, W] marks the columns each row attends to."""
 
     path = "model"
-    capture_seconds = 0.0  # nothing is captured
+    capture_seconds, reports_compile = 0.0, False  # nothing is captured or compiled
 
     def __init__(self, model, prompt_kv: KV) -> None:
         self.model = model
@@ -167,10 +191,10 @@ class ShiftedRows:
 def cache_rows(model, prompt_kv: list[KV], max_new_tokens: int, path: str = "auto") -> tuple[object, str]:
     """The rows a call decodes in, and why it is not podsrl's decode step ('' when it is).
     ``path``: 'auto' (podsrl's where :func:`decode_path_refusal` allows, replayed as CUDA graphs
-    on a GPU), 'podsrl' (the same, refused where it cannot run), 'eager' (podsrl's, never
-    captured) or 'model'."""
+    on a GPU), 'podsrl' (the same, refused where it cannot run), 'compiled' (podsrl's under
+    torch.compile), 'eager' (podsrl's, never captured) or 'model'."""
     refusal = decode_path_refusal(model) if path != "model" else "asked for the model's own forward"
-    if path in ("podsrl", "eager") and refusal:
+    if path in ("podsrl", "compiled", "eager") and refusal:
         raise ValueError(f"podsrl's decode step cannot run this model: {refusal}")
     if refusal:
         if path == "auto":
@@ -178,5 +202,5 @@ def cache_rows(model, prompt_kv: list[KV], max_new_tokens: int, path: str = "aut
                  f"{refusal}")
         return ShiftedRows(model, prompt_kv[0]), refusal
     longest = max(kv[0][0].shape[1] for kv in prompt_kv)
-    captured = path != "eager" and next(model.parameters()).device.type == "cuda"
-    return InPlaceRows(model, longest + max_new_tokens + 1, captured), ""
+    captured = path in ("auto", "podsrl") and next(model.parameters()).device.type == "cuda"
+    return InPlaceRows(model, longest + max_new_tokens + 1, captured, compiled=path == "compiled"), ""

@@ -87,8 +87,10 @@ class SlotsOptions(EngineOptions):
                                       "place, docs/generation.md) for the models it covers (Llama, Qwen2, Mistral "
                                       "families, full attention, no LoRA) and the model's forward for others "
                                       "(one note says why), replayed as CUDA graphs on a GPU; 'podsrl' refuses a "
-                                      "model it does not cover; 'eager' is podsrl's step never captured; 'model' "
-                                      "always decodes with the model's forward.")
+                                      "model it does not cover; 'compiled' is podsrl's step under torch.compile "
+                                      "(once per process, ~25 s on a 2-core CPU; for long runs); 'eager' is "
+                                      "podsrl's step never captured; 'model' always decodes with the model's "
+                                      "forward.")
 
     def check(self) -> None:
         check_options(self.refill, SCHEDULES.resolve(self.schedule), self.probe_tokens)
@@ -267,7 +269,7 @@ class SlotRun:
         rollouts.stats.update(decode_steps=decoder.decode_steps, slots=self.slots,
                               slot_steps=self.slots * decoder.decode_steps, live_slot_steps=decoder.live_slot_steps,
                               **self.stats)
-        if decoder.rows.capture_seconds:  # CUDA graphs captured in this call (inside its generation time)
+        if decoder.rows.reports_compile:  # graphs captured or the step compiled in this call (in its generation time)
             rollouts.stats["capture_seconds"] = decoder.rows.capture_seconds
         return rollouts
 
