@@ -18,11 +18,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from podsrl.rollout import decode_step
 from podsrl.rollout.decode_step import DecodeModel, GraphedStep, decode_path_refusal
 
 DECODE_PATHS = ("auto", "podsrl", "compiled", "eager", "model")
 NOTED: set[str] = set()  # the notes already said
-COMPILED_ONCE: list[bool] = []  # the compiled step has run in this process (its compile paid)
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, columns, head_dim]
 
 
@@ -55,7 +55,7 @@ class InPlaceRows:
         self.compiled = compiled
         # from the settings alone, so every process logs the same fields (a collective mean)
         self.reports_compile = compiled or captured
-        self.compile_seconds = 0.0  # torch.compile's first call in this process, when it fell in this call
+        self.torch_compile_seconds = 0.0  # torch.compile's first call in this process, when it fell in this call
 
     def open(self, count: int) -> None:
         self.count += count
@@ -78,7 +78,7 @@ class InPlaceRows:
         return self.step_model.step(self.cache, tokens, position)
 
     def _compiled_step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        first = not COMPILED_ONCE
+        first = not decode_step.COMPILED  # this call pays the process's compile
         start = time.perf_counter()
         try:
             logits = self.step_model.step(self.cache, tokens, position, compiled=True)
@@ -88,14 +88,13 @@ class InPlaceRows:
             self.compiled = False
             return self.step_model.step(self.cache, tokens, position)
         if first:
-            COMPILED_ONCE.append(True)
-            self.compile_seconds += time.perf_counter() - start
+            self.torch_compile_seconds += time.perf_counter() - start
         return logits
 
     @property
-    def capture_seconds(self) -> float:
-        """Seconds this call spent capturing CUDA graphs or compiling the step (warm-up included)."""
-        return (self.graphed.capture_seconds if self.graphed is not None else 0.0) + self.compile_seconds
+    def compile_seconds(self) -> float:
+        """Seconds this call spent compiling the step or capturing its CUDA graphs (warm-up included)."""
+        return (self.graphed.capture_seconds if self.graphed is not None else 0.0) + self.torch_compile_seconds
 
     def tail(self, row: int, count: int, position: int) -> KV:
         """Copies of the ``count`` columns before ``position`` (the row's newest)."""
@@ -116,7 +115,7 @@ class ShiftedRows:
     ``column_mask`` [B, W] marks the columns each row attends to."""
 
     path = "model"
-    capture_seconds, reports_compile = 0.0, False  # nothing is captured or compiled
+    compile_seconds, reports_compile = 0.0, False  # nothing is captured or compiled
 
     def __init__(self, model, prompt_kv: KV) -> None:
         self.model = model

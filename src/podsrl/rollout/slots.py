@@ -270,7 +270,7 @@ class SlotRun:
                               slot_steps=self.slots * decoder.decode_steps, live_slot_steps=decoder.live_slot_steps,
                               **self.stats)
         if decoder.rows.reports_compile:  # graphs captured or the step compiled in this call (in its generation time)
-            rollouts.stats["capture_seconds"] = decoder.rows.capture_seconds
+            rollouts.stats["compile_seconds"] = decoder.rows.compile_seconds
         return rollouts
 
     def carried_group(self, prompt: int) -> CarriedGroup:

@@ -86,8 +86,8 @@ def step_record(procs: Processes, step: int, train_seconds: float, outcome: Step
     if "slot_steps" in rollouts.stats:  # the slots engine: the share of its slots left without a sample
         slot_steps, live = procs.sum([rollouts.stats["slot_steps"], rollouts.stats["live_slot_steps"]])
         record["idle_slot_frac"] = 1.0 - live / slot_steps if slot_steps else 0.0
-    if "capture_seconds" in rollouts.stats:  # the decode step's CUDA graphs or compile, inside time_generate
-        record.update(procs.mean({"generate_compile_seconds": rollouts.stats["capture_seconds"]}))
+    if "compile_seconds" in rollouts.stats:  # the decode step's compile or CUDA graphs, inside time_generate
+        record.update(procs.mean({"generate_compile_seconds": rollouts.stats["compile_seconds"]}))
     if kept.token_versions is not None:  # partial rollouts: how stale the trained tokens are
         record.update(staleness_record(procs, step, kept))
     if procs.world_size > 1:
