@@ -237,11 +237,6 @@ COMPILED = []  # the one torch.compile of the step in this process, made on firs
 BACKEND = "inductor"  # torch.compile's backend (tests trace with "eager": dynamo without code generation)
 
 
-def _uncompiled(step_model: DecodeModel, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor,
-                width: int) -> torch.Tensor:
-    return step_model._step(cache, tokens, position, width)
-
-
 def compiled_step():
     """:meth:`DecodeModel._step` under ``torch.compile`` with dynamic shapes: compiled once per
     process and model layout (about 25 s for tiny-chain on the 2-core CPU), then reused by every
@@ -250,7 +245,7 @@ def compiled_step():
     small model's step: 1.03-2.8x faster than eager for tiny-chain at 16-256 rows x 64-256 KV in a
     throwaway measurement on the 2-core AVX-512 EPYC (benchmarks/RESULTS.md)."""
     if not COMPILED:  # fullgraph: a graph break would hide per-op overhead again; it fails instead
-        COMPILED.append(torch.compile(_uncompiled, dynamic=True, fullgraph=True, backend=BACKEND))
+        COMPILED.append(torch.compile(DecodeModel._step, dynamic=True, fullgraph=True, backend=BACKEND))
     return COMPILED[0]
 
 

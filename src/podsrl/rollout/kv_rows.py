@@ -33,6 +33,12 @@ def note(message: str) -> None:
         print(f"note: {message}", file=sys.stderr, flush=True)
 
 
+def first_line(err: BaseException) -> str:
+    """An error's first line (its type's name when it has no message): what a one-line note shows."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def full_attention_layers(cache) -> list:
     if any(type(layer) is not DynamicLayer for layer in cache.layers):
         kinds = sorted({type(layer).__name__ for layer in cache.layers})
@@ -70,8 +76,7 @@ class InPlaceRows:
             try:
                 return self.graphed(tokens, position)
             except RuntimeError as err:  # e.g. a rope variant that reads positions on the host mid-capture
-                note(f"podsrl's decode step runs without CUDA graphs: capturing it failed "
-                     f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})")
+                note(f"podsrl's decode step runs without CUDA graphs: capturing it failed ({first_line(err)})")
                 self.graphed = None
         if self.compiled:
             return self._compiled_step(tokens, position)
@@ -84,7 +89,7 @@ class InPlaceRows:
             logits = self.step_model.step(self.cache, tokens, position, compiled=True)
         except Exception as err:  # no C++ compiler, an inductor failure: the eager step computes the same
             note(f"podsrl's decode step runs uncompiled: torch.compile failed ({type(err).__name__}: "
-                 f"{str(err).strip().splitlines()[0] if str(err).strip() else ''})")
+                 f"{first_line(err)})")
             self.compiled = False
             return self.step_model.step(self.cache, tokens, position)
         if first:
