@@ -114,9 +114,10 @@ def bounds(model, rows: int, kv: int, bandwidth: float) -> dict:
 
 
 @torch.no_grad()
-def podsrl_step(model, rows: int, kv: int, steps: int, graphed: bool = False) -> float:
+def podsrl_step(model, rows: int, kv: int, steps: int, graphed: bool = False, compiled: bool = False) -> float:
     """podsrl's step at ``rows`` rows attending to ``kv`` columns; ``graphed``: replayed as a CUDA
-    graph (:class:`GraphedStep`, over the cache's whole width; its capture happens in the warm-up)."""
+    graph (:class:`GraphedStep`, over the cache's whole width); ``compiled``: under torch.compile
+    (the decode path 'compiled'). Capture and compile happen in the untimed warm-up."""
     step_model = DecodeModel(model)
     cache = step_model.new_cache(rows, kv + 2)
     for tensor in cache.keys + cache.values:
@@ -126,7 +127,7 @@ def podsrl_step(model, rows: int, kv: int, steps: int, graphed: bool = False) ->
     if graphed:
         step = GraphedStep(step_model, cache)
         return timed(lambda: step(tokens, position), 3, steps)
-    return timed(lambda: step_model.step(cache, tokens, position), 3, steps)
+    return timed(lambda: step_model.step(cache, tokens, position, compiled=compiled), 3, steps)
 
 
 @torch.no_grad()
@@ -168,10 +169,18 @@ def generate_step(model, rows: int, kv: int, steps: int) -> float:
     return (statistics.median(longer) - statistics.median(prefill)) / (2 * steps) * 1e3
 
 
-def second_arm(model, rows: int, kv: int, steps: int) -> float:
-    """The podsrl step's other column: replayed as a CUDA graph on a GPU, at 1 thread on a CPU."""
+def other_arms(compiled: bool) -> dict:
+    """The podsrl step's other columns, by name: replayed as a CUDA graph on a GPU; at 1 thread
+    and (``compiled``) under torch.compile on a CPU. Each is a function of (model, rows, kv, steps)."""
     if DEVICE.type == "cuda":
-        return podsrl_step(model, rows, kv, steps, graphed=True)
+        return {"CUDA graph": lambda *cell: podsrl_step(*cell, graphed=True)}
+    arms = {"1 thread": one_thread}
+    if compiled:
+        arms["compiled"] = lambda *cell: podsrl_step(*cell, compiled=True)
+    return arms
+
+
+def one_thread(model, rows: int, kv: int, steps: int) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -181,17 +190,23 @@ def second_arm(model, rows: int, kv: int, steps: int) -> float:
 
 
 def step_table(models: list[str], steps: int, row_counts: tuple[int, ...] = ROWS,
-               kv_lengths: tuple[int, ...] = KV_LENGTHS, dtype: torch.dtype = torch.float32) -> tuple[str, list[dict]]:
+               kv_lengths: tuple[int, ...] = KV_LENGTHS, dtype: torch.dtype = torch.float32,
+               compiled: bool = True) -> tuple[str, list[dict]]:
+    """The table of ms per step, and its cells. ``podsrl`` in the ratios is the fastest of the
+    podsrl step's paths a run can choose (eager, compiled, CUDA graph), not the 1-thread column
+    (threads are podsrl's own choice, shown to check a step is not slower with more)."""
     bandwidth = read_bandwidth()
     gpu = DEVICE.type == "cuda"
-    other = "CUDA graph" if gpu else "1 thread"
+    others = other_arms(compiled)
+    chosen = [name for name in others if name != "1 thread"]
     where = torch.cuda.get_device_name(DEVICE) if gpu else f"threads: {torch.get_num_threads()}"
     lines = [f"Read bandwidth measured: {bandwidth / 1e9:.1f} GB/s; {where}; weights and cache in {dtype} "
-             f"(the podsrl step {'replayed as a CUDA graph' if gpu else 'at 1 thread'} in its own column"
-             f"{'; podsrl / larger bound takes the faster of the two' if gpu else ''}).", "",
-             f"| model | rows | KV | podsrl ms | {other} | model forward ms | generate ms | compute bound | "
-             "memory bound | podsrl / larger bound | forward / podsrl | generate / podsrl |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"(the podsrl step's other paths in their own columns: {', '.join(others)}; the ratios take the "
+             f"podsrl step at its fastest of eager{''.join(', ' + name for name in chosen)}"
+             f"{', compile time excluded' if 'compiled' in others else ''}).", "",
+             f"| model | rows | KV | podsrl ms | {' | '.join(others)} | model forward ms | generate ms | "
+             "compute bound | memory bound | podsrl / larger bound | forward / podsrl | generate / podsrl |",
+             "|---|---|---|---|" + "---|" * len(others) + "---|---|---|---|---|---|---|"]
     rows_out = []
     for name in models:
         model = load_model(name).model.eval().to(DEVICE, dtype)
@@ -200,14 +215,15 @@ def step_table(models: list[str], steps: int, row_counts: tuple[int, ...] = ROWS
             for kv in kv_lengths:
                 bound = bounds(model, rows, kv, bandwidth)
                 eager = podsrl_step(model, rows, kv, steps)
-                one = second_arm(model, rows, kv, steps)
-                ours = min(eager, one) if gpu else eager
+                times = {name: arm(model, rows, kv, steps) for name, arm in others.items()}
+                ours = min([eager, *(times[name] for name in chosen)])
                 forward = model_step(model, rows, kv, steps)
                 generate = generate_step(model, rows, kv, steps)
                 larger = max(bound["compute_ms"], bound["memory_ms"])
                 past = " (past its positions)" if kv + steps > positions else ""
                 rows_out.append(dict(model=name, rows=rows, kv=kv, ours=ours, larger=larger, forward=forward))
-                lines.append(f"| {name}{past} | {rows} | {kv} | {eager:.2f} | {one:.2f} | {forward:.2f} | "
+                columns = "".join(f" {value:.2f} |" for value in times.values())
+                lines.append(f"| {name}{past} | {rows} | {kv} | {eager:.2f} |{columns} {forward:.2f} | "
                              f"{generate:.2f} | {bound['compute_ms']:.2f} ({bound['gflops']:.0f} GFLOP/s) | "
                              f"{bound['memory_ms']:.2f} | {ours / larger:.2f}x | {forward / ours:.2f}x | "
                              f"{generate / ours:.2f}x |")
@@ -298,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                         "regime's call on vLLM's CPU backend too, the peer")
     parser.add_argument("--vllm-compiled", action="store_true", help="vLLM compiled as well as eager")
     parser.add_argument("--skip-regime", action="store_true")
+    parser.add_argument("--no-compiled", action="store_true", help="leave out the step table's compiled column "
+                        "(on a CPU it costs one compile per model, ~25 s for tiny-chain)")
     parser.add_argument("--record", default="", help="write the tables into benchmarks/RESULTS.md under this name")
     args = parser.parse_args(argv)
     global DEVICE
@@ -319,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
 def steps_block(args) -> str:
     """The step table and its verdict on #70's bound target."""
     table, rows = step_table(args.models.split(","), args.steps, tuple(map(int, args.rows.split(","))),
-                             tuple(map(int, args.kv.split(","))), getattr(torch, args.dtype))
+                             tuple(map(int, args.kv.split(","))), getattr(torch, args.dtype),
+                             compiled=not args.no_compiled)
     checked = [r for r in rows if r["model"] in ("tiny-chain", "smollm2-135m-instruct") and r["rows"] in (64, 256)]
     misses = [f"{r['model']} {r['rows']} rows x {r['kv']} KV at {r['ours'] / r['larger']:.1f}x" for r in checked
               if r["ours"] > BOUND_TARGET * r["larger"]]

@@ -4,6 +4,10 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+from podsrl.rollout import decode_step
+
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("decode_step_benchmark", REPO / "benchmarks" / "decode_step.py")
 bench = importlib.util.module_from_spec(spec)
@@ -11,10 +15,22 @@ spec.loader.exec_module(bench)
 
 
 def test_the_step_table_has_a_cell_per_rows_and_kv_with_positive_times_and_bounds():
-    table, rows = bench.step_table(["tiny"], 1, (8,), (4, 8))
+    table, rows = bench.step_table(["tiny"], 1, (8,), (4, 8), compiled=False)
     assert [(r["rows"], r["kv"]) for r in rows] == [(8, 4), (8, 8)]
     assert all(r["ours"] > 0 and r["larger"] > 0 and r["forward"] > 0 for r in rows)
-    assert table.count("\n| tiny | 8 |") == 2 and "1 thread" in table
+    assert table.count("\n| tiny | 8 |") == 2 and "1 thread" in table and "compiled" not in table
+
+
+@pytest.mark.slow
+def test_the_compiled_column_times_the_compiled_step_and_the_ratios_take_the_fastest_path(monkeypatch):
+    monkeypatch.setattr(decode_step, "BACKEND", "eager")  # dynamo's trace without inductor's code generation
+    monkeypatch.setattr(decode_step, "COMPILED", [])
+    table, rows = bench.step_table(["tiny"], 1, (8,), (4,))
+    header, cell = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    columns = dict(zip(header.split(" | "), cell.split(" | ")))
+    eager, compiled = float(columns["podsrl ms"]), float(columns["compiled"])
+    assert len(decode_step.COMPILED) == 1 and compiled > 0
+    assert f"{rows[0]['ours']:.2f}" == f"{min(eager, compiled):.2f}"  # the ratios' podsrl: the faster path
 
 
 def test_the_gpu_verdict_says_met_missed_or_not_measured_for_each_target():
