@@ -121,7 +121,7 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
     import torch
 
     from podsrl.models.precision import autocast
-    from podsrl.rollout import ENGINES, capability
+    from podsrl.rollout import ENGINES, options_class
 
     policy, tokenizer = load(model, random_init, lora_rank, shape_dir)
     if torch.cuda.is_available():
@@ -133,7 +133,7 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
         return {"model": model, "dtype": dtype, "rows": rows, "tokens": tokens, "engine": engine_name,
                 "skipped": f"n/a: prompt + T > the model's {positions} positions"}
     registered, uses_copy, static_cache = ENGINE_VARIANTS[engine_name]
-    kind = capability(ENGINES[registered], "options_type")  # each engine's own options, the ones it has
+    kind = options_class(ENGINES[registered])  # each engine's own options, the ones it has
     values = dict(max_new_tokens=tokens, copy_dtype=dtype if uses_copy else "", static_cache=static_cache,
                   compute_dtype=dtype, max_model_length=longest + tokens, enforce_eager=not compiled)
     engine = ENGINES[registered](kind(**{name: values[name] for name in kind.__dataclass_fields__ if name in values}))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from podsrl.cli import FIELD_TABLE, field_rows
 from podsrl.config import FIELDS, Config
-from podsrl.rollout import ENGINES, FLAT_OPTIONS, capability
+from podsrl.rollout import ENGINES, FLAT_OPTIONS, options_class
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """# Configuration
@@ -26,7 +26,7 @@ below, then `--config FILE.yaml`, then `--field value` options (`podsrl train --
 lists the same). Every value is validated before any work, with errors that name the
 field (and the YAML file and line). A field that names a component (`downsampling_rule`,
 `advantage_estimator`, `loss_type`, `generation_engine`, `generation_schedule`, `task`,
-`reward_funcs`, `prompt_selector`) also takes a mapping of its name and keyword arguments,
+`reward_funcs`, `prompt_selector`, `generation_watchers`) also takes a mapping of its name and keyword arguments,
 `{name: ..., argument: value}` ([algorithms.md](algorithms.md#components-with-arguments)).
 
 ```bash
@@ -60,7 +60,7 @@ def engine_tables() -> str:
     flat_names = {option: name for name, option in FLAT_OPTIONS.items()}
     sections = []
     for name, engine in ENGINES.items():
-        kind = capability(engine, "options_type")
+        kind = options_class(engine)
         own = [f for f in dataclasses.fields(kind) if f.name not in kind.run_fields]
         rows = "\n".join(f"| `{f.name}` | `{f.default!r}` | "
                          f"{'`' + flat_names[f.name] + '`' if f.name in flat_names else ''} | {f.metadata['help']} |"

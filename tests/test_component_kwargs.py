@@ -425,7 +425,7 @@ def test_a_bound_schedule_keeps_what_it_says_it_needs(user):
     schedule = SCHEDULES.resolve({"name": user("NTH_LAST"), "back": 1})
     pending = PendingSamples(3, 1, {"name": user("NTH_LAST"), "back": 1}, [0.0] * 3, None)
     assert [pending.pop() for _ in range(3)] == [(1, 0), (0, 0), (2, 0)]
-    assert schedule.plans_lanes is False and schedule.early_stop_refusal == ""
+    assert schedule.plans_lanes is False and schedule.stop_groups_refusal == ""
     with pytest.raises(ValueError, match="^generation_schedule: .* is not a Schedule"):
         SCHEDULES.resolve({"name": user("nth_last"), "back": 1})
 

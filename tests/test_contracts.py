@@ -248,8 +248,8 @@ def test_an_engines_rollouts_must_have_the_group_shape(tmp_path, tiny):
     from podsrl.rollout import HFEngine
 
     class Short(HFEngine):
-        def __call__(self, model, tokenizer, prompts, num_samples, stopper=None):
-            return super().__call__(model, tokenizer, prompts[:1], num_samples, stopper)
+        def __call__(self, model, tokenizer, prompts, num_samples, watchers=()):
+            return super().__call__(model, tokenizer, prompts[:1], num_samples, watchers)
     """
     engine = ENGINES.checked(user_file(tmp_path, source) + ":Short")(HFOptions(max_new_tokens=3))
     with pytest.raises(UserCodeError, match=r"generation_engine: .*Short returned completion_ids of shape \[1, 2, "):
@@ -270,7 +270,7 @@ def test_what_an_engine_can_do_is_read_from_its_capabilities_not_its_name(tmp_pa
         def __init__(self, options):
             pass
 
-        def __call__(self, model, tokenizer, prompts, num_samples, stopper=None):
+        def __call__(self, model, tokenizer, prompts, num_samples, watchers=()):
             raise NotImplementedError
 
         def state_dict(self):
@@ -289,13 +289,12 @@ def test_what_an_engine_can_do_is_read_from_its_capabilities_not_its_name(tmp_pa
                                     **early_stop}))
     with pytest.raises(ValueError) as refused:  # #57: the line did not name the engine
         make_config(overrides={"generation_engine": f"{path}:Bare", **early_stop})
-    assert str(refused.value) == (f"generation_engine: {path}:Bare declares no early_stop_refusal ('' = it takes the "
-                                  f"stopper group_early_stop passes); group_early_stop needs an engine that stops "
-                                  f"groups early")
+    assert str(refused.value) == (f"group_early_stop: generation_engine {path}:Bare does not stop groups early (its "
+                                  f"capabilities declare no watcher kind 'stop_groups'); use generation_engine slots")
     with pytest.raises(ValueError, match=r"^generation_memory_mb: caps what the hf and slots engines decode at once; "
                                          r"generation_engine .*:Bare sizes its own memory"):
         make_config(overrides={"generation_engine": f"{path}:Bare", "generation_memory_mb": "100"})
-    with pytest.raises(ValueError, match=r"^group_early_stop: needs generation_engine slots \(the hf engine"):
+    with pytest.raises(ValueError, match=r"^group_early_stop: generation_engine hf does not stop groups early"):
         make_config(overrides={"generation_engine": "hf", **early_stop})
 
 
@@ -347,7 +346,18 @@ KINDS = {
             misbehave(trainer=os.getppid())  # in the reward worker: the trainer is its parent
             return [float(len(c) % 2) for c in completions]
     """, ":component"),
+    "generation_watchers": ("""
+        class Component:  # built once per engine call, so its second build is in step 2
+            kind = "stop_groups"
+            def __init__(self, prompts, tokenizer, step):
+                misbehave()
+            def __call__(self, prompt_index, completion_ids):
+                return []
+    """, ":Component"),
 }
+# what a kind needs besides its field: a watcher of kind stop_groups runs on the slots engine
+NEEDS = {"generation_watchers": dict(generation_engine="slots", generation_schedule="round_robin",
+                                     generation_micro_group=4)}
 MISBEHAVE = """
 import os, signal, time
 calls = [0]
@@ -367,7 +377,7 @@ def misbehaving_run(tmp_path, random_model_dir, kind, hang):
     spec = user_file(tmp_path, MISBEHAVE.format(hang=hang) + textwrap.dedent(source), f"{field}_component.py") + attr
     values = dict(model=random_model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=4,
                   num_kept=2, max_completion_length=6, eval_prompts=4, eval_samples=1, eval_steps=0, save_steps=1,
-                  progress=False, output_dir=str(tmp_path / "run"), **{field: spec})
+                  progress=False, output_dir=str(tmp_path / "run"), **{field: spec}, **NEEDS.get(kind, {}))
     return make_config(overrides={k: str(v) for k, v in values.items()}), spec
 
 

@@ -16,7 +16,7 @@ from podsrl.algorithms.select import max_variance
 from podsrl.config import Config, validate
 from podsrl.rewards import RewardError, bounded, in_process
 from podsrl.rewards.scorer import Scorer, ScoringOptions
-from podsrl.rollout import ENGINES, HFOptions, generate_in_slots
+from podsrl.rollout import ENGINES, STOP_GROUPS, HFOptions, generate_in_slots
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer import train
 from podsrl.trainer.logging import group_stats
@@ -178,7 +178,7 @@ def test_scoring_skips_samples_never_generated(tiny, arithmetic_split):
 
 
 def test_the_reward_stage_reuses_what_early_stop_scored(tiny, arithmetic_split):
-    """Every generated sample is scored once: the reward stage scores only what the stopper
+    """Every generated sample is scored once: the reward stage scores only what the watcher
     never saw, and the result equals scoring every sample afresh (a deterministic reward)."""
     task, split = arithmetic_split
     scored = []
@@ -193,7 +193,7 @@ def test_the_reward_stage_reuses_what_early_stop_scored(tiny, arithmetic_split):
     stopper = SaturationStopper(scorer, split, tiny.tokenizer, 2, (0.0, 1.0))
     torch.manual_seed(0)
     rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
-                                 schedule="round_robin", stopper=stopper)
+                                 schedule="round_robin", watchers=(stopper,))
     early = stopper.early_scores(rollouts)  # [6, 8]
     reported = sum(scored)
     assert reported == int((~early.reward.isnan()).sum()) > 0  # every reported sample found in the result
@@ -227,7 +227,7 @@ def test_a_reward_failure_in_early_stop_waits_for_the_end_of_generation(tiny, ar
     stopper = SaturationStopper(scorer, split, tiny.tokenizer, 2, (0.0, 1.0))
     torch.manual_seed(0)
     rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
-                                 schedule="round_robin", stopper=stopper)
+                                 schedule="round_robin", watchers=(stopper,))
     assert rollouts.generated_mask.all()  # nothing stopped early
     assert isinstance(stopper.failure, RewardError) and "refused" in str(stopper.failure)
     before = len(calls)
@@ -242,15 +242,16 @@ def test_slots_engine_cancels_the_unstarted_samples_of_a_saturated_group(tiny, a
         seen.extend(zip(prompt_index, completion_ids))
         return [0] if sum(p == 0 for p, _ in seen) >= 3 else []
 
+    stop_prompt_0_after_three.kind = STOP_GROUPS
     torch.manual_seed(0)
     out = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
-                            schedule="round_robin", stopper=stop_prompt_0_after_three)
+                            schedule="round_robin", watchers=(stop_prompt_0_after_three,))
     generated = out.generated
     assert 3 <= int(generated[0].sum()) < 8  # stopped: at least the samples that made it stop exist
     assert generated[1:].all()  # the other groups were not touched
     assert torch.equal(out.completion_mask.sum(-1) > 0, generated)  # skipped samples are empty
     assert all(out.texts[0][j] == "" for j in range(8) if not generated[0, j])
-    # what the stopper saw finish is in the result with the same tokens (a sample that ends
+    # what the watcher saw finish is in the result with the same tokens (a sample that ends
     # on its first token in the last refill may finish unreported: nothing is left to cancel)
     ids = out.completion_id_lists()
     for prompt in range(6):

@@ -12,7 +12,7 @@ import pytest
 
 from podsrl.config import FIELDS, Config, make_config
 from podsrl.config_checks import validate
-from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, capability
+from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, options_class
 from podsrl.trainer.setup import set_up
 from tests.conftest import quick
 
@@ -35,8 +35,8 @@ def test_each_flat_name_sets_an_option_of_a_built_in_engine_with_the_same_defaul
 def test_the_run_sets_sampling_and_the_spec_cannot():
     for kind in BUILT_IN_OPTIONS:
         assert {"max_new_tokens", "temperature", "top_p"} <= kind.run_fields
-        assert capability(ENGINES[{"HFOptions": "hf", "SlotsOptions": "slots", "VLLMOptions": "vllm"}[kind.__name__]],
-                          "options_type") is kind
+        assert options_class(ENGINES[{"HFOptions": "hf", "SlotsOptions": "slots", "VLLMOptions": "vllm"}[
+            kind.__name__]]) is kind
     cfg = Config(max_completion_length=17, temperature=0.7, top_p=0.9, generation_engine="slots")
     options = cfg.generation_options()
     assert (options.max_new_tokens, options.temperature, options.top_p) == (17, 0.7, 0.9)

@@ -29,10 +29,10 @@ def prompts(tiny):
     return [render_prompt(tiny.tokenizer, ex) for ex in task.train[:6]]
 
 
-def partial(bundle, prompts, n, *, carried=None, quota, version, slots=4, temperature=0.0, stopper=None):
+def partial(bundle, prompts, n, *, carried=None, quota, version, slots=4, temperature=0.0, watchers=()):
     return generate_partial_in_slots(bundle.model, bundle.tokenizer, prompts, n, carried=carried or {}, quota=quota,
                                      version=version, max_new_tokens=8, temperature=temperature, slots=slots,
-                                     schedule="round_robin", stopper=stopper)
+                                     schedule="round_robin", watchers=watchers)
 
 
 def ended(tokens, eos, cap=8):
@@ -366,10 +366,10 @@ class GarbageEngine:
     def __init__(self, options):
         self.inner = None
 
-    def __call__(self, model, tokenizer, prompts, num_samples, stopper=None):
+    def __call__(self, model, tokenizer, prompts, num_samples, watchers=()):
         raise AssertionError("not called")
 
-    def generate_partial(self, model, tokenizer, prompts, num_samples, *, carried, quota, version, stopper=None):
+    def generate_partial(self, model, tokenizer, prompts, num_samples, *, carried, quota, version, watchers=()):
         result = generate_partial_in_slots(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
                                            version=version, max_new_tokens=4, temperature=0.0, slots=4)
         result.complete = result.complete[:-1]

@@ -209,7 +209,7 @@ def test_a_schedule_from_a_module_orders_the_slots_and_says_what_it_needs():
     """A Schedule object named module:attr: it picks the next prompt (here the last one with
     samples left) and its early-stop refusal reaches the config check."""
     module = type(sys)("podsrl_test_schedule")
-    module.last_first = Schedule(lambda pending, candidates: candidates[-1], early_stop_refusal="no cancelling")
+    module.last_first = Schedule(lambda pending, candidates: candidates[-1], stop_groups_refusal="no cancelling")
     sys.modules[module.__name__] = module
     try:
         pending = PendingSamples(3, 2, SCHEDULES.resolve("podsrl_test_schedule:last_first"), [0.0] * 3, None)

@@ -9,7 +9,15 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 
 from podsrl.config import Config, validate
 from podsrl.models import load_model
-from podsrl.rollout import ENGINES, HFOptions, SlotsOptions, generate, generate_in_slots, generation_memory_bytes
+from podsrl.rollout import (
+    ENGINES,
+    STOP_GROUPS,
+    HFOptions,
+    SlotsOptions,
+    generate,
+    generate_in_slots,
+    generation_memory_bytes,
+)
 from podsrl.rollout.lanes import balance_lanes, makespan
 from podsrl.rollout.sampling import warp_logits
 from podsrl.rollout.schedule import LaneQueue, LengthPredictor, PendingSamples, PrefixLengthPredictor
@@ -259,9 +267,10 @@ def test_length_aware_probe_pauses_and_resumes_and_early_stop_drops_paused_prefi
             return [1]
         return []
 
+    stop_prompt_one.kind = STOP_GROUPS
     torch.manual_seed(0)
     out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 6, max_new_tokens=8, temperature=1.0, slots=4,
-                            schedule="length_aware", probe_tokens=3, stopper=stop_prompt_one)
+                            schedule="length_aware", probe_tokens=3, watchers=(stop_prompt_one,))
     lengths = out.completion_mask.sum(-1)  # [P, n]
     assert stopped and not out.generated[1].all() and out.generated[[0, 2]].all()
     assert (lengths[~out.generated] == 0).all() and (lengths[out.generated] > 0).all()
@@ -418,7 +427,7 @@ def test_early_stop_cancels_unstarted_samples_and_lets_running_ones_finish(tiny)
         reports.append(list(prompt_index))
         return [0]
 
-    decoder, _ = make_decoder(tiny, prompts, 4, max_new_tokens=50, eos=-1, stopper=saturate_prompt_0)
+    decoder, _ = make_decoder(tiny, prompts, 4, max_new_tokens=50, eos=-1, watcher=saturate_prompt_0)
     torch.manual_seed(0)
     decoder.start_group(2)  # fifo: prompt 0's samples 0 and 1 run, 2 and 3 and prompt 1's wait
     decoder.step()
@@ -435,7 +444,7 @@ def test_early_stop_cancels_unstarted_samples_and_lets_running_ones_finish(tiny)
 
 def test_early_stop_drops_a_groups_samples_parked_after_the_probe(tiny):
     prompts = ["What is 1 + 2?\n", "What is 3 + 4?\n"]
-    decoder, _ = make_decoder(tiny, prompts, 3, max_new_tokens=50, eos=-1, stopper=lambda p, c: [0])
+    decoder, _ = make_decoder(tiny, prompts, 3, max_new_tokens=50, eos=-1, watcher=lambda p, c: [0])
     decoder.pause_at = 3
     torch.manual_seed(0)
     decoder.start_group(6)

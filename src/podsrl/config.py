@@ -169,6 +169,13 @@ class ConfigFields:
                                        "slots go to other prompts. Needs bounded reward functions "
                                        "(podsrl.rewards.bounded), generation_schedule round_robin (or "
                                        "shortest/longest_first) and fewer slots than P*n.")
+    generation_watchers: str | list[Spec] = _f("", "Comma-separated watchers of generation by your own rule, "
+                                                   "'module:Class' / 'file.py:Class': built per engine call as "
+                                                   "Class(prompts, tokenizer, step), of a kind the engine's "
+                                                   "capabilities declare (kind 'stop_groups' on the slots engine: "
+                                                   "shown samples as they finish, it names groups whose unstarted "
+                                                   "samples are cancelled; podsrl.rollout.Watcher, "
+                                                   "docs/generation.md).")
     generation_memory_mb: float = _f(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and "
                                           "logits, MiB; 0 = none): hf decodes fewer groups together and fails "
                                           "if one group exceeds it; slots sizes g to fit.",
@@ -272,6 +279,12 @@ class Config(PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, 
     def reward_specs(self) -> list[str]:
         """``reward_funcs`` as a list of names / ``module:function`` specs (and mappings with arguments)."""
         return split_list(self.reward_funcs) if isinstance(self.reward_funcs, str) else list(self.reward_funcs)
+
+    @property
+    def watcher_specs(self) -> list[Spec]:
+        """``generation_watchers`` as a list of ``module:Class`` specs (and mappings with arguments)."""
+        return (split_list(self.generation_watchers) if isinstance(self.generation_watchers, str)
+                else list(self.generation_watchers))
 
     @property
     def reward_weight_values(self) -> list[float]:

@@ -23,7 +23,16 @@ from podsrl.options import bind, check_numbers
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import component_label, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
-from podsrl.rollout import ENGINES, FLAT_OPTIONS, SCHEDULES, capability, early_stop_refusal, reads_option
+from podsrl.rollout import (
+    ENGINES,
+    FLAT_OPTIONS,
+    SCHEDULES,
+    STOP_GROUPS,
+    WATCHERS,
+    capabilities,
+    reads_option,
+    watcher_kind,
+)
 from podsrl.tasks import TASKS, TaskOptions, check_task_options, is_known_task
 from podsrl.tasks.data import is_local
 from podsrl.tracking import tracker_names
@@ -31,7 +40,7 @@ from podsrl.tracking import tracker_names
 # the fields that name a component, each by its registry: a name / module:function, or a mapping
 # {name: ..., argument: value} whose arguments are bound (podsrl.registry; docs/algorithms.md)
 COMPONENTS = {registry.field: registry for registry in (RULES, ADVANTAGES, LOSSES, ENGINES, SCHEDULES, TASKS, REWARDS,
-                                                        PROMPT_SELECTORS)}
+                                                        PROMPT_SELECTORS, WATCHERS)}
 
 
 # vLLM's importance-sampling correction: read where the engine reports its own sampling log-probs
@@ -154,6 +163,8 @@ def _check_combinations(cfg) -> None:
             raise ValueError(f"max_train_prompts: {err}") from None
     if cfg.group_early_stop:
         _check_early_stop(cfg)
+    for spec in cfg.watcher_specs:
+        _check_watcher(cfg, spec)
     if cfg.partial_rollouts:
         _check_partial_rollouts(cfg)
     if cfg.adaptive_n:
@@ -181,21 +192,40 @@ def _check_early_stop(cfg) -> None:
     require(METHODS[cfg.method].selects and lossless,
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    refusal = early_stop_refusal(ENGINES.resolve(cfg.generation_engine), component_label(cfg.generation_engine))
-    require(not refusal, refusal)
-    refusal = cfg.generation_options().early_stop_refusal()
+    label = component_label(cfg.generation_engine)
+    require(STOP_GROUPS in capabilities(ENGINES.resolve(cfg.generation_engine), label).watches,
+            f"group_early_stop: generation_engine {label} does not stop groups early (its capabilities declare no "
+            f"watcher kind {STOP_GROUPS!r}); use generation_engine slots")
+    refusal = cfg.generation_options().watch_refusal(STOP_GROUPS)
     require(not refusal, f"group_early_stop: {refusal}")
+
+
+def _check_watcher(cfg, spec) -> None:
+    """A ``generation_watchers`` factory: a kind its engine declares, options that allow it, and
+    (``stop_groups``, which leaves groups with fewer samples) a method that selects from them."""
+    label, engine_label = component_label(spec), component_label(cfg.generation_engine)
+    kind = watcher_kind(spec)
+    watches = capabilities(ENGINES.resolve(cfg.generation_engine), engine_label).watches
+    declared = ", ".join(sorted(watches)) or "none"
+    require(kind in watches, f"generation_watchers: {label} is a watcher of kind {kind!r}, and generation_engine "
+                             f"{engine_label} runs none of that kind (it declares {declared})")
+    refusal = cfg.generation_options().watch_refusal(kind)
+    require(not refusal, f"generation_watchers: {label}: {refusal}")
+    require(kind != STOP_GROUPS or METHODS[cfg.method].selects,
+            f"generation_watchers: {label} stops groups early, and method {cfg.method} trains on every sample it "
+            f"generates; use method pods")
 
 
 def _check_partial_rollouts(cfg) -> None:
     label = component_label(cfg.generation_engine)
-    require(capability(ENGINES.resolve(cfg.generation_engine), "generate_partial") is not None,
+    declared = capabilities(ENGINES.resolve(cfg.generation_engine), label)
+    require(declared.partial_rollouts,
             f"partial_rollouts: generation_engine {label} cannot stop a step's generation at a quota and resume "
-            f"samples in the next step (it has no generate_partial); use the slots or vllm engine")
+            f"samples in the next step (its capabilities do not declare partial_rollouts); use the slots or vllm "
+            f"engine")
     refusal = getattr(cfg.generation_options(), "partial_rollouts_refusal", lambda: "")()  # optional
     require(not refusal, f"partial_rollouts: {refusal}")
-    require(cfg.partial_stale_correction != "mask" or not capability(ENGINES.resolve(cfg.generation_engine),
-                                                                     "reports_sampling_logp"),
+    require(cfg.partial_stale_correction != "mask" or not declared.reports_sampling_logp,
             f"partial_stale_correction: 'mask' leaves out the tokens with a sampling log-prob, and generation_engine "
             f"{label} reports one for every token (its numerics are not the policy's); use 'importance'")
     require(not cfg.adaptive_n, "partial_rollouts: not with adaptive_n (a group carried over keeps the n it started "
@@ -216,9 +246,9 @@ def ignored_fields(cfg) -> list[str]:
     warnings = []
     readers = {name: _readers(lambda engine, option=option: reads_option(engine, option))
                for name, option in FLAT_OPTIONS.items() if not reads_option(engine, option)}
-    if not (capability(engine, "reports_sampling_logp") or cfg.partial_rollouts):
-        readers.update(dict.fromkeys(SAMPLER_FIELDS, _readers(lambda engine: capability(engine,
-                                                                                        "reports_sampling_logp"))))
+    if not (capabilities(engine).reports_sampling_logp or cfg.partial_rollouts):
+        reporters = _readers(lambda engine: capabilities(engine).reports_sampling_logp)
+        readers.update(dict.fromkeys(SAMPLER_FIELDS, reporters))
     unread = [name for name in readers if name in changed]
     if unread:
         shown = ", ".join(f"{name} = {json.dumps(getattr(cfg, name))} (read by {readers[name]})" for name in unread)

@@ -3,8 +3,9 @@
 ``ENGINES.resolve(spec)(options)`` builds an engine once per run from its own options class
 (:func:`engine_options`; a registered name, or ``module:Class`` / ``file.py:Class``, or a mapping
 of one and options to set: :mod:`podsrl.registry`);
-an engine is ``engine(model, tokenizer, prompts, num_samples, stopper=None) -> Rollouts``
-with the group axis kept (``stopper``: early stop of saturated groups), plus ``state_dict()``
+an engine is ``engine(model, tokenizer, prompts, num_samples, watchers=()) -> Rollouts``
+with the group axis kept (``watchers``: what watches the call's samples, :class:`Watcher`, of
+the kinds its :class:`Capabilities` declare), plus ``state_dict()``
 (a snapshot: copies, not live references) / ``load_state_dict()`` / ``check_state()`` for
 what it learns across steps (checkpointed, so a resumed run generates exactly what an
 uninterrupted one would), and the capabilities it declares: the protocol is
@@ -33,13 +34,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from podsrl.contracts import broken, calling
-from podsrl.registry import Registry, bind_options
+from podsrl.registry import Registry, bind_options, component_label
 from podsrl.rollout.base import (
+    STOP_GROUPS,
+    Capabilities,
     EngineOptions,
     GenerationEngine,
-    Stopper,
-    capability,
-    early_stop_refusal,
+    Watcher,
+    capabilities,
+    options_class,
     reads_option,
     to_rollouts,
 )
@@ -79,7 +82,7 @@ def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> E
     filled from the config's ``flat`` fields (by :data:`FLAT_OPTIONS`) and the ``run``'s own
     values (max_new_tokens, temperature, ...: each taken where the class has the field), then
     the spec's arguments over them (checked when the spec was resolved)."""
-    options_type = capability(engine, "options_type")
+    options_type = options_class(engine)
     names = {f.name for f in dataclasses.fields(options_type) if f.init}
     values = {option: flat[name] for name, option in FLAT_OPTIONS.items() if option in names and name in flat}
     values.update((name, value) for name, value in run.items() if name in names)
@@ -96,12 +99,15 @@ class CheckedEngine:
             if not callable(getattr(inner, method, None)):
                 raise ValueError(f"{field}: {spec} has no method {method}() "
                                  "(see podsrl.rollout.GenerationEngine)")
+        if capabilities(inner, spec).partial_rollouts and not callable(getattr(inner, "generate_partial", None)):
+            raise ValueError(f"{field}: {spec} declares partial_rollouts and has no method generate_partial() "
+                             f"(see podsrl.rollout.GenerationEngine)")
         self.inner, self.field, self.spec = inner, field, spec
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 stopper: Stopper | None = None) -> Rollouts:
+                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
         with calling(self.field, self.spec):
-            rollouts = self.inner(model, tokenizer, prompts, num_samples, stopper=stopper)
+            rollouts = self.inner(model, tokenizer, prompts, num_samples, watchers=watchers)
         if not isinstance(rollouts, Rollouts):
             raise broken(self.field, self.spec,
                          f"a {type(rollouts).__name__}, expected podsrl.types.Rollouts")
@@ -146,6 +152,61 @@ def checked_engine(value, args: tuple, field: str, spec: str):
     return value if type(value) in (HFEngine, SlotsEngine, VLLMEngine) else CheckedEngine(value, field, spec)
 
 
+class CheckedWatcher:
+    """A user's watcher (``generation_watchers``) held to its contract: its kind is the one its
+    factory declared (what the config checked); each call can be stopped and fails in one line
+    naming it, and a ``stop_groups`` watcher must return prompt indices among the call's
+    ``prompts``. Another kind's contract is its engine's: the rest of the watcher is its own."""
+
+    def __init__(self, inner, kind: str, prompts: int, field: str, spec: str) -> None:
+        if getattr(inner, "kind", None) != kind:
+            raise broken(field, spec, f"a watcher of kind {getattr(inner, 'kind', None)!r}, and it declares "
+                                      f"kind {kind!r}")
+        self.inner, self.kind, self.prompts, self.field, self.spec = inner, kind, prompts, field, spec
+
+    def __call__(self, prompt_index: list[int], completion_ids: list[list[int]]) -> list[int]:
+        with calling(self.field, self.spec):
+            named = self.inner(prompt_index, completion_ids)
+        if self.kind != STOP_GROUPS:
+            return named
+        if not isinstance(named, (list, tuple)) or any(type(p) is not int or not 0 <= p < self.prompts
+                                                       for p in named):
+            raise broken(self.field, self.spec, f"{named!r}, expected a list of prompt indices in [0, "
+                                                f"{self.prompts})")
+        return list(named)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def watcher_kind(spec) -> str:
+    """The kind a ``generation_watchers`` factory declares (its ``kind`` attribute), or a
+    one-line error naming it."""
+    kind = getattr(WATCHERS.resolve(spec), "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"generation_watchers: {component_label(spec)} declares no kind (a class attribute "
+                         f"kind = 'stop_groups', or a kind its engine declares; podsrl.rollout.Watcher)")
+    return kind
+
+
+class WatcherFactory:
+    """A ``generation_watchers`` spec: per generation call, ``factory(prompts, tokenizer, step)``
+    (interruptible, its failures one line naming it) -> a :class:`CheckedWatcher` for the call."""
+
+    def __init__(self, spec) -> None:
+        self.make, self.kind, self.spec = WATCHERS.checked(spec), watcher_kind(spec), component_label(spec)
+
+    def __call__(self, prompts, tokenizer, step: int) -> CheckedWatcher:
+        return CheckedWatcher(self.make(prompts, tokenizer, step), self.kind, len(prompts.prompts),
+                              WATCHERS.field, self.spec)
+
+
+# What watches a generation call's samples, by the user's rule: factories called per call as
+# factory(prompts, tokenizer, step) -> Watcher, each declaring its ``kind`` (a class attribute:
+# the config checks it against the engine's capabilities before any model loads). podsrl's own
+# watcher, early stop's, is switched on by group_early_stop.
+WATCHERS = Registry("watcher", "generation_watchers", {}, takes="(prompts, tokenizer, step)", arity=3, many=True)
+
 # a spec's arguments set the engine's own options (its options_type), as selectors' set theirs
 ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": SlotsEngine, "vllm": VLLMEngine},
                    takes="(options)", arity=1, check_output=checked_engine,
@@ -153,6 +214,6 @@ ENGINES = Registry("engine", "generation_engine", {"hf": HFEngine, "slots": Slot
 
 __all__ = ["ENGINES", "FLAT_OPTIONS", "REFILLS", "SCHEDULES", "EngineOptions", "GenerationCopy", "GenerationEngine",
            "HFEngine", "HFOptions", "LengthPredictor", "PrefixLengthPredictor", "Schedule", "SlotsEngine",
-           "SlotsOptions", "Stopper", "VLLMEngine", "VLLMOptions", "capability", "early_stop_refusal",
-           "engine_options", "generate", "generate_in_slots", "generation_memory_bytes", "reads_option",
-           "to_rollouts"]
+           "SlotsOptions", "STOP_GROUPS", "VLLMEngine", "VLLMOptions", "WATCHERS", "Capabilities", "Watcher",
+           "WatcherFactory", "capabilities", "engine_options", "generate", "generate_in_slots",
+           "generation_memory_bytes", "options_class", "reads_option", "to_rollouts", "watcher_kind"]

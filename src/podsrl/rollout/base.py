@@ -1,14 +1,15 @@
-"""What every generation engine shares: the :class:`GenerationEngine` protocol (its required
-and optional members, and the capabilities it declares), the :data:`Stopper` early stop
-calls, :func:`to_rollouts`, and the memory cap's arithmetic. One module per engine builds on
-it: :mod:`podsrl.rollout.hf`, :mod:`podsrl.rollout.slots`, :mod:`podsrl.rollout.vllm`.
+"""What every generation engine shares: the :class:`GenerationEngine` protocol, the
+:class:`Capabilities` an engine declares once, the :class:`Watcher` hook through which what
+watches generation reaches an engine, :func:`to_rollouts`, and the memory cap's arithmetic. One
+module per engine builds on it: :mod:`podsrl.rollout.hf`, :mod:`podsrl.rollout.slots`,
+:mod:`podsrl.rollout.vllm`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -18,9 +19,106 @@ from podsrl.types import Rollouts, completion_mask_from_eos
 
 MB = 2**20
 
-# stopper(prompt_indices [N], completion_ids [N] token lists up to and including EOS) -> the
-# prompts whose groups are saturated after these N newly finished samples
-Stopper = Callable[[list[int], list[list[int]]], list[int]]
+# The watcher kinds podsrl's engines run (an engine may declare kinds of its own: a kind is the
+# contract between a watcher and the engines that declare it).
+STOP_GROUPS = "stop_groups"  # shown samples as they finish; names groups whose unstarted samples are cancelled
+
+
+class Watcher(Protocol):
+    """What watches a generation call's samples as they are generated: one per call, built by
+    its factory for the call's prompts. ``kind`` names the contract it keeps with an engine, and
+    an engine runs only the kinds its :class:`Capabilities` declare (the config refuses the
+    rest in one line, before any model loads).
+
+    Kind ``stop_groups`` (early stop, ``group_early_stop``; a user's own rule through
+    ``generation_watchers``): called with the samples finished since its last call, prompt
+    indices [N] among the call's prompts and their token lists up to and including EOS; returns
+    the prompts whose groups need no more samples. The engine cancels those groups' samples that
+    have not started (those running are decoded to the end; see
+    :meth:`podsrl.rollout.slot_decoder.SlotDecoder.stop_saturated`)."""
+
+    kind: ClassVar[str]
+
+    def __call__(self, prompt_index: list[int], completion_ids: list[list[int]]) -> list[int]: ...
+
+
+def of_kind(watchers: tuple[Watcher, ...], kind: str) -> tuple[Watcher, ...]:
+    """The watchers of ``kind`` among a call's, in order."""
+    return tuple(watcher for watcher in watchers if watcher.kind == kind)
+
+
+def group_stopper(watchers: tuple[Watcher, ...]) -> Watcher | None:
+    """A call's ``stop_groups`` watchers as one, or None when it has none."""
+    chosen = of_kind(watchers, STOP_GROUPS)
+    if len(chosen) < 2:
+        return chosen[0] if chosen else None
+    return StopGroupsTogether(chosen)
+
+
+@dataclass(frozen=True)
+class StopGroupsTogether:
+    """``stop_groups`` watchers as one: each sees every report; the prompts any names, once, in order."""
+
+    watchers: tuple[Watcher, ...]
+    kind: ClassVar[str] = STOP_GROUPS
+
+    def __call__(self, prompt_index: list[int], completion_ids: list[list[int]]) -> list[int]:
+        return sorted({prompt for watcher in self.watchers for prompt in watcher(prompt_index, completion_ids)})
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, declared once as its class attribute ``capabilities``; an engine
+    that declares none can do none of it. Config checks read this (and the engine's options),
+    never an engine's name, so a user's engine is held to the same rules as the built-ins."""
+
+    watches: frozenset[str] = frozenset()  # the watcher kinds it runs (Watcher.kind)
+    # partial rollouts (podsrl.rollout.partial): it has generate_partial(model, tokenizer, prompts, n, *,
+    # carried, quota, version, watchers) -> PartialGeneration, stopping at a quota and resuming samples
+    partial_rollouts: bool = False
+    needs_whole_weights: bool = False  # each process's engine needs the whole weights (refused under FSDP)
+    # Rollouts.sampling_logp: what the vllm_importance_sampling_* correction reads
+    reports_sampling_logp: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "watches", frozenset(self.watches))
+
+
+# what earlier versions had engines declare one attribute each: now fields of Capabilities
+FORMER_CAPABILITIES = ("early_stop_refusal", "needs_whole_weights", "reports_sampling_logp")
+
+
+def capabilities(engine, label: str = "") -> Capabilities:
+    """``engine``'s (an engine, its class, or a bound spec's) declared :class:`Capabilities`;
+    a one-line error naming it (``label``: as the config names it) when the declaration is not one."""
+    label = label or getattr(engine, "name", None) or getattr(engine, "__name__", type(engine).__name__)
+    former = [name for name in FORMER_CAPABILITIES if hasattr(engine, name)]
+    if former:
+        raise ValueError(f"generation_engine: {label} declares {', '.join(former)} as attributes; declare "
+                         f"capabilities = podsrl.rollout.Capabilities(...) instead (docs/generation.md)")
+    declared = getattr(engine, "capabilities", Capabilities())
+    if not isinstance(declared, Capabilities):
+        raise ValueError(f"generation_engine: {label}.capabilities is a {type(declared).__name__}, expected "
+                         f"podsrl.rollout.Capabilities")
+    return declared
+
+
+def options_class(engine) -> type:
+    """``engine``'s options class (its ``options_type``, an :class:`EngineOptions`): which
+    options it reads, and what a spec's arguments may set."""
+    return getattr(engine, "options_type", EngineOptions)
+
+
+def refuse_watchers(engine, watchers: tuple) -> None:
+    """The one refusal of watchers of kinds ``engine`` does not declare (the config check
+    refuses the combination first; this guards a direct call)."""
+    watches = capabilities(engine).watches
+    unknown = sorted({watcher.kind for watcher in watchers} - watches)
+    if unknown:
+        name = getattr(engine, "name", type(engine).__name__)
+        raise ValueError(f"generation_engine {name} runs no watcher of kind {', '.join(unknown)} (it declares "
+                         f"{', '.join(sorted(watches)) or 'none'})")
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -41,62 +139,37 @@ class EngineOptions:
     def check(self) -> None:
         """Rules among this engine's own options, one line naming the field (at validation)."""
 
-    def early_stop_refusal(self) -> str:
-        """Why group_early_stop cannot run with these options ('' = it can)."""
+    def watch_refusal(self, kind: str) -> str:
+        """Why a watcher of ``kind`` (one the engine declares) cannot run with these options ('' = it can)."""
         return ""
-
-
-# what an engine that does not declare a capability is taken to have: config checks read these
-# from the engine's class, so a capability is tested, never an engine's name
-CAPABILITIES = {
-    "early_stop_refusal": "declares no early_stop_refusal ('' = it takes the stopper group_early_stop passes)",
-    "needs_whole_weights": False,  # each process's engine needs the whole weights (refused under FSDP)
-    # Rollouts.sampling_logp: what the vllm_importance_sampling_* correction reads
-    "reports_sampling_logp": False,
-    # its options class (an EngineOptions): which options it reads, and what a spec's arguments may set
-    "options_type": EngineOptions,
-    # check_prompts(options, model_config, longest_prompt): refuse, before any step, prompts it cannot take
-    "check_prompts": None,
-    # generate_partial(model, tokenizer, prompts, n, *, carried, quota, version, stopper) -> PartialGeneration:
-    # partial rollouts (podsrl.rollout.partial); None: the engine cannot stop at a quota and resume samples
-    "generate_partial": None,
-}
-
-
-def capability(engine, name: str):
-    """``engine``'s (an engine, its class, or a bound spec's) declared capability ``name``."""
-    return getattr(engine, name, CAPABILITIES[name])
 
 
 def reads_option(engine, option_name: str) -> bool:
     """Whether ``engine``'s options class has the option ``option_name``."""
-    return option_name in {f.name for f in dataclasses.fields(capability(engine, "options_type"))}
+    return option_name in {f.name for f in dataclasses.fields(options_class(engine))}
 
 
 class GenerationEngine(Protocol):
     """What the trainer asks of an engine, built as ``engine(options)`` from its ``options_type``.
     The live policy is passed to every call, so an engine always generates with the current
     weights (one that keeps its own copy of them, as vLLM does, takes them from there when
-    they changed).
+    they changed). ``watchers``: this call's :class:`Watcher` objects, of the kinds its
+    ``capabilities`` declare.
 
-    Capabilities, class attributes (:data:`CAPABILITIES`: what an engine that does not declare
-    one is taken to have): ``early_stop_refusal`` (why it cannot take a ``stopper``; "" = it
-    can), ``needs_whole_weights``, ``reports_sampling_logp``, ``options_type``, ``check_prompts``,
-    ``generate_partial`` (partial rollouts: :mod:`podsrl.rollout.partial`).
+    Class attributes: ``capabilities`` (:class:`Capabilities`), ``options_type``. Optional
+    members, used where present: ``check_prompts(options, model_config, longest_prompt)``
+    (refuse, before any step, prompts it cannot take), ``generate_partial`` (declared by
+    ``Capabilities.partial_rollouts``), ``generate(model, tokenizer, prompts, num_samples, *,
+    max_new_tokens, temperature, top_p, batch_size)`` as :func:`podsrl.rollout.generate` takes
+    them (evaluation's sampler: evaluation then runs on the engine, at its speed),
+    ``step_record() -> dict[str, float]`` (its numbers for each step's metrics record),
+    ``close()`` (called when the run ends, however it ends)."""
 
-    Optional members, used where present: ``generate(model, tokenizer, prompts, num_samples, *,
-    max_new_tokens, temperature, top_p, batch_size)`` as :func:`podsrl.rollout.generate` takes them
-    (evaluation's sampler: evaluation then runs on the engine, at its speed), ``step_record() ->
-    dict[str, float]`` (its numbers for each step's metrics record), ``close()`` (called when the
-    run ends, however it ends)."""
-
-    early_stop_refusal: str
-    needs_whole_weights: bool
-    reports_sampling_logp: bool
+    capabilities: Capabilities
     options_type: type[EngineOptions]
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 stopper: Stopper | None = None) -> Rollouts:
+                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
         """Rollouts [P, num_samples, Lc] for the P prompts, the group axis kept."""
 
     def state_dict(self) -> dict:
@@ -124,24 +197,6 @@ class Stateless:
 
     def load_state_dict(self, state: dict) -> None:
         self.check_state(state)
-
-
-def early_stop_refusal(engine, name: str) -> str:
-    """The one line refusing group_early_stop with ``engine`` (``name``: as the config names it),
-    "" when it takes a stopper. An engine that declares nothing is named: the line is about it."""
-    refusal = capability(engine, "early_stop_refusal")
-    if refusal and not hasattr(engine, "early_stop_refusal"):
-        return (f"generation_engine: {name} {refusal}; "
-                "group_early_stop needs an engine that stops groups early")
-    return f"group_early_stop: {refusal}" if refusal else ""
-
-
-def refuse_early_stop(engine, stopper: Stopper | None) -> None:
-    """The one refusal of a stopper by an engine that cannot stop groups early (the config
-    check refuses the combination first; this guards a direct call)."""
-    refusal = early_stop_refusal(engine, getattr(engine, "name", type(engine).__name__))
-    if stopper is not None and refusal:
-        raise ValueError(refusal)
 
 
 def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -12,12 +12,13 @@ from transformers import DynamicCache
 from podsrl.options import NON_NEGATIVE, option
 from podsrl.rollout.base import (
     MB,
+    Capabilities,
     EngineOptions,
     Stateless,
-    Stopper,
+    Watcher,
     longest_prompt,
     megabytes,
-    refuse_early_stop,
+    refuse_watchers,
     rows_within,
     to_rollouts,
 )
@@ -157,7 +158,7 @@ class HFEngine(Stateless):
     :class:`GenerationCopy` of the policy, refreshed when the policy changed."""
 
     name = "hf"
-    early_stop_refusal = "needs generation_engine slots (the hf engine generates whole groups at once)"
+    capabilities = Capabilities()  # whole groups at once: nothing to cancel, no quota to stop at
     options_type = HFOptions
 
     def __init__(self, options: HFOptions) -> None:
@@ -168,8 +169,8 @@ class HFEngine(Stateless):
             self.step_record = self.copy.step_record
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 stopper: Stopper | None = None) -> Rollouts:
-        refuse_early_stop(self, stopper)
+                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
+        refuse_watchers(self, watchers)
         options = self.options
         batch_size = options.batch_size or None
         if options.memory_mb:

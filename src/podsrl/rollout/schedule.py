@@ -223,7 +223,8 @@ class Schedule:
     predictor: type | None = None
     # the two-stage plan: probe every sample, predict, balance lanes (continuous refill)
     plans_lanes: bool = False
-    early_stop_refusal: str = ""  # why group_early_stop cannot run with it ("" = it can)
+    # why cancelling a group's unstarted samples (early stop's stop_groups watcher) is wrong with it ('' = it is not)
+    stop_groups_refusal: str = ""
 
     def __call__(self, pending: PendingSamples, candidates: list[int]) -> int:
         return self.pick(pending, candidates)
@@ -326,7 +327,7 @@ def bind_pick(schedule: Schedule, kwargs: dict, name: str) -> Schedule:
 
 
 SCHEDULES = Registry("schedule", "generation_schedule", {
-    "fifo": Schedule(prompt_by_prompt, early_stop_refusal="generation_schedule fifo starts a prompt's samples "
+    "fifo": Schedule(prompt_by_prompt, stop_groups_refusal="generation_schedule fifo starts a prompt's samples "
                                                           "together, leaving nothing to cancel; use round_robin"),
     # a LengthPredictor is learned even where the order does not use it: its state is part of the engine's
     "round_robin": Schedule(one_sample_of_each_in_turn, predictor=LengthPredictor),
@@ -334,7 +335,7 @@ SCHEDULES = Registry("schedule", "generation_schedule", {
     "longest_first": Schedule(longest_predicted, predictor=LengthPredictor),
     # Infinite Sampling's plan: the probe starts one sample of each prompt in turn
     "length_aware": Schedule(one_sample_of_each_in_turn, predictor=PrefixLengthPredictor, plans_lanes=True,
-                             early_stop_refusal="with generation_schedule length_aware the parked samples resume "
+                             stop_groups_refusal="with generation_schedule length_aware the parked samples resume "
                              "shortest-predicted first, so early stop cancels the predicted-long ones: kept "
                              "completions were 19% shorter than plain PODS's on SmolLM2 chat "
                              "(benchmarks/RESULTS.md); use round_robin"),

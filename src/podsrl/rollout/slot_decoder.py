@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from podsrl.rollout.base import Stopper
+from podsrl.rollout.base import Watcher
 from podsrl.rollout.kv_rows import cache_rows, full_attention_layers
 from podsrl.rollout.sampling import next_tokens
 from podsrl.rollout.schedule import PendingSamples
@@ -52,10 +52,10 @@ class SlotDecoder:
 
     def __init__(self, model, prompt_kv: list, prompt_logits: torch.Tensor, pending: PendingSamples,
                  num_samples: int, *, eos: int, pad: int, max_new_tokens: int, temperature: float,
-                 top_p: float, stopper: Stopper | None = None, version: int | None = None,
+                 top_p: float, watcher: Watcher | None = None, version: int | None = None,
                  path: str = "auto") -> None:
         self.model, self.prompt_kv, self.prompt_logits, self.pending = model, prompt_kv, prompt_logits, pending
-        self.stopper = stopper
+        self.watcher = watcher  # of kind stop_groups (early stop), or None
         # partial rollouts (``version``: the step whose weights decode now; None: off): per token, the
         # step that drew it and its log-prob then (at temperature 1, as the update's loss takes it),
         # for the importance correction of tokens the update finds stale
@@ -69,7 +69,7 @@ class SlotDecoder:
         self.quota = 0
         self.group_left = [num_samples] * len(prompt_kv)
         self.completed: list[int] = []
-        self.unscored: list[tuple[int, int]] = []  # finished since the stopper last saw them
+        self.unscored: list[tuple[int, int]] = []  # finished since the watcher last saw them
         self.finished: set[tuple[int, int]] = set()  # (prompt, sample) finished in this call
         self.finished_before: set[tuple[int, int]] = set()  # finished in an earlier step (partial rollouts)
         self.skipped: set[tuple[int, int]] = set()  # (prompt, sample) never generated (early stop)
@@ -125,13 +125,13 @@ class SlotDecoder:
         self.pending.record(prompt, sample, len(self.completions[prompt][sample]))
         self.finished.add((prompt, sample))
         self._complete(prompt)
-        if self.stopper is not None:
+        if self.watcher is not None:
             self.unscored.append((prompt, sample))
 
     def carry_in(self, groups: dict, prefixes: dict) -> None:
         """Partial rollouts: the groups (prompt -> :class:`~podsrl.rollout.partial.CarriedGroup`)
         continued from an earlier step. Their samples' tokens so far are taken over; finished ones
-        are shown to the stopper again (this call's stopper has not seen them), skipped ones stay
+        are shown to the watcher again (this call's watcher has not seen them), skipped ones stay
         skipped, cut-off ones resume first with their ``prefixes`` (keys and values per layer)."""
         for prompt, group in groups.items():
             self.completions[prompt] = [list(tokens) for tokens in group.completions]
@@ -142,7 +142,7 @@ class SlotDecoder:
                     self.skipped.add((prompt, sample))
                 else:
                     self.finished_before.add((prompt, sample))
-                    if self.stopper is not None:
+                    if self.watcher is not None:
                         self.unscored.append((prompt, sample))
                 self._complete(prompt)
             self.pending.carry_in(prompt, group.done, group.cut_off)
@@ -225,7 +225,7 @@ class SlotDecoder:
 
     # --- early stop ---------------------------------------------------------------------------
     def stop_saturated(self) -> None:
-        """Show the samples finished since the last call to the stopper; for every group it
+        """Show the samples finished since the last call to the watcher; for every group it
         reports saturated, cancel the samples that have not started.
 
         Samples already running are decoded to the end: stopping them too saved more decode
@@ -238,7 +238,7 @@ class SlotDecoder:
         if not self.unscored:
             return
         finished, self.unscored = self.unscored, []
-        saturated = self.stopper([p for p, _ in finished], [self.completions[p][s] for p, s in finished])
+        saturated = self.watcher([p for p, _ in finished], [self.completions[p][s] for p, s in finished])
         for prompt in sorted(set(saturated)):
             # unstarted samples, and (length_aware) those parked after the probe, whose tokens are dropped
             cancelled = set(self.pending.cancel(prompt)) | {s for p, s in self.paused
@@ -335,13 +335,13 @@ def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
     """Decode until nothing is pending or running: refill freed slots at once (continuous)
     or micro-group by micro-group (group); with a quota (partial rollouts), stop as soon as
     that many groups are complete, leaving the rest where they are."""
-    if decoder.stopper is not None:
+    if decoder.watcher is not None:
         decoder.stop_saturated()  # samples finished in an earlier step (partial rollouts) may saturate a group
     if not decoder.quota_met:
         decoder.start_group(slots)
     while decoder.live:
         ended = decoder.step()
-        if decoder.stopper is not None:
+        if decoder.watcher is not None:
             decoder.stop_saturated()
         if decoder.quota_met:
             decoder.take_running()  # the samples still running carry over: no more compute goes to them

@@ -17,10 +17,11 @@ generation memory:
   decodes a short probe and leaves its slot (``pause_at``: its prefix's keys and values are
   kept and placed back after its prompt's when it resumes), then samples resume in lanes
   balanced by the length predicted from their prefix (:mod:`podsrl.rollout.schedule`);
-* early stop (``stopper``): finished samples are scored as they end; once a group is
-  saturated (:mod:`podsrl.algorithms.early_stop`: more samples cannot raise the variance
-  PODS keeps), its samples that have not started are cancelled, and the slots they would
-  have taken go to other prompts. Those samples are absent from the result (``generated``).
+* early stop (a ``stop_groups`` watcher, :class:`~podsrl.rollout.base.Watcher`): finished
+  samples are scored as they end; once a group is saturated (:mod:`podsrl.algorithms.early_stop`:
+  more samples cannot raise the variance PODS keeps), its samples that have not started are
+  cancelled, and the slots they would have taken go to other prompts. Those samples are
+  absent from the result (``generated``).
 
 Sampling semantics are those of ``transformers`` ``generate`` (:mod:`podsrl.rollout.sampling`).
 Which random draw goes to which sample depends on the schedule, so samples differ from
@@ -45,7 +46,17 @@ import torch
 
 from podsrl.options import NON_NEGATIVE, Range, option
 from podsrl.registry import Spec
-from podsrl.rollout.base import EngineOptions, Stopper, longest_prompt, rows_within, to_rollouts
+from podsrl.rollout.base import (
+    STOP_GROUPS,
+    Capabilities,
+    EngineOptions,
+    Watcher,
+    group_stopper,
+    longest_prompt,
+    refuse_watchers,
+    rows_within,
+    to_rollouts,
+)
 from podsrl.rollout.kv_rows import DECODE_PATHS
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
 from podsrl.rollout.schedule import (
@@ -98,8 +109,10 @@ class SlotsOptions(EngineOptions):
             raise ValueError(f"generation_decode_path: unknown {self.decode_path!r}; use one of "
                              f"{', '.join(DECODE_PATHS)}")
 
-    def early_stop_refusal(self) -> str:
-        refusal = SCHEDULES.resolve(self.schedule).early_stop_refusal
+    def watch_refusal(self, kind: str) -> str:
+        if kind != STOP_GROUPS:
+            return ""
+        refusal = SCHEDULES.resolve(self.schedule).stop_groups_refusal
         if refusal:
             return refusal
         if not (self.micro_group or self.memory_mb):
@@ -130,25 +143,26 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
                       temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
                       schedule: Schedule | str = "fifo",
                       predictor: LengthPredictor | PrefixLengthPredictor | None = None,
-                      stopper: Stopper | None = None, probe_tokens: int = 4, decode_path: str = "auto") -> Rollouts:
+                      watchers: tuple[Watcher, ...] = (), probe_tokens: int = 4,
+                      decode_path: str = "auto") -> Rollouts:
     """Sample ``num_samples`` completions per prompt, decoding at most ``slots`` at once.
 
-    ``slots`` = 0 decodes every sample at once. ``stopper``: early stop of saturated groups
-    (see the module docstring). ``schedule`` "length_aware" (continuous refill only) first
-    decodes ``probe_tokens`` tokens of every sample (round robin), predicts each one's
-    remaining length from its prompt and those tokens, balances the samples into ``slots``
-    lanes and resumes them shortest first within each lane. Returns :class:`Rollouts`
+    ``slots`` = 0 decodes every sample at once. ``watchers``: the call's, of kind ``stop_groups``
+    (early stop of saturated groups, see the module docstring). ``schedule`` "length_aware"
+    (continuous refill only) first decodes ``probe_tokens`` tokens of every sample (round
+    robin), predicts each one's remaining length from its prompt and those tokens, balances the
+    samples into ``slots`` lanes and resumes them shortest first within each lane. Returns :class:`Rollouts`
     [P, n, Lc] like the ``hf`` engine, with ``stats``: decode_steps (model calls after the
     prefill), generated_tokens, slots, slot_steps and live_slot_steps (rows decoding a sample,
     summed over decode steps; length_aware adds probe_steps and length_mae, the mean
     absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
-    stopper was given. ``decode_path``: :func:`podsrl.rollout.kv_rows.cache_rows`.
+    watcher was given. ``decode_path``: :func:`podsrl.rollout.kv_rows.cache_rows`.
     """
     run = SlotRun(model, tokenizer, prompts, num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                  top_p=top_p, slots=slots, refill=refill, schedule=schedule, predictor=predictor, stopper=stopper,
+                  top_p=top_p, slots=slots, refill=refill, schedule=schedule, predictor=predictor, watchers=watchers,
                   probe_tokens=probe_tokens, decode_path=decode_path)
     run.decode()
-    return run.rollouts(list(range(len(prompts))), with_generated=stopper is not None)
+    return run.rollouts(list(range(len(prompts))), with_generated=run.decoder.watcher is not None)
 
 
 @torch.no_grad()
@@ -184,7 +198,7 @@ class SlotRun:
     def __init__(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
                  schedule: Schedule | str = "fifo", predictor: LengthPredictor | PrefixLengthPredictor | None = None,
-                 stopper: Stopper | None = None, probe_tokens: int = 4,
+                 watchers: tuple[Watcher, ...] = (), probe_tokens: int = 4,
                  carried: dict[int, CarriedGroup] | None = None, version: int | None = None,
                  decode_path: str = "auto") -> None:
         # a spec, or the Schedule
@@ -207,8 +221,8 @@ class SlotRun:
                                  self.predictor if self.prompt_level else None)
         self.decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, eos=tokenizer.eos_token_id,
                                    pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, top_p=top_p, stopper=stopper, version=version,
-                                   path=decode_path)
+                                   temperature=temperature, top_p=top_p, watcher=group_stopper(watchers),
+                                   version=version, path=decode_path)
         self.stats = {}
         if carried:
             prefixes = self.cut_off_prefixes(carried)
@@ -285,7 +299,9 @@ class SlotsEngine:
     """Decoding slots refilled sample by sample (:func:`generate_in_slots`); with a
     length-aware schedule it carries a completion-length predictor learned across steps."""
 
-    early_stop_refusal = ""  # it stops saturated groups (the stopper), as its options allow
+    # it cancels the unstarted samples of groups a watcher names (as its options allow), and
+    # stops at a quota of complete groups, resuming the rest next step
+    capabilities = Capabilities(watches={STOP_GROUPS}, partial_rollouts=True)
     options_type = SlotsOptions
 
     def __init__(self, options: SlotsOptions) -> None:
@@ -294,17 +310,19 @@ class SlotsEngine:
         self.predictor = self.schedule.new_predictor()
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 stopper: Stopper | None = None) -> Rollouts:
-        return generate_in_slots(model, tokenizer, prompts, num_samples, stopper=stopper,
+                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
+        refuse_watchers(self, watchers)
+        return generate_in_slots(model, tokenizer, prompts, num_samples, watchers=watchers,
                                  **self.call_options(model, tokenizer, prompts, num_samples))
 
     def generate_partial(self, model, tokenizer, prompts: list[str], num_samples: int, *,
                          carried: dict[int, CarriedGroup], quota: int, version: int,
-                         stopper: Stopper | None = None) -> PartialGeneration:
+                         watchers: tuple[Watcher, ...] = ()) -> PartialGeneration:
         """Partial rollouts (:func:`generate_partial_in_slots`): the capability the trainer's
         ``partial_rollouts`` asks of an engine."""
+        refuse_watchers(self, watchers)
         return generate_partial_in_slots(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
-                                         version=version, stopper=stopper,
+                                         version=version, watchers=watchers,
                                          **self.call_options(model, tokenizer, prompts, num_samples))
 
     def call_options(self, model, tokenizer, prompts: list[str], num_samples: int) -> dict:

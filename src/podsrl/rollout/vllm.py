@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from podsrl.options import Range, option
-from podsrl.rollout.base import MB, EngineOptions, Stateless, Stopper, refuse_early_stop, to_rollouts
+from podsrl.rollout.base import MB, Capabilities, EngineOptions, Stateless, Watcher, refuse_watchers, to_rollouts
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
 from podsrl.rollout.vllm_logs import hide_expected_warnings
@@ -137,9 +137,8 @@ class VLLMEngine(Stateless):
     runs on the same engine."""
 
     name = "vllm"
-    early_stop_refusal = "needs generation_engine slots (the vllm engine schedules its own samples)"
-    needs_whole_weights = True  # each process's engine is fed whole weights
-    reports_sampling_logp = True
+    # vLLM schedules its own samples (none to cancel); each process's engine is fed whole weights
+    capabilities = Capabilities(partial_rollouts=True, needs_whole_weights=True, reports_sampling_logp=True)
     options_type = VLLMOptions
 
     def __init__(self, options: VLLMOptions) -> None:
@@ -157,8 +156,8 @@ class VLLMEngine(Stateless):
         check_fits(options, model_config, longest_prompt, options.max_new_tokens)
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 stopper: Stopper | None = None) -> Rollouts:
-        refuse_early_stop(self, stopper)
+                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
+        refuse_watchers(self, watchers)
         options = self.options
         return self.generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
                              temperature=options.temperature, top_p=options.top_p)
@@ -188,11 +187,11 @@ class VLLMEngine(Stateless):
     @torch.no_grad()
     def generate_partial(self, model, tokenizer, prompts: list[str], num_samples: int, *,
                          carried: dict[int, CarriedGroup], quota: int, version: int,
-                         stopper: Stopper | None = None) -> PartialGeneration:
+                         watchers: tuple[Watcher, ...] = ()) -> PartialGeneration:
         """Partial rollouts (:mod:`podsrl.rollout.vllm_partial`): the prompts' samples as vLLM
         requests, the carried cut-off ones first, until ``quota`` groups are complete; the rest
         aborted and handed back to carry on."""
-        refuse_early_stop(self, stopper)
+        refuse_watchers(self, watchers)
         options = self.options
         prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, options.max_new_tokens)
         with self._serving(model) as llm:

@@ -1,4 +1,4 @@
-"""Early stop of saturated groups (``group_early_stop``): the slots engine's stopper.
+"""Early stop of saturated groups (``group_early_stop``): a watcher of kind ``stop_groups``.
 
 The engine reports samples as they finish; :class:`SaturationStopper` scores them with the
 run's reward and says which groups are saturated (:mod:`podsrl.algorithms.early_stop`):
@@ -15,6 +15,7 @@ import torch
 from podsrl.algorithms.early_stop import saturated
 from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import Scorer, unscored
+from podsrl.rollout.base import STOP_GROUPS
 from podsrl.tasks.base import PreparedSplit
 from podsrl.types import Rollouts, Scores
 
@@ -38,6 +39,8 @@ class SaturationStopper:
     became saturated, and hands the reward stage those scores (:meth:`early_scores`), so no
     sample is scored twice. ``split``: the call's P prompts; rewards must be per-sample (a
     reward that depends on the other samples of the batch would be scored differently here)."""
+
+    kind = STOP_GROUPS
 
     def __init__(self, scorer: Scorer, split: PreparedSplit, tokenizer, num_kept: int,
                  bounds: tuple[float, float], trainer_state: Any = None) -> None:
@@ -78,7 +81,7 @@ class SaturationStopper:
         return now
 
     def early_scores(self, rollouts: Rollouts, groups: list[int] | None = None) -> Scores:
-        """The scores [P, n] of the call's ``rollouts`` this stopper gave as samples finished,
+        """The scores [P, n] of the call's ``rollouts`` this watcher gave as samples finished,
         matched by prompt and tokens (the engine returns every reported sample); NaN where a
         sample finished unreported (the reward stage scores it). ``groups``: the rollouts'
         positions among the call's prompts, when they are not all of them in order (partial

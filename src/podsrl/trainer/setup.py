@@ -33,7 +33,7 @@ from podsrl.registry import component_label
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rewards.worker import reward_name
-from podsrl.rollout import ENGINES, capability, generate
+from podsrl.rollout import ENGINES, WatcherFactory, capabilities, generate
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
 from podsrl.trainer.components import Components
@@ -154,7 +154,7 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
 
 def _check_sharding(cfg: Config, procs: Processes) -> None:
     """Under FSDP no process holds whole weights: refuse an engine that needs them."""
-    if procs.sharded and capability(ENGINES.resolve(cfg.generation_engine), "needs_whole_weights"):
+    if procs.sharded and capabilities(ENGINES.resolve(cfg.generation_engine)).needs_whole_weights:
         raise ValueError(f"generation_engine: {component_label(cfg.generation_engine)} is not supported with FSDP "
                          f"(each process's engine needs whole weights); use DDP, or PODS inside TRL (podsrl.trl), "
                          f"whose vLLM path gathers them")
@@ -222,7 +222,7 @@ def _checked_splits(cfg: Config, task, bundle, procs: Processes, engine_options,
     if not splits[1].examples:
         raise ValueError(f"test_data: no held-out prompts for task {cfg.task!r} to evaluate on")
     longest = max(split.longest_prompt for split in splits)
-    check_prompts = capability(ENGINES.resolve(cfg.generation_engine), "check_prompts")
+    check_prompts = getattr(ENGINES.resolve(cfg.generation_engine), "check_prompts", None)  # optional
     if check_prompts is not None:  # every prompt now, not the first long one some steps in
         check_prompts(engine_options, bundle.model.config, longest)
     fit_warnings = agreed(procs, lambda: check_fits(cfg, engine_options, bundle.model.config, longest,
@@ -255,11 +255,11 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
                           train_prompts=len(components.train_split.examples), is_main=procs.is_main,
                           is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
-    stopper = (StopperFactory(components.scorer, tokenizer, cfg.num_kept, reward_bounds, progress)
-               if cfg.group_early_stop else None)
+    early_stop = (StopperFactory(components.scorer, tokenizer, cfg.num_kept, reward_bounds, progress)
+                  if cfg.group_early_stop else None)
     generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, method,
                                          cfg.num_kept, cfg.generation_batch_size, cfg.prompts_per_step, cfg.seed,
-                                         stopper)
+                                         early_stop, tuple(map(WatcherFactory, cfg.watcher_specs)))
     source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
                   generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
     if carried is not None:

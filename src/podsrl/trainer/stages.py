@@ -22,12 +22,13 @@ import torch
 
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.algorithms.select import Groups
+from podsrl.contracts import UserCodeError
 from podsrl.distributed import Processes
 from podsrl.methods import Method
 from podsrl.registry import Checked
 from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import Scorer, TrainerProgress
-from podsrl.rollout import GenerationEngine
+from podsrl.rollout import GenerationEngine, WatcherFactory
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.tasks.base import Example, PreparedSplit
 from podsrl.trainer.prompt_source import PromptSource
@@ -178,10 +179,11 @@ class RolloutGenerator:
     """The method's rollouts for each prompt of a split (n of them for pods), in chunks of
     ``batch_size / rollouts per prompt`` prompts (``batch_size`` 0: one chunk), each chunk
     seeded by its position in the step's batch (so the split over processes does not change
-    the samples) and by the generation round (dynamic sampling's refills draw afresh); with a
-    ``stopper``, saturated groups stop early (``Rollouts.generated`` marks what they skipped),
-    their scores travel with the rollouts, and a reward failure while scoring them is raised
-    after generation, on every process together."""
+    the samples) and by the generation round (dynamic sampling's refills draw afresh). Each call
+    gets its watchers: with ``early_stop``, saturated groups stop early (``Rollouts.generated``
+    marks what they skipped), their scores travel with the rollouts, and a reward failure while
+    scoring them is raised after generation, on every process together; ``watchers``: the
+    user's factories (``generation_watchers``), whose stopped groups must keep m samples."""
 
     engine: GenerationEngine
     policy: torch.nn.Module
@@ -192,7 +194,29 @@ class RolloutGenerator:
     batch_size: int
     prompts_per_step: int
     seed: int
-    stopper: StopperFactory | None
+    early_stop: StopperFactory | None
+    watchers: tuple[WatcherFactory, ...] = ()
+
+    def watching(self, prompts: PreparedSplit, step: int, early: bool) -> tuple[SaturationStopper | None, tuple]:
+        """This call's early-stop watcher (when ``early``) and all its watchers, early stop's first."""
+        stopper = self.early_stop(prompts, step) if self.early_stop and early else None
+        users = tuple(make(prompts, self.tokenizer, step) for make in self.watchers)
+        return stopper, (stopper,) * (stopper is not None) + users
+
+    def check_kept(self, rollouts: Rollouts) -> None:
+        """A user's watcher that stopped a group below m generated samples broke the run's
+        selection: one line naming the watchers, on every process together (a collective when
+        the run has user watchers), not a failure in the selection rule."""
+        if not self.watchers:
+            return
+        counts = rollouts.generated_mask.sum(dim=1)  # [P]
+        fewest = int(counts.min()) if len(counts) else self.num_kept
+        fewest = -int(self.procs.max([-float(fewest)])[0])  # the fewest on any process
+        if fewest < self.num_kept:
+            names = ", ".join(make.spec for make in self.watchers)
+            raise UserCodeError(f"generation_watchers: {names} stopped a group with {fewest} samples generated, "
+                                f"fewer than num_kept = {self.num_kept}; a stop_groups watcher must let each group "
+                                f"reach m")
 
     def __call__(self, split: PreparedSplit, n: int, step: int, round_index: int) -> Rollouts:
         per_prompt = self.method.generated_per_prompt(n, self.num_kept)
@@ -202,16 +226,17 @@ class RolloutGenerator:
         with self.procs.whole_weights(self.policy):
             for start in range(0, total, chunk_size):
                 chunk = split.at_prompts(list(range(start, min(start + chunk_size, total))))
-                stopper = self.stopper(chunk, step) if self.stopper and failure is None else None
+                stopper, watchers = self.watching(chunk, step, early=failure is None)
                 # in the step
                 first_prompt = round_index * self.prompts_per_step + self.procs.rank * total + start
                 torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
-                rollouts = self.engine(self.policy, self.tokenizer, chunk.prompts, per_prompt, stopper=stopper)
+                rollouts = self.engine(self.policy, self.tokenizer, chunk.prompts, per_prompt, watchers=watchers)
+                self.check_kept(rollouts)
                 if stopper is not None:  # the scores early stop gave, for the reward stage to reuse
                     rollouts = dataclasses.replace(rollouts, early_scores=stopper.early_scores(rollouts))
                     failure = stopper.failure
                 chunks.append(rollouts)
-        if self.stopper is not None:  # early stop's reward failure, raised on every process together
+        if self.early_stop is not None:  # early stop's reward failure, raised on every process together
             raise_on_every_process(self.procs, failure)
         return Rollouts.concat(chunks, self.tokenizer.pad_token_id)
 
@@ -223,17 +248,18 @@ class RolloutGenerator:
         (dynamic sampling's round where this process has its share): no engine call, every
         group carried on, and the collectives of a call joined."""
         per_prompt = self.method.generated_per_prompt(n, self.num_kept)
-        stopper = self.stopper(split, step) if self.stopper and quota else None
+        stopper, watchers = self.watching(split, step, early=True) if quota else (None, ())
         with self.procs.whole_weights(self.policy):  # its all-gathers, when sharded, need every process
             first_prompt = (round_index * self.procs.world_size + self.procs.rank) * self.prompts_per_step
             torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
             result = (self.engine.generate_partial(self.policy, self.tokenizer, split.prompts, per_prompt,
-                                                   carried=carried, quota=quota, version=step, stopper=stopper)
+                                                   carried=carried, quota=quota, version=step, watchers=watchers)
                       if quota else PartialGeneration(Rollouts.none(per_prompt), [], dict(carried)))
         if stopper is not None:  # the scores early stop gave, for the reward stage
             result.rollouts = dataclasses.replace(result.rollouts,
                                                   early_scores=stopper.early_scores(result.rollouts, result.complete))
-        if self.stopper is not None:  # early stop's reward failure, raised on every process together
+        self.check_kept(result.rollouts)
+        if self.early_stop is not None:  # early stop's reward failure, raised on every process together
             raise_on_every_process(self.procs, stopper.failure if stopper is not None else None)
         return result
 
