@@ -139,20 +139,20 @@ class PartialRolloutSource(PromptSource):
                  extra_rounds: int | None = None, pad_token_id: int = 0) -> None:
         super().__init__(selector, prompts_per_step, train_split, generate, score, procs)
         self.extra, self.max_staleness, self.pool = options.partial_extra_prompts, options.partial_max_staleness, pool
-        self.quota = prompts_per_step // procs.world_size  # this process's share
+        self.share = prompts_per_step // procs.world_size  # this process's groups per step
         self.extra_rounds, self.pad_token_id = extra_rounds, pad_token_id  # extra_rounds None: no dynamic sampling
 
     def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
         pool, procs = self.pool, self.procs
         restarted = pool.bound_staleness(step, self.max_staleness)
         if self.extra_rounds is None:
-            rounds = [self.partial_round(step, n, 0, self.quota, timer)]
+            rounds = [self.partial_round(step, n, 0, self.share, timer)]
             groups = rounds[0][1]
         else:
             rounds = rounds_until_informative(
-                lambda round_index, wanted: self.partial_round(step, n, round_index, wanted, timer),
-                self.quota, self.extra_rounds, procs)
-            groups = informative_share(rounds, self.quota, self.train_split, procs, self.pad_token_id)
+                lambda round_index, quota: self.partial_round(step, n, round_index, quota, timer),
+                self.share, self.extra_rounds, procs)
+            groups = informative_share(rounds, self.share, self.train_split, procs, self.pad_token_id)
         resumed = sum(r.record["partial_samples_resumed"] for _, r in rounds)  # a round's carried samples
         cut_off = sum(len(group.cut_off) for group in pool.groups)
         carried, resumed, restarted, cut_off = procs.sum([float(len(pool)), float(resumed), float(restarted),
@@ -162,26 +162,26 @@ class PartialRolloutSource(PromptSource):
         add_selector_record(self.selector.record(), groups.record)  # a name of partial rollouts' own is refused
         return groups
 
-    def partial_round(self, step: int, n: int, round_index: int, wanted: int,
+    def partial_round(self, step: int, n: int, round_index: int, quota: int,
                       timer: StageTimer) -> tuple[list[int], ScoredGroups]:
-        """One generation call until ``wanted`` groups are complete (0: this process generates
+        """One generation call until ``quota`` groups are complete (0: this process generates
         nothing and takes part in the collectives): their prompt indices and scored groups."""
         pool, procs = self.pool, self.procs
-        resumed = sum(len(group.cut_off) for group in pool.groups) if wanted else 0
-        in_flight = pool.prompts + self.fresh_prompts(max(wanted + self.extra - len(pool), 0) if wanted else 0,
+        resumed = sum(len(group.cut_off) for group in pool.groups) if quota else 0
+        in_flight = pool.prompts + self.fresh_prompts(max(quota + self.extra - len(pool), 0) if quota else 0,
                                                       step, n)
         split = self.train_split.at_prompts(in_flight)
         with timer("generate"):
-            result = self.generate.partial(split, dict(enumerate(pool.groups)), wanted, n, step, round_index)
+            result = self.generate.partial(split, dict(enumerate(pool.groups)), quota, n, step, round_index)
         pool.prompts = [in_flight[p] for p in sorted(result.carried)]
         pool.groups = [result.carried[p] for p in sorted(result.carried)]
         done = [in_flight[p] for p in result.complete]
         split = self.train_split.at_prompts(done)
-        rollouts = result.rollouts  # [wanted, n, Lc]
+        rollouts = result.rollouts  # [quota, n, Lc]
         with timer("reward"):
             scores = self.score(split, rollouts, step)
         if self.selector.learns:  # collectives: every process's complete groups, in process order
-            correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [wanted, n]
+            correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [quota, n]
             every = procs.gather_objects((done, correct))
             self.selector.observe(step, [i for indices, _ in every for i in indices],
                                   torch.cat([rows for _, rows in every]))

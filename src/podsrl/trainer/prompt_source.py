@@ -77,14 +77,15 @@ def informative_first(constant: torch.Tensor, count: int) -> list[int]:
     return order[:count]
 
 
-RoundFn = Callable[[int, int], tuple[list[int], ScoredGroups]]  # (round, informative groups wanted) -> round
+# (round, quota: the informative groups this process still lacks) -> the round's prompts and groups
+RoundFn = Callable[[int, int], tuple[list[int], ScoredGroups]]
 
 
 def rounds_until_informative(generate_round: RoundFn, share: int, extra_rounds: int,
                              procs: Processes) -> list[tuple[list[int], ScoredGroups]]:
-    """DAPO's rounds (Yu et al. 2025, sec. 3.2): ``generate_round(round, wanted)`` until every
-    process has ``share`` informative groups (rewards not all equal), at most ``extra_rounds``
-    more than one; ``wanted`` is what this process still lacks. Every process runs every round
+    """DAPO's rounds (Yu et al. 2025, sec. 3.2): ``generate_round(round, quota)`` until every
+    process has its ``share`` of informative groups (rewards not all equal), at most
+    ``extra_rounds`` more than one; ``quota`` is what this process still lacks. Every process runs every round
     (the decision is a collective)."""
     rounds, informative = [], 0
     for round_index in range(extra_rounds + 1):
@@ -130,7 +131,7 @@ class DynamicSamplingSource(PromptSource):
     def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
         share = self.prompts_per_step // self.procs.world_size
         # a round generates a whole share whatever it lacks (DAPO's fixed generation batch)
-        rounds = rounds_until_informative(lambda round_index, wanted: self.round(step, n, round_index, timer),
+        rounds = rounds_until_informative(lambda round_index, quota: self.round(step, n, round_index, timer),
                                           share, self.extra_rounds, self.procs)
         groups = informative_share(rounds, share, self.train_split, self.procs, self.pad_token_id)
         add_selector_record(self.selector.record(), groups.record)  # a name of the rounds' own is refused
