@@ -239,3 +239,43 @@ def test_each_options_class_lives_in_the_module_that_reads_it():
                            if f.name in {a.target.id for a in node.body if isinstance(a, ast.AnnAssign)}
                            and f.name not in read and (node.name, f.name) not in READ_ELSEWHERE]
     assert not unread, unread
+
+
+def test_each_built_in_component_is_registered_where_it_is_defined():
+    """No registry is built from a hand-kept table: each built-in carries its registration
+    (``@RULES.register("max_variance")``, ``@schedule("fifo", ...)``) in the module that defines
+    it, after its registry exists (#71: new built-ins are one definition, not two edits)."""
+    from podsrl.config_checks import COMPONENTS
+
+    tables = [f"{path.relative_to(SRC).as_posix()}:{node.lineno}"
+              for path in sorted((SRC / "podsrl").rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Registry"
+              and (len(node.args) > 2 or any(k.arg == "entries" for k in node.keywords))]
+    assert not tables, tables
+    unregistered = []
+    for registry in COMPONENTS.values():
+        for name, value in registry.items():
+            defined = getattr(value, "pick", value)  # a Schedule: its pick function's module
+            if defined.__module__.split(".")[0] != "podsrl":  # the tests' own (conftest's parity task)
+                continue
+            source = Path(__import__(defined.__module__, fromlist=["_"]).__file__).read_text()
+            if f'register("{name}")' not in source and f'schedule("{name}"' not in source:
+                unregistered.append(f"{registry.field}: {name} ({defined.__module__})")
+    assert not unregistered, unregistered
+
+
+def test_the_docs_list_exactly_the_registered_rules():
+    """The rule lists in docs/algorithms.md, docs/architecture.md and the config's help are the
+    registry's names, not a copy that drifts."""
+    import re
+
+    from podsrl.algorithms.select import RULES
+    from podsrl.config import FIELDS
+
+    docs = SRC.parent / "docs"
+    methods = re.search(r"picked by `--downsampling_rule` \(([^)]*)\)", (docs / "algorithms.md").read_text())
+    stages = re.search(r"RULES on Groups: ([a-z_, ]+)", (docs / "architecture.md").read_text())
+    assert methods and stages
+    assert set(re.findall(r"`([a-z_]+)`", methods.group(1))) == set(RULES)
+    assert {name.strip() for name in stages.group(1).split(",")} == set(RULES)
+    assert set(FIELDS["downsampling_rule"].metadata["help"].split(": ")[-1].rstrip(".").split(" | ")) == set(RULES)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from podsrl.algorithms.select import RULES
 from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_yaml import as_text, check_reward_weights, read_yaml, split_list
 from podsrl.methods import METHODS
@@ -79,7 +80,7 @@ class ConfigFields:
     num_kept: int = _f(4, "m: rollouts kept per prompt and trained on (pods, grpo; >= 2: advantages are "
                           "normalised over the group). Ignored by grpo-ga.", POSITIVE)
     downsampling_rule: Spec = _f("max_variance", "Which m of the n rollouts pods keeps "
-                                                "(podsrl.algorithms.select.RULES): max_variance | max_reward | random.")
+                                                f"(podsrl.algorithms.select.RULES): {' | '.join(RULES)}.")
     prompts_per_step: int = _f(16, "Prompts per generation batch (P); one optimizer step per batch.",
                                POSITIVE)
     prompt_selector: Spec = _f("shuffled", "Which train prompts each step generates for (podsrl.prompt_selection."

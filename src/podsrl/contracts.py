@@ -158,6 +158,13 @@ def calling(field: str, spec: str):
             raise UserCodeError(f"{field}: {spec} failed: {error_line(err)}{_user_line(err)}") from err
 
 
+def podsrl_own(value: Any) -> bool:
+    """Whether ``value`` is an instance of a class podsrl itself defines (a built-in component,
+    held to its contract by its own code): a user's class, a subclass of a built-in included,
+    is defined in the user's module."""
+    return type(value).__module__.split(".")[0] == "podsrl"
+
+
 def broken(field: str, spec: str, what: str) -> UserCodeError:
     return UserCodeError(f"{field}: {spec} returned {what}")
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from podsrl.algorithms.pass_rate import PassRatePosterior, draw_probabilities, nonconstant_probability
-from podsrl.contracts import broken, calling, error_line, index_list, number_record
+from podsrl.contracts import broken, calling, error_line, index_list, number_record, podsrl_own
 from podsrl.options import POSITIVE, Range, option
 from podsrl.registry import Registry, bind_options
 
@@ -85,6 +85,20 @@ class PromptSelector(Protocol):
     # prompts before any model loads (where the config caps the split: max_train_prompts)
 
 
+def checked_selector(value, args: tuple, field: str, spec: str):
+    """The registry's contract for selectors: a user's class gets a :class:`CheckedSelector`."""
+    return value if podsrl_own(value) else CheckedSelector(value, field, spec, size=args[0])
+
+
+# {name: pass_rate, half_life: 20}: a built-in's settings as keyword arguments, over the flat
+# fields (pass_rate_half_life ...), in their options' ranges; seed and prompts_per_step are the run's
+PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", takes="(size, options)", arity=2,
+                            check_output=checked_selector,
+                            binds=bind_options(PromptSelectionOptions, frozenset(), "prompt_selector",
+                                               "(size, options)", 2))
+
+
+@PROMPT_SELECTORS.register("shuffled")
 class ShuffledPass:
     """Epoch-wise shuffled pass over the train split; its position is checkpointed."""
 
@@ -121,6 +135,7 @@ class ShuffledPass:
         self.epoch, self.position = state["epoch"], state["position"]
 
 
+@PROMPT_SELECTORS.register("pass_rate")
 class PassRateSelector:
     """Prompts drawn without replacement, the first draw with probability
     ``draw_probabilities(P(group of n not constant), exploration)`` and each next from the
@@ -237,17 +252,3 @@ def add_selector_record(numbers: dict[str, float], record: dict) -> None:
     would overwrite a metric the trainer writes itself (``loss``, ``reward_mean``, ...)."""
     record.update(number_record(numbers, "prompt_selector", "the prompt selector's record()",
                                 taken=record.__contains__))
-
-
-def checked_selector(value, args: tuple, field: str, spec: str):
-    """The registry's contract for selectors: a user's class gets a :class:`CheckedSelector`."""
-    builtin = type(value) in (ShuffledPass, PassRateSelector)
-    return value if builtin else CheckedSelector(value, field, spec, size=args[0])
-
-
-# {name: pass_rate, half_life: 20}: a built-in's settings as keyword arguments, over the flat
-# fields (pass_rate_half_life ...), in their options' ranges; seed and prompts_per_step are the run's
-PROMPT_SELECTORS = Registry("prompt selector", "prompt_selector", {
-    "shuffled": ShuffledPass, "pass_rate": PassRateSelector},
-    takes="(size, options)", arity=2, check_output=checked_selector,
-    binds=bind_options(PromptSelectionOptions, frozenset(), "prompt_selector", "(size, options)", 2))

@@ -17,7 +17,18 @@ from podsrl.contracts import finite, tensor_like
 from podsrl.registry import Registry, argument_ranges, positive
 
 
+def advantages_like(value, args: tuple, field: str, spec: str) -> torch.Tensor:
+    """An estimator's contract: finite floating-point advantages [P, m], the rewards' shape."""
+    rewards = args[0]
+    return finite(tensor_like(value, field, spec, rewards.shape, floating=True), field, spec)
+
+
+ADVANTAGES = Registry("advantage estimator", "advantage_estimator", takes="(rewards, scale_by_std)", arity=2,
+                      check_output=advantages_like)
+
+
 # -1 flips signs
+@ADVANTAGES.register("group")
 @argument_ranges(eps=dataclasses.replace(positive, why="it is added to each group's reward std"))
 def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
     """``A_i = (r_i - mean_S r) / (std_S r + eps)`` over each group's kept set S.
@@ -34,13 +45,3 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: floa
     if scale_by_std and rewards.shape[1] > 1:
         centred = centred / (rewards.std(dim=1, keepdim=True) + eps)
     return centred.masked_fill(constant, 0.0)
-
-
-def advantages_like(value, args: tuple, field: str, spec: str) -> torch.Tensor:
-    """An estimator's contract: finite floating-point advantages [P, m], the rewards' shape."""
-    rewards = args[0]
-    return finite(tensor_like(value, field, spec, rewards.shape, floating=True), field, spec)
-
-
-ADVANTAGES = Registry("advantage estimator", "advantage_estimator", {"group": group_advantages},
-                      takes="(rewards, scale_by_std)", arity=2, check_output=advantages_like)

@@ -23,19 +23,6 @@ from podsrl.registry import Registry
 LossType = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
-def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int,
-                  num_tokens: float) -> torch.Tensor:
-    """Token mean per sequence, then the mean over the step's sequences (the paper; TRL's "grpo")."""
-    per_sequence = (per_token * mask).sum(1) / mask.sum(1).clamp_min(1)  # [B]
-    return per_sequence.sum() / num_sequences
-
-
-def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int,
-               num_tokens: float) -> torch.Tensor:
-    """Sum over tokens divided by the step's token count (DAPO; TRL's "dapo")."""
-    return (per_token * mask).sum() / num_tokens
-
-
 def loss_value(value, args: tuple, field: str, spec: str) -> torch.Tensor:
     """A loss type's contract: one floating-point number, finite wherever the per-token
     terms are (a non-finite term is the model's: the step is skipped, as documented), carrying
@@ -53,8 +40,23 @@ def loss_value(value, args: tuple, field: str, spec: str) -> torch.Tensor:
 # TRL's loss_type values that podsrl implements (TRL's grpo_trainer.py: "grpo" averages each
 # sequence's tokens then the sequences; "dapo" divides by the token count of the whole
 # accumulated step, over all processes)
-LOSSES = Registry("loss", "loss_type", {"grpo": sequence_mean, "dapo": token_mean},
-                  takes="(per_token, mask, num_sequences, num_tokens)", arity=4, check_output=loss_value)
+LOSSES = Registry("loss", "loss_type", takes="(per_token, mask, num_sequences, num_tokens)", arity=4,
+                  check_output=loss_value)
+
+
+@LOSSES.register("grpo")
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int,
+                  num_tokens: float) -> torch.Tensor:
+    """Token mean per sequence, then the mean over the step's sequences (the paper; TRL's "grpo")."""
+    per_sequence = (per_token * mask).sum(1) / mask.sum(1).clamp_min(1)  # [B]
+    return per_sequence.sum() / num_sequences
+
+
+@LOSSES.register("dapo")
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: int,
+               num_tokens: float) -> torch.Tensor:
+    """Sum over tokens divided by the step's token count (DAPO; TRL's "dapo")."""
+    return (per_token * mask).sum() / num_tokens
 
 
 def loss_type_named(name: str) -> LossType:

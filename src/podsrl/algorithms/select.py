@@ -60,6 +60,28 @@ def _check(rewards: torch.Tensor, m: int) -> None:
         raise ValueError(f"m must satisfy 1 <= m <= n={rewards.shape[1]}, got m={m}")
 
 
+def kept_indices(value, args: tuple, field: str, spec: str) -> torch.Tensor:
+    """A rule's contract: indices [P, m] (integers) into each group's n samples, none repeated
+    within a group, none a sample early stop skipped; returned sorted within each row (the
+    form every rule gives: with m == n that is arange(n), GRPO's computation)."""
+    source, m = args[0], args[1]
+    groups = source if isinstance(source, Groups) else Groups(source)
+    num_prompts, n = groups.rewards.shape
+    index = tensor_like(value, field, spec, (num_prompts, m), floating=False).long()
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
+        bad = int(index[(index < 0) | (index >= n)][0])
+        raise broken(field, spec, f"index {bad}, outside 0..{n - 1} (the group's samples)")
+    ordered = index.sort(dim=1).values  # [P, m]
+    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+        raise broken(field, spec, "an index twice within one group (each kept sample must be different)")
+    return ordered
+
+
+RULES = Registry("rule", "downsampling_rule", takes="(rewards, m, generator=None)", arity=3,
+                 check_output=kept_indices)
+
+
+@RULES.register("max_variance")
 def max_variance(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """The PODS rule (Xu et al., arXiv 2504.13818): keep the m rewards of largest variance.
 
@@ -106,6 +128,7 @@ def max_variance(rewards: torch.Tensor, m: int, generator: torch.Generator | Non
 max_variance.early_stop_lossless = True
 
 
+@RULES.register("max_reward")
 def max_reward(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """The m highest rewards (paper's ablation; it collapsed to 67.3% on GSM8K).
     Ties go to the lower index (stable sort)."""
@@ -114,36 +137,13 @@ def max_reward(rewards: torch.Tensor, m: int, generator: torch.Generator | None 
     return order[:, :m].sort(dim=1).values
 
 
+@RULES.register("random")
 def random_subset(rewards: torch.Tensor, m: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """m indices per group uniformly without replacement, drawn from ``generator`` (the
     run's seeded generator) or torch's global RNG."""
     _check(rewards, m)
     keys = torch.rand(rewards.shape, generator=generator)  # [P, n] iid uniform
     return keys.argsort(dim=1)[:, :m].sort(dim=1).values
-
-
-def kept_indices(value, args: tuple, field: str, spec: str) -> torch.Tensor:
-    """A rule's contract: indices [P, m] (integers) into each group's n samples, none repeated
-    within a group, none a sample early stop skipped; returned sorted within each row (the
-    form every rule gives: with m == n that is arange(n), GRPO's computation)."""
-    source, m = args[0], args[1]
-    groups = source if isinstance(source, Groups) else Groups(source)
-    num_prompts, n = groups.rewards.shape
-    index = tensor_like(value, field, spec, (num_prompts, m), floating=False).long()
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
-        bad = int(index[(index < 0) | (index >= n)][0])
-        raise broken(field, spec, f"index {bad}, outside 0..{n - 1} (the group's samples)")
-    ordered = index.sort(dim=1).values  # [P, m]
-    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
-        raise broken(field, spec, "an index twice within one group (each kept sample must be different)")
-    return ordered
-
-
-RULES = Registry("rule", "downsampling_rule", {
-    "max_variance": max_variance,
-    "max_reward": max_reward,
-    "random": random_subset,
-}, takes="(rewards, m, generator=None)", arity=3, check_output=kept_indices)
 
 
 def select(rule: str | Callable, groups: Groups | torch.Tensor, m: int,

@@ -10,8 +10,8 @@ functions run in a worker process that a timeout can kill (:mod:`podsrl.rewards.
 
 from __future__ import annotations
 
-from podsrl.registry import Registry
 from podsrl.rewards.functions import (
+    REWARDS,
     arithmetic_correct,
     arithmetic_format,
     bounded,
@@ -26,18 +26,6 @@ from podsrl.rewards.functions import (
 )
 from podsrl.rewards.grading import grade
 from podsrl.rewards.stack import DEFAULT_REWARD_TIMEOUT, RewardError, RewardFn, RewardStack, in_process
-
-REWARDS = Registry("reward function", "reward_funcs", {
-    "arithmetic_correct": arithmetic_correct,
-    "arithmetic_format": arithmetic_format,
-    "chain_format": chain_format,
-    "gsm8k_correct": gsm8k_correct,
-    "math_correct": math_correct,
-    "think_answer_format_strict": think_answer_format_strict,
-    "think_answer_format_soft": think_answer_format_soft,
-}, takes="fn(prompts, completions, **columns)", many=True,
-    # by each call
-    passes=("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"))
 
 
 def load_reward_fn(spec: str | dict) -> RewardFn:

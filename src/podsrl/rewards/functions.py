@@ -15,6 +15,7 @@ import numbers
 import re
 from typing import Any, Sequence
 
+from podsrl.registry import Registry
 from podsrl.rewards.grading import extract_final_answer, grade, gsm8k_gold, last_boxed
 
 # "Answer: 42" anywhere; the LAST occurrence is the model's final answer. ASCII digits
@@ -51,12 +52,19 @@ def checked_bounds(declared: Any, name: str) -> tuple[float, float]:
     return low, high
 
 
+# the built-in reward functions, each registered where it is defined (below)
+REWARDS = Registry("reward function", "reward_funcs", takes="fn(prompts, completions, **columns)", many=True,
+                   # by each call
+                   passes=("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"))
+
+
 def extract_answer(completion: str) -> str | None:
     """The integer after the last ``Answer:`` in the completion, or None."""
     found = _ANSWER.findall(completion)
     return found[-1] if found else None
 
 
+@REWARDS.register("arithmetic_correct")
 @bounded(0.0, 1.0)
 def arithmetic_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any],
                        **_columns) -> list[float]:
@@ -68,12 +76,14 @@ def arithmetic_correct(prompts: Sequence[Any], completions: Sequence[Any], answe
     return rewards
 
 
+@REWARDS.register("arithmetic_format")
 @bounded(0.0, 1.0)
 def arithmetic_format(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 when the completion is exactly ``Answer: <integer>``, else 0.0."""
     return [float(_STRICT_FORMAT.fullmatch(completion_text(c)) is not None) for c in completions]
 
 
+@REWARDS.register("chain_format")
 @bounded(0.0, 1.0)
 def chain_format(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 when the completion is worked lines ``k: a op b = c`` followed by ``Answer: <integer>``
@@ -95,6 +105,7 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
+@REWARDS.register("think_answer_format_strict")
 @bounded(0.0, 1.0)
 def think_answer_format_strict(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 for exactly ``<think>...</think> <answer>...</answer>`` and nothing else.
@@ -111,6 +122,7 @@ def think_answer_format_strict(prompts: Sequence[Any], completions: Sequence[Any
     return rewards
 
 
+@REWARDS.register("think_answer_format_soft")
 @bounded(0.0, 1.0)
 def think_answer_format_soft(prompts: Sequence[Any], completions: Sequence[Any], **_columns) -> list[float]:
     """1.0 when a complete ``<answer>...</answer>`` block exists anywhere; no partial credit,
@@ -127,6 +139,7 @@ def _correct(task: str, completions: Sequence[Any], answer: Sequence[Any]) -> li
     return [float(grade(completion_text(c), str(g), task)) for c, g in zip(completions, answer, strict=True)]
 
 
+@REWARDS.register("gsm8k_correct")
 @bounded(0.0, 1.0)
 def gsm8k_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str],
                   **_columns) -> list[float]:
@@ -135,6 +148,7 @@ def gsm8k_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Se
     return _correct("gsm8k", completions, [gsm8k_gold(str(g)) for g in answer])
 
 
+@REWARDS.register("math_correct")
 @bounded(0.0, 1.0)
 def math_correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any],
                  solution: Sequence[Any] | None = None, **_columns) -> list[float]:

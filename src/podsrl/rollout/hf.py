@@ -24,6 +24,7 @@ from podsrl.rollout.base import (
 )
 from podsrl.rollout.generation_copy import COPY_DTYPES, GenerationCopy
 from podsrl.rollout.memory import generation_memory_bytes
+from podsrl.rollout.registries import ENGINES
 from podsrl.types import Rollouts
 
 
@@ -152,6 +153,7 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     return rollouts
 
 
+@ENGINES.register("hf")
 class HFEngine(Stateless):
     """transformers ``generate`` on whole prompt groups; learns nothing across steps. With a
     copy (``HFOptions.copy()``) it generates (and evaluates, through :meth:`generate`) from a

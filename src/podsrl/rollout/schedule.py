@@ -191,27 +191,6 @@ class PendingSamples:
         return prompt, self.remaining[prompt].popleft()
 
 
-# --- schedules: which prompt's next sample starts, among those with samples left ---------------------
-def prompt_by_prompt(pending: PendingSamples, candidates: list[int]) -> int:
-    return candidates[0]
-
-
-def one_sample_of_each_in_turn(pending: PendingSamples, candidates: list[int]) -> int:
-    """Every group's first samples finish early: what lets early stop cancel the rest of a
-    saturated group."""
-    prompt = next((p for p in candidates if p >= pending.next_prompt), candidates[0])
-    pending.next_prompt = prompt + 1
-    return prompt
-
-
-def shortest_predicted(pending: PendingSamples, candidates: list[int]) -> int:
-    return min(candidates, key=lambda p: (pending.guess(p), p))
-
-
-def longest_predicted(pending: PendingSamples, candidates: list[int]) -> int:
-    return max(candidates, key=lambda p: (pending.guess(p), p))
-
-
 @dataclass(frozen=True)
 class Schedule:
     """How the slots engine orders pending samples: ``pick`` chooses the prompt whose next
@@ -231,6 +210,59 @@ class Schedule:
 
     def new_predictor(self) -> "LengthPredictor | PrefixLengthPredictor | None":
         return self.predictor() if self.predictor is not None else None
+
+
+def bind_pick(schedule: Schedule, kwargs: dict, name: str) -> Schedule:
+    """A schedule's keyword arguments (``generation_schedule: {name: ..., argument: value}``)
+    go to its ``pick(pending, candidates, ...)``."""
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"generation_schedule: {name} is not a Schedule; arguments go to a Schedule's pick")
+    pick = bind_kwargs(schedule.pick, kwargs, "generation_schedule", name, "pick(pending, candidates)", 2)
+    return dataclasses.replace(schedule, pick=pick)
+
+
+SCHEDULES = Registry("schedule", "generation_schedule", binds=bind_pick)
+
+
+def schedule(name: str, **declared) -> Callable:
+    """Decorator: register ``Schedule(pick, **declared)`` in ``SCHEDULES`` as ``name``; the pick
+    function itself is returned unchanged (one pick may serve several schedules)."""
+    def add(pick: Callable[[PendingSamples, list[int]], int]) -> Callable:
+        SCHEDULES.register(name)(Schedule(pick, **declared))
+        return pick
+    return add
+
+
+# --- schedules: which prompt's next sample starts, among those with samples left ---------------------
+@schedule("fifo", stop_groups_refusal="generation_schedule fifo starts a prompt's samples together, leaving "
+                                     "nothing to cancel; use round_robin")
+def prompt_by_prompt(pending: PendingSamples, candidates: list[int]) -> int:
+    return candidates[0]
+
+
+# Infinite Sampling's plan: the probe starts one sample of each prompt in turn
+@schedule("length_aware", predictor=PrefixLengthPredictor, plans_lanes=True,
+          stop_groups_refusal="with generation_schedule length_aware the parked samples resume shortest-predicted "
+          "first, so early stop cancels the predicted-long ones: kept completions were 19% shorter than plain "
+          "PODS's on SmolLM2 chat (benchmarks/RESULTS.md); use round_robin")
+# a LengthPredictor is learned even where the order does not use it: its state is part of the engine's
+@schedule("round_robin", predictor=LengthPredictor)
+def one_sample_of_each_in_turn(pending: PendingSamples, candidates: list[int]) -> int:
+    """Every group's first samples finish early: what lets early stop cancel the rest of a
+    saturated group."""
+    prompt = next((p for p in candidates if p >= pending.next_prompt), candidates[0])
+    pending.next_prompt = prompt + 1
+    return prompt
+
+
+@schedule("shortest_first", predictor=LengthPredictor)
+def shortest_predicted(pending: PendingSamples, candidates: list[int]) -> int:
+    return min(candidates, key=lambda p: (pending.guess(p), p))
+
+
+@schedule("longest_first", predictor=LengthPredictor)
+def longest_predicted(pending: PendingSamples, candidates: list[int]) -> int:
+    return max(candidates, key=lambda p: (pending.guess(p), p))
 
 
 class LaneQueue:
@@ -315,28 +347,3 @@ def plan_lanes(paused: list[tuple[int, int]], predicted: list[float], slots: int
     """Stage one: the paused samples balanced into ``slots`` lanes by predicted remaining length."""
     lanes = max(1, min(slots, len(paused)))
     return LaneQueue(paused, predicted, balance_lanes(predicted, lanes), lanes)
-
-
-def bind_pick(schedule: Schedule, kwargs: dict, name: str) -> Schedule:
-    """A schedule's keyword arguments (``generation_schedule: {name: ..., argument: value}``)
-    go to its ``pick(pending, candidates, ...)``."""
-    if not isinstance(schedule, Schedule):
-        raise ValueError(f"generation_schedule: {name} is not a Schedule; arguments go to a Schedule's pick")
-    pick = bind_kwargs(schedule.pick, kwargs, "generation_schedule", name, "pick(pending, candidates)", 2)
-    return dataclasses.replace(schedule, pick=pick)
-
-
-SCHEDULES = Registry("schedule", "generation_schedule", {
-    "fifo": Schedule(prompt_by_prompt, stop_groups_refusal="generation_schedule fifo starts a prompt's samples "
-                                                          "together, leaving nothing to cancel; use round_robin"),
-    # a LengthPredictor is learned even where the order does not use it: its state is part of the engine's
-    "round_robin": Schedule(one_sample_of_each_in_turn, predictor=LengthPredictor),
-    "shortest_first": Schedule(shortest_predicted, predictor=LengthPredictor),
-    "longest_first": Schedule(longest_predicted, predictor=LengthPredictor),
-    # Infinite Sampling's plan: the probe starts one sample of each prompt in turn
-    "length_aware": Schedule(one_sample_of_each_in_turn, predictor=PrefixLengthPredictor, plans_lanes=True,
-                             stop_groups_refusal="with generation_schedule length_aware the parked samples resume "
-                             "shortest-predicted first, so early stop cancels the predicted-long ones: kept "
-                             "completions were 19% shorter than plain PODS's on SmolLM2 chat "
-                             "(benchmarks/RESULTS.md); use round_robin"),
-}, binds=bind_pick)

@@ -59,6 +59,7 @@ from podsrl.rollout.base import (
 )
 from podsrl.rollout.kv_rows import DECODE_PATHS
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
+from podsrl.rollout.registries import ENGINES
 from podsrl.rollout.schedule import (
     SCHEDULES,
     LengthPredictor,
@@ -295,6 +296,7 @@ class SlotRun:
                             [(prompt, s) in decoder.skipped for s in samples])
 
 
+@ENGINES.register("slots")
 class SlotsEngine:
     """Decoding slots refilled sample by sample (:func:`generate_in_slots`); with a
     length-aware schedule it carries a completion-length predictor learned across steps."""

@@ -43,6 +43,7 @@ import torch
 from podsrl.options import Range, option
 from podsrl.rollout.base import MB, Capabilities, EngineOptions, Stateless, Watcher, refuse_watchers, to_rollouts
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
+from podsrl.rollout.registries import ENGINES
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
 from podsrl.rollout.vllm_logs import hide_expected_warnings
 from podsrl.rollout.vllm_partial import generate_partial_on_vllm
@@ -131,6 +132,7 @@ def kv_bytes_per_token(config, dtype: str) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
+@ENGINES.register("vllm")
 class VLLMEngine(Stateless):
     """Generation on a colocated vLLM engine (see the module docstring); learns nothing across
     steps. ``generate`` has the signature of :func:`podsrl.rollout.generate`, so evaluation

@@ -72,16 +72,33 @@ def checks(rule: Callable[[TaskOptions], None]) -> Callable[[TaskBuilder], TaskB
     return declare
 
 
+TASKS = Registry("task", "task", takes="(options, with_train)", arity=2)
+
+
+@TASKS.register("arithmetic")
 @budget(8)  # "Answer: -123" and an end of sequence, in the tiny model's tokens
 @checks(lambda o: check_level(o.task_level, o.eval_prompts))
 def arithmetic_task(o: TaskOptions, with_train: bool) -> Task:
     return build_arithmetic(level=o.task_level, num_test=o.eval_prompts, seed=o.data_seed)
 
 
+@TASKS.register("chain")
 @budget(256)  # a worked chain of up to 12 steps, a line each (podsrl.tasks.chain)
 @checks(lambda o: check_chain_level(o.task_level))
 def chain_task(o: TaskOptions, with_train: bool) -> Task:
     return build_chain(level=o.task_level, num_test=o.eval_prompts, seed=o.data_seed)
+
+
+@TASKS.register("gsm8k")
+@budget(512)  # the paper's completion length for GSM8K and MATH
+def gsm8k_task(o: TaskOptions, with_train: bool) -> Task:
+    return build_gsm8k(o.train_data, o.test_data, with_train=with_train)
+
+
+@TASKS.register("math")
+@budget(512)
+def math_task(o: TaskOptions, with_train: bool) -> Task:
+    return build_math(o.train_data, o.test_data, with_train=with_train)
 
 
 def _needs_test_data(o: TaskOptions) -> None:
@@ -90,28 +107,10 @@ def _needs_test_data(o: TaskOptions) -> None:
                          "eval` measure accuracy on (and train_data to train)")
 
 
+@TASKS.register("jsonl")
 @checks(_needs_test_data)
 def jsonl_task(o: TaskOptions, with_train: bool) -> Task:
     return build_jsonl(o.train_data, o.test_data, o.prompt_column, o.answer_column, with_train=with_train)
-
-
-@budget(512)  # the paper's completion length for GSM8K and MATH
-def gsm8k_task(o: TaskOptions, with_train: bool) -> Task:
-    return build_gsm8k(o.train_data, o.test_data, with_train=with_train)
-
-
-@budget(512)
-def math_task(o: TaskOptions, with_train: bool) -> Task:
-    return build_math(o.train_data, o.test_data, with_train=with_train)
-
-
-TASKS = Registry("task", "task", {
-    "arithmetic": arithmetic_task,
-    "chain": chain_task,
-    "gsm8k": gsm8k_task,
-    "math": math_task,
-    "jsonl": jsonl_task,
-}, takes="(options, with_train)", arity=2)
 
 
 def completion_budget(spec: Spec) -> int:
