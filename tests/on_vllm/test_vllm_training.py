@@ -120,7 +120,7 @@ def test_refusals_name_the_field():
         make_config(overrides={"generation_engine": "vllm", "vllm_enable_sleep_mode": "true"})
     with pytest.raises(ValueError, match="^vllm_importance_sampling_clip_min: 4.0 is above"):
         make_config(overrides={"generation_engine": "vllm", "vllm_importance_sampling_clip_min": "4"})
-    with pytest.raises(ValueError, match="^group_early_stop: needs generation_engine slots"):
+    with pytest.raises(ValueError, match="^group_early_stop: generation_engine vllm does not stop groups early"):
         make_config(overrides={"generation_engine": "vllm", "group_early_stop": "true"})
 
 
