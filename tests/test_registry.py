@@ -12,6 +12,7 @@ import torch
 from podsrl.algorithms import ADVANTAGES, LOSSES, group_advantages, policy_loss
 from podsrl.algorithms.select import RULES, Groups, max_variance, select, takes_groups
 from podsrl.config import make_config
+from podsrl.contracts import UserCodeError
 from podsrl.registry import Registry
 from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rollout import ENGINES, SCHEDULES
@@ -44,6 +45,18 @@ def test_register_adds_a_name_once(monkeypatch):
     assert rules.resolve("mine") is max_variance
     with pytest.raises(ValueError, match="downsampling_rule: a rule named 'mine' is registered already"):
         rules.register("mine")(max_variance)
+
+
+def test_a_users_component_registered_by_name_is_held_to_the_contract_like_one_named_by_file(monkeypatch):
+    """Registered by decorator, a user's rule is still the user's: its failure is one line
+    naming it (a UserCodeError the trainer stops on), not a traceback from inside podsrl."""
+    def mine(rewards, m, generator=None):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setitem(RULES, "mine_broken", mine)
+    with pytest.raises(UserCodeError, match=r"^downsampling_rule: mine_broken failed: RuntimeError: broken on purpose"):
+        select("mine_broken", torch.zeros(2, 4), 2)
+    assert RULES.checked("max_variance").users is False  # podsrl's own rules run as they are
 
 
 def test_a_rule_from_a_file_is_used_by_name_in_the_config_and_in_select():
