@@ -192,33 +192,41 @@ def _check_early_stop(cfg) -> None:
     require(METHODS[cfg.method].selects and lossless,
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    label = component_label(cfg.generation_engine)
-    require(STOP_GROUPS in capabilities(ENGINES.resolve(cfg.generation_engine), label).watches,
+    label, declared = _engine_capabilities(cfg)
+    require(STOP_GROUPS in declared.watches,
             f"group_early_stop: generation_engine {label} does not stop groups early (its capabilities declare no "
             f"watcher kind {STOP_GROUPS!r}); use generation_engine slots")
-    refusal = cfg.generation_options().watch_refusal(STOP_GROUPS)
-    require(not refusal, f"group_early_stop: {refusal}")
+    _require_watch_allowed(cfg, STOP_GROUPS, "group_early_stop")
+
+
+def _engine_capabilities(cfg):
+    """The configured engine's label (as the config names it) and its declared capabilities."""
+    label = component_label(cfg.generation_engine)
+    return label, capabilities(ENGINES.resolve(cfg.generation_engine), label)
+
+
+def _require_watch_allowed(cfg, kind: str, field: str) -> None:
+    """The engine's options allow a watcher of ``kind`` (``field``: the setting that asked for it)."""
+    refusal = cfg.generation_options().watch_refusal(kind)
+    require(not refusal, f"{field}: {refusal}")
 
 
 def _check_watcher(cfg, spec) -> None:
     """A ``generation_watchers`` factory: a kind its engine declares, options that allow it, and
     (``stop_groups``, which leaves groups with fewer samples) a method that selects from them."""
-    label, engine_label = component_label(spec), component_label(cfg.generation_engine)
-    kind = watcher_kind(spec)
-    watches = capabilities(ENGINES.resolve(cfg.generation_engine), engine_label).watches
-    declared = ", ".join(sorted(watches)) or "none"
-    require(kind in watches, f"generation_watchers: {label} is a watcher of kind {kind!r}, and generation_engine "
-                             f"{engine_label} runs none of that kind (it declares {declared})")
-    refusal = cfg.generation_options().watch_refusal(kind)
-    require(not refusal, f"generation_watchers: {label}: {refusal}")
+    label, kind = component_label(spec), watcher_kind(spec)
+    engine_label, declared = _engine_capabilities(cfg)
+    require(kind in declared.watches, f"generation_watchers: {label} is a watcher of kind {kind!r}, and "
+                                      f"generation_engine {engine_label} runs none of that kind (it declares "
+                                      f"{declared.declared_kinds()})")
+    _require_watch_allowed(cfg, kind, f"generation_watchers: {label}")
     require(kind != STOP_GROUPS or METHODS[cfg.method].selects,
             f"generation_watchers: {label} stops groups early, and method {cfg.method} trains on every sample it "
             f"generates; use method pods")
 
 
 def _check_partial_rollouts(cfg) -> None:
-    label = component_label(cfg.generation_engine)
-    declared = capabilities(ENGINES.resolve(cfg.generation_engine), label)
+    label, declared = _engine_capabilities(cfg)
     require(declared.partial_rollouts,
             f"partial_rollouts: generation_engine {label} cannot stop a step's generation at a quota and resume "
             f"samples in the next step (its capabilities do not declare partial_rollouts); use the slots or vllm "

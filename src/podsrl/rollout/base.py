@@ -42,14 +42,9 @@ class Watcher(Protocol):
     def __call__(self, prompt_index: list[int], completion_ids: list[list[int]]) -> list[int]: ...
 
 
-def of_kind(watchers: tuple[Watcher, ...], kind: str) -> tuple[Watcher, ...]:
-    """The watchers of ``kind`` among a call's, in order."""
-    return tuple(watcher for watcher in watchers if watcher.kind == kind)
-
-
 def group_stopper(watchers: tuple[Watcher, ...]) -> Watcher | None:
     """A call's ``stop_groups`` watchers as one, or None when it has none."""
-    chosen = of_kind(watchers, STOP_GROUPS)
+    chosen = tuple(watcher for watcher in watchers if watcher.kind == STOP_GROUPS)
     if len(chosen) < 2:
         return chosen[0] if chosen else None
     return StopGroupsTogether(chosen)
@@ -83,6 +78,10 @@ class Capabilities:
     def __post_init__(self) -> None:
         object.__setattr__(self, "watches", frozenset(self.watches))
 
+    def declared_kinds(self) -> str:
+        """The watcher kinds it runs, as a refusal lists them."""
+        return ", ".join(sorted(self.watches)) or "none"
+
 
 # what earlier versions had engines declare one attribute each: now fields of Capabilities
 FORMER_CAPABILITIES = ("early_stop_refusal", "needs_whole_weights", "reports_sampling_logp")
@@ -112,12 +111,12 @@ def options_class(engine) -> type:
 def refuse_watchers(engine, watchers: tuple) -> None:
     """The one refusal of watchers of kinds ``engine`` does not declare (the config check
     refuses the combination first; this guards a direct call)."""
-    watches = capabilities(engine).watches
-    unknown = sorted({watcher.kind for watcher in watchers} - watches)
+    declared = capabilities(engine)
+    unknown = sorted({watcher.kind for watcher in watchers} - declared.watches)
     if unknown:
         name = getattr(engine, "name", type(engine).__name__)
         raise ValueError(f"generation_engine {name} runs no watcher of kind {', '.join(unknown)} (it declares "
-                         f"{', '.join(sorted(watches)) or 'none'})")
+                         f"{declared.declared_kinds()})")
 
 
 @dataclass(frozen=True)
