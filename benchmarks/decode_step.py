@@ -237,22 +237,30 @@ import json, sys, time, torch
 from podsrl.models import load_model
 from podsrl.tasks import prepare_split
 from podsrl.tasks.chain import build_chain
-from podsrl.rollout.slots import generate_in_slots
+from podsrl.rollout.slots import SlotsOptions, generate_in_slots
 bundle = load_model("tiny-chain")
 task = build_chain(level=3, num_test=10, seed=0)
 split = prepare_split(task.train[:16], bundle.tokenizer, system_prompt="", use_chat_template=False,
                       max_prompt_tokens=512)
 options = json.loads(sys.argv[1])
-generate = generate_in_slots
 if options.pop("engine", "") == "vllm":  # the peer: vLLM's CPU backend through podsrl's vllm engine
+    from podsrl.rollout import Sampling
     from podsrl.rollout.vllm import VLLMEngine, VLLMOptions
-    engine = VLLMEngine(VLLMOptions(max_new_tokens=256, max_prompt_tokens=512, **options))
-    generate, options = engine.generate, {}
-generate(bundle.model, bundle.tokenizer, list(split.prompts)[:2], 4, max_new_tokens=256, **options)
+    engine = VLLMEngine(VLLMOptions(max_completion_length=256, max_prompt_tokens=512, **options))
+    def generate(prompts, n):
+        return engine.generate(bundle.model, bundle.tokenizer, prompts, n, Sampling(256))
+elif "max_completion_length" in SlotsOptions.__dataclass_fields__:  # the call's options as one object (#71)
+    def generate(prompts, n):
+        return generate_in_slots(bundle.model, bundle.tokenizer, prompts, n,
+                                 SlotsOptions(max_completion_length=256, **options))
+else:  # 3353d05, the reference: the options as keywords
+    def generate(prompts, n):
+        return generate_in_slots(bundle.model, bundle.tokenizer, prompts, n, max_new_tokens=256, **options)
+generate(list(split.prompts)[:2], 4)
 for seed in range(int(sys.argv[2])):
     torch.manual_seed(seed)
     start = time.perf_counter()
-    out = generate(bundle.model, bundle.tokenizer, list(split.prompts), 16, max_new_tokens=256, **options)
+    out = generate(list(split.prompts), 16)
     print(json.dumps({"seconds": time.perf_counter() - start, "tokens": int(out.completion_mask.sum())}), flush=True)
 """
 

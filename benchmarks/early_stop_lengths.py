@@ -35,7 +35,7 @@ from podsrl.experiments.stats import mean_ci
 from podsrl.models import load_model
 from podsrl.rewards import bounded, completion_text
 from podsrl.rewards.scorer import Scorer, ScoringOptions
-from podsrl.rollout import generate_in_slots
+from podsrl.rollout import SlotsOptions, generate_in_slots
 from podsrl.rollout.schedule import PrefixLengthPredictor
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.saturation import SaturationStopper, reward_bounds
@@ -55,9 +55,9 @@ def one_arm(bundle, split, scorer, args, seed: int, stop: bool, predictor) -> di
     stopper = (SaturationStopper(scorer, split, bundle.tokenizer, args.m, reward_bounds(scorer)) if stop else None)
     torch.manual_seed(seed)
     start = time.perf_counter()
-    rollouts = generate_in_slots(bundle.model, bundle.tokenizer, split.prompts, args.n,
-                                 max_new_tokens=args.max_new_tokens, slots=args.slots, schedule=args.schedule,
-                                 stopper=stopper, predictor=predictor)
+    options = SlotsOptions(max_completion_length=args.max_new_tokens, micro_group=args.slots, schedule=args.schedule)
+    rollouts = generate_in_slots(bundle.model, bundle.tokenizer, split.prompts, args.n, options,
+                                 watchers=(stopper,) if stopper else (), predictor=predictor)
     seconds = time.perf_counter() - start
     scores = scorer(split, rollouts)  # [P, n], NaN where skipped
     keep = max_variance(fill_skipped(scores.reward.double(), rollouts.generated), args.m)  # [P, m]

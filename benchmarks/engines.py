@@ -11,7 +11,7 @@ Each cell (model, dtype, rows, tokens, engine) runs in its own subprocess, back 
 model, one warm-up call (engine start-up and first-call costs excluded; reported apart), then
 ``--repeats`` timed calls, the best kept. Rows are P prompts x n = 16 samples (P = rows / 16);
 prompts are level-3 arithmetic problems (in the chat template for SmolLM2), sampled at
-temperature 1. Every row decodes exactly T tokens (``min_new_tokens`` = T: no end of sequence
+temperature 1. Every row decodes exactly T tokens (``min_completion_length`` = T: no end of sequence
 before), so a decode step is the same work on both.
 
 The policy is the model with a LoRA adapter of rank ``--lora_rank`` on every linear layer
@@ -121,7 +121,7 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
     import torch
 
     from podsrl.models.precision import autocast
-    from podsrl.rollout import ENGINES, options_class
+    from podsrl.rollout import ENGINES, Sampling, options_class
 
     policy, tokenizer = load(model, random_init, lora_rank, shape_dir)
     if torch.cuda.is_available():
@@ -134,14 +134,14 @@ def worker(model: str, dtype: str, rows: int, tokens: int, engine_name: str, rep
                 "skipped": f"n/a: prompt + T > the model's {positions} positions"}
     registered, uses_copy, static_cache = ENGINE_VARIANTS[engine_name]
     kind = options_class(ENGINES[registered])  # each engine's own options, the ones it has
-    values = dict(max_new_tokens=tokens, copy_dtype=dtype if uses_copy else "", static_cache=static_cache,
+    values = dict(max_completion_length=tokens, copy_dtype=dtype if uses_copy else "", static_cache=static_cache,
                   compute_dtype=dtype, max_model_length=longest + tokens, enforce_eager=not compiled)
     engine = ENGINES[registered](kind(**{name: values[name] for name in kind.__dataclass_fields__ if name in values}))
 
     def call():  # the trainer's autocast: bf16 runs generate under it (the vllm engine turns it off)
         with autocast(policy.device, dtype if dtype == "bfloat16" else ""):
-            return engine.generate(policy, tokenizer, batch, SAMPLES, max_new_tokens=tokens, temperature=1.0,
-                                   min_new_tokens=tokens)
+            return engine.generate(policy, tokenizer, batch, SAMPLES,
+                                   Sampling(tokens, temperature=1.0, min_completion_length=tokens))
 
     torch.manual_seed(0)
     start = time.perf_counter()

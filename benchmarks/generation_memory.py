@@ -88,7 +88,14 @@ def worker(workload: str, mode: str, n: int, slots: int, seed: int, train_batche
     import torch
 
     from podsrl.models import load_model
-    from podsrl.rollout import LengthPredictor, generate, generate_in_slots, generation_memory_bytes
+    from podsrl.rollout import (
+        LengthPredictor,
+        Sampling,
+        SlotsOptions,
+        generate,
+        generate_in_slots,
+        generation_memory_bytes,
+    )
     from podsrl.rollout.schedule import PrefixLengthPredictor
 
     torch.set_num_threads(threads)
@@ -103,10 +110,11 @@ def worker(workload: str, mode: str, n: int, slots: int, seed: int, train_batche
 
     def run(batch: list[str], samples: int):
         if options["engine"] == "hf":
-            return generate(model, tokenizer, batch, samples, max_new_tokens=max_new_tokens, temperature=1.0)
-        return generate_in_slots(model, tokenizer, batch, samples, max_new_tokens=max_new_tokens, temperature=1.0,
-                                 slots=slots, refill=options["refill"], schedule=options["schedule"],
-                                 predictor=predictor, probe_tokens=probe_tokens)
+            return generate(model, tokenizer, batch, samples, Sampling(max_new_tokens, temperature=1.0))
+        return generate_in_slots(model, tokenizer, batch, samples,
+                                 SlotsOptions(max_completion_length=max_new_tokens, temperature=1.0, micro_group=slots,
+                                              refill=options["refill"], schedule=options["schedule"],
+                                              probe_tokens=probe_tokens), predictor=predictor)
 
     torch.manual_seed(seed + 1)
     run(_prompts(source, tokenizer, prompts_per_batch, offset=prompts_per_batch), min(n, 16))  # warm-up

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from podsrl.models import load_model
-from podsrl.rollout import generate_in_slots
+from podsrl.rollout import SlotsOptions, generate_in_slots
 from podsrl.rollout.lanes import balance_lanes
 from podsrl.rollout.schedule import LaneQueue, PrefixLengthPredictor
 
@@ -48,8 +48,8 @@ def collect(workload: str, batches: int, n: int, max_new_tokens: int) -> list[li
     for batch in range(batches):
         prompts = _prompts(source, bundle.tokenizer, prompts_per_batch, offset=prompts_per_batch * batch)
         torch.manual_seed(batch)
-        rollouts = generate_in_slots(bundle.model, bundle.tokenizer, prompts, n, max_new_tokens=max_new_tokens,
-                                     temperature=1.0, slots=64)
+        options = SlotsOptions(max_completion_length=max_new_tokens, temperature=1.0, micro_group=64)
+        rollouts = generate_in_slots(bundle.model, bundle.tokenizer, prompts, n, options)
         samples = []
         for p in range(len(prompts)):
             prompt = rollouts.prompt_ids[p][rollouts.prompt_mask[p].bool()].tolist()

@@ -57,7 +57,7 @@ def worker(way: str, args) -> dict:
     adapters = Path(scratch.name)
     engine = None
     if way == "merged":
-        engine = VLLMEngine(VLLMOptions(max_new_tokens=args.tokens, compute_dtype=args.dtype,
+        engine = VLLMEngine(VLLMOptions(max_completion_length=args.tokens, compute_dtype=args.dtype,
                                         max_model_length=max_model_len, enforce_eager=True))
         engine(model, tokenizer, batch[:1], 1)  # builds the engine and pushes the weights
         llm = engine.llm

@@ -74,7 +74,7 @@ ENGINE_HEADER = """## Engine options
 
 Each engine's options are its own, declared in its module; set them as the engine spec's
 arguments, `generation_engine: {name: slots, micro_group: 64}`, or by their flat names above
-(a spec's argument wins). Sampling (`max_new_tokens`, `temperature`, `top_p`) and what the
+(a spec's argument wins). Sampling (`max_completion_length`, `temperature`, `top_p`) and what the
 run knows (the policy's dtype, the seed, the processes) are the run's to set
 ([generation.md](generation.md)).
 

@@ -8,6 +8,7 @@ import torch
 from podsrl.algorithms import group_advantages, policy_loss
 from podsrl.algorithms.loss import LOSSES
 from podsrl.models import logprobs
+from podsrl.rollout import Sampling
 
 
 def test_advantages_hand_computed():
@@ -171,7 +172,7 @@ def test_shared_prompt_logprobs_equal_full_rows_with_gradients(random_model_dir,
     bundle = load_model(random_model_dir, lora_rank=4 if lora else 0)
     torch.manual_seed(0)
     rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "7", "What is 10 - 3 + 4?"], 3,
-                        max_new_tokens=6, temperature=1.0)
+                        Sampling(max_completion_length=6, temperature=1.0))
     rollouts.completion_mask[0, 1, 3:] = 0  # a shorter completion
     batch = flatten_for_update(rollouts, torch.zeros(3, 3))
     part = next(micro_batches(batch.rows(1, 8), 7))  # rows 1-7: groups of 2, 3, 2

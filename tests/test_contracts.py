@@ -251,7 +251,7 @@ def test_an_engines_rollouts_must_have_the_group_shape(tmp_path, tiny):
         def __call__(self, model, tokenizer, prompts, num_samples, watchers=()):
             return super().__call__(model, tokenizer, prompts[:1], num_samples, watchers)
     """
-    engine = ENGINES.checked(user_file(tmp_path, source) + ":Short")(HFOptions(max_new_tokens=3))
+    engine = ENGINES.checked(user_file(tmp_path, source) + ":Short")(HFOptions(max_completion_length=3))
     with pytest.raises(UserCodeError, match=r"generation_engine: .*Short returned completion_ids of shape \[1, 2, "):
         engine(tiny.model, tiny.tokenizer, ["1+1=", "2+2="], 2)
     assert engine.state_dict() == {}  # the rest is the engine's own

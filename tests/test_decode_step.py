@@ -125,8 +125,9 @@ def test_both_paths_decode_the_same_greedy_completions(tiny, refill):
     """Greedy decoding on podsrl's step and on the model's forward: the same completions, unless
     the two logits' top tokens were within float32 noise of a tie where they first differ."""
     prompts = [render_prompt(tiny.tokenizer, ex) for ex in build_task(TaskOptions()).train[:6]]
-    runs = {path: generate_in_slots(tiny.model, tiny.tokenizer, prompts, 2, max_new_tokens=12, temperature=0.0,
-                                    slots=5, refill=refill, decode_path=path) for path in ("podsrl", "model")}
+    runs = {path: generate_in_slots(tiny.model, tiny.tokenizer, prompts, 2,
+                                    SlotsOptions(max_completion_length=12, temperature=0.0, micro_group=5,
+                                                 refill=refill, decode_path=path)) for path in ("podsrl", "model")}
     a, b = runs["podsrl"].completion_ids, runs["model"].completion_ids
     width = min(a.shape[-1], b.shape[-1])
     differing = (a[..., :width] != b[..., :width]).any(-1).nonzero().tolist()

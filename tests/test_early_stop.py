@@ -16,7 +16,7 @@ from podsrl.algorithms.select import max_variance
 from podsrl.config import Config, validate
 from podsrl.rewards import RewardError, bounded, in_process
 from podsrl.rewards.scorer import Scorer, ScoringOptions
-from podsrl.rollout import ENGINES, STOP_GROUPS, HFOptions, generate_in_slots
+from podsrl.rollout import ENGINES, STOP_GROUPS, HFOptions, SlotsOptions, generate_in_slots
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer import train
 from podsrl.trainer.logging import group_stats
@@ -192,8 +192,9 @@ def test_the_reward_stage_reuses_what_early_stop_scored(tiny, arithmetic_split):
     scorer = Scorer.build(task, ScoringOptions(reward_funcs=(counted,), reward_weights=(1.0,)))
     stopper = SaturationStopper(scorer, split, tiny.tokenizer, 2, (0.0, 1.0))
     torch.manual_seed(0)
-    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
-                                 schedule="round_robin", watchers=(stopper,))
+    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8,
+                                 SlotsOptions(max_completion_length=8, micro_group=12,
+                                              schedule="round_robin"), watchers=(stopper,))
     early = stopper.early_scores(rollouts)  # [6, 8]
     reported = sum(scored)
     assert reported == int((~early.reward.isnan()).sum()) > 0  # every reported sample found in the result
@@ -226,8 +227,9 @@ def test_a_reward_failure_in_early_stop_waits_for_the_end_of_generation(tiny, ar
     scorer = Scorer.build(task, ScoringOptions(reward_funcs=(refuses,), reward_weights=(1.0,)))
     stopper = SaturationStopper(scorer, split, tiny.tokenizer, 2, (0.0, 1.0))
     torch.manual_seed(0)
-    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
-                                 schedule="round_robin", watchers=(stopper,))
+    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8,
+                                 SlotsOptions(max_completion_length=8, micro_group=12,
+                                              schedule="round_robin"), watchers=(stopper,))
     assert rollouts.generated_mask.all()  # nothing stopped early
     assert isinstance(stopper.failure, RewardError) and "refused" in str(stopper.failure)
     before = len(calls)
@@ -244,8 +246,9 @@ def test_slots_engine_cancels_the_unstarted_samples_of_a_saturated_group(tiny, a
 
     stop_prompt_0_after_three.kind = STOP_GROUPS
     torch.manual_seed(0)
-    out = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8, max_new_tokens=8, slots=12,
-                            schedule="round_robin", watchers=(stop_prompt_0_after_three,))
+    out = generate_in_slots(tiny.model, tiny.tokenizer, split.prompts, 8,
+                            SlotsOptions(max_completion_length=8, micro_group=12,
+                                         schedule="round_robin"), watchers=(stop_prompt_0_after_three,))
     generated = out.generated
     assert 3 <= int(generated[0].sum()) < 8  # stopped: at least the samples that made it stop exist
     assert generated[1:].all()  # the other groups were not touched

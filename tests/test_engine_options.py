@@ -34,12 +34,12 @@ def test_each_flat_name_sets_an_option_of_a_built_in_engine_with_the_same_defaul
 
 def test_the_run_sets_sampling_and_the_spec_cannot():
     for kind in BUILT_IN_OPTIONS:
-        assert {"max_new_tokens", "temperature", "top_p"} <= kind.run_fields
+        assert {"max_completion_length", "temperature", "top_p"} <= kind.run_fields
         assert options_class(ENGINES[{"HFOptions": "hf", "SlotsOptions": "slots", "VLLMOptions": "vllm"}[
             kind.__name__]]) is kind
     cfg = Config(max_completion_length=17, temperature=0.7, top_p=0.9, generation_engine="slots")
     options = cfg.generation_options()
-    assert (options.max_new_tokens, options.temperature, options.top_p) == (17, 0.7, 0.9)
+    assert (options.max_completion_length, options.temperature, options.top_p) == (17, 0.7, 0.9)
 
 
 @pytest.mark.parametrize("spec, flat, expected", [
@@ -75,7 +75,8 @@ def test_trls_vllm_names_reach_the_vllm_options():
      "1e-6 as text: write 1.0e-6)"),
     ('{"name": "slots", "slots": 8}', "generation_engine: slots takes no argument 'slots' (it takes: decode_path, "
                                       "memory_mb, micro_group, probe_tokens, refill, schedule)"),
-    ('{"name": "slots", "max_new_tokens": 8}', "generation_engine: slots takes no argument 'max_new_tokens' (it takes: "
+    ('{"name": "slots", "max_completion_length": 8}',
+     "generation_engine: slots takes no argument 'max_completion_length' (it takes: "
                                                "decode_path, memory_mb, micro_group, probe_tokens, refill, schedule)"),
     ('{"name": "hf", "micro_group": 8}', "generation_engine: hf takes no argument 'micro_group' (it takes: batch_size, "
                                          "copy_dtype, memory_mb, share_prefill, static_cache)"),
@@ -137,6 +138,7 @@ def test_a_run_builds_its_engine_from_the_spec(random_model_dir, tmp_path):
     run = set_up(cfg)
     try:
         engine = run.components.engine
-        assert (type(engine.options), engine.options.micro_group, engine.options.max_new_tokens) == (SlotsOptions, 5, 6)
+        assert (type(engine.options), engine.options.micro_group,
+                engine.options.max_completion_length) == (SlotsOptions, 5, 6)
     finally:
         run.components.lock.release()

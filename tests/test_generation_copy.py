@@ -12,7 +12,7 @@ from transformers import CompileConfig
 
 from podsrl.config import make_config
 from podsrl.models import load_model
-from podsrl.rollout import GenerationCopy, HFEngine, HFOptions
+from podsrl.rollout import GenerationCopy, HFEngine, HFOptions, Sampling
 from podsrl.trainer import train
 from tests.conftest import quick
 
@@ -45,8 +45,8 @@ def last_logits(model, tokenizer) -> torch.Tensor:
 
 def test_float32_copy_samples_what_the_lora_policy_samples_and_follows_updates():
     policy, tokenizer = lora_policy()
-    engine, plain = HFEngine(HFOptions(max_new_tokens=6, copy_dtype="float32")), HFEngine(HFOptions(
-        max_new_tokens=6))
+    engine, plain = HFEngine(HFOptions(max_completion_length=6, copy_dtype="float32")), HFEngine(HFOptions(
+        max_completion_length=6))
     for step in range(3):
         torch.manual_seed(step)
         ours = engine(policy, tokenizer, PROMPTS, 4)
@@ -55,9 +55,11 @@ def test_float32_copy_samples_what_the_lora_policy_samples_and_follows_updates()
         assert torch.equal(ours.completion_ids, theirs.completion_ids), f"step {step}"
         assert torch.allclose(last_logits(engine.copy.model, tokenizer), last_logits(policy, tokenizer), atol=1e-4)
         nudge(policy)
-    greedy = engine.generate(policy, tokenizer, PROMPTS, 1, max_new_tokens=6, temperature=0.0)  # evaluation's path
-    assert torch.equal(greedy.completion_ids, plain.generate(policy, tokenizer, PROMPTS, 1, max_new_tokens=6,
-                                                             temperature=0.0).completion_ids)
+    greedy = engine.generate(policy, tokenizer, PROMPTS, 1, Sampling(max_completion_length=6,
+                                                                     temperature=0.0))  # evaluation's path
+    assert torch.equal(greedy.completion_ids, plain.generate(policy, tokenizer, PROMPTS, 1,
+                                                             Sampling(max_completion_length=6,
+                                                                      temperature=0.0)).completion_ids)
 
 
 def test_copy_refreshes_only_when_the_policy_changed_and_never_touches_it():
@@ -100,9 +102,9 @@ def test_static_cache_compiles_the_decode_step_once_not_every_step():
     policy, tokenizer = lora_policy()
     compile_config = CompileConfig(backend="eager")
     compile_config._compile_all_devices = True  # transformers compiles on GPUs only unless told
-    engine = HFEngine(HFOptions(max_new_tokens=6, copy_dtype="float32", static_cache=True,
+    engine = HFEngine(HFOptions(max_completion_length=6, copy_dtype="float32", static_cache=True,
                                         compile_config=compile_config))
-    plain = HFEngine(HFOptions(max_new_tokens=6))
+    plain = HFEngine(HFOptions(max_completion_length=6))
     graphs = []
     for step in range(4):
         prompts = [prompt + "9" * step for prompt in PROMPTS]  # each step's prompts are longer than the last's
@@ -112,7 +114,8 @@ def test_static_cache_compiles_the_decode_step_once_not_every_step():
         theirs = plain(policy, tokenizer, prompts, 4)
         assert torch.equal(ours.completion_ids, theirs.completion_ids)
         assert torch.equal(ours.prompt_ids, theirs.prompt_ids)  # the static cache's extra padding is trimmed
-        engine.generate(policy, tokenizer, PROMPTS[:3], 1, max_new_tokens=6, temperature=0.0)  # an evaluation
+        engine.generate(policy, tokenizer, PROMPTS[:3], 1, Sampling(max_completion_length=6,
+                                                                    temperature=0.0))  # an evaluation
         nudge(policy)
         graphs.append(dynamo_utils.counters["stats"]["unique_graphs"])
     assert graphs[0] >= 1, "the decode step was not compiled: the test would prove nothing"

@@ -7,7 +7,7 @@ import pytest
 import torch
 from greedy_oracle import assert_greedy_agrees, divergences
 
-from podsrl.rollout import generate
+from podsrl.rollout import Sampling, generate
 from podsrl.tasks.arithmetic import build_arithmetic
 
 PROMPTS = [example.prompt for example in build_arithmetic(level=3, num_train=10, num_test=16, seed=3).test]
@@ -15,7 +15,8 @@ PROMPTS = [example.prompt for example in build_arithmetic(level=3, num_train=10,
 
 @pytest.fixture(scope="module")
 def reference(tiny):
-    rows = generate(tiny.model, tiny.tokenizer, PROMPTS, 1, max_new_tokens=8, temperature=0).completion_id_lists()
+    rows = generate(tiny.model, tiny.tokenizer, PROMPTS, 1, Sampling(max_completion_length=8,
+                                                                     temperature=0)).completion_id_lists()
     prompt_ids = [tiny.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     return prompt_ids, rows
 
@@ -38,7 +39,8 @@ def test_a_broken_engine_fails(tiny, reference):
     with torch.no_grad():
         for parameter in stale.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)
-    broken = generate(stale, tiny.tokenizer, PROMPTS, 1, max_new_tokens=8, temperature=0).completion_id_lists()
+    broken = generate(stale, tiny.tokenizer, PROMPTS, 1, Sampling(max_completion_length=8,
+                                                                  temperature=0)).completion_id_lists()
     assert broken != rows
     with pytest.raises(AssertionError, match="beyond a near tie"):
         assert_greedy_agrees(tiny.model, prompt_ids, broken, rows, tiny.tokenizer.eos_token_id, tie_nats=0.1)

@@ -10,7 +10,7 @@ import torch
 
 from podsrl.models import load_model
 from podsrl.models.memory import MIB, UpdateMemory
-from podsrl.rollout import generate
+from podsrl.rollout import Sampling, generate
 from podsrl.update import UpdateOptions, flatten_for_update, update_policy
 
 
@@ -48,7 +48,7 @@ def test_update_activations_follow_the_micro_batch_and_are_logged(random_model_d
     bundle = load_model(random_model_dir)
     torch.manual_seed(0)
     rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "7", "What is 10 - 3 + 4?"], 4,
-                        max_new_tokens=6, temperature=1.0)
+                        Sampling(max_completion_length=6, temperature=1.0))
     batch = flatten_for_update(rollouts, torch.randn(3, 4))  # [B = 12, ...]
     measured = {}
     for size in (12, 3, 3):

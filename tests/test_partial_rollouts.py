@@ -12,9 +12,8 @@ import torch
 from podsrl.algorithms.importance import STALE_MASK, SamplerCorrection, sampler_importance_weights
 from podsrl.config import Config, validate
 from podsrl.models.logprobs import token_logprobs
-from podsrl.rollout import generate_in_slots
+from podsrl.rollout import SlotsEngine, SlotsOptions, generate_in_slots
 from podsrl.rollout.partial import CarriedGroup
-from podsrl.rollout.slots import generate_partial_in_slots
 from podsrl.tasks import TaskOptions, build_task, render_prompt
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
@@ -30,9 +29,10 @@ def prompts(tiny):
 
 
 def partial(bundle, prompts, n, *, carried=None, quota, version, slots=4, temperature=0.0, watchers=()):
-    return generate_partial_in_slots(bundle.model, bundle.tokenizer, prompts, n, carried=carried or {}, quota=quota,
-                                     version=version, max_new_tokens=8, temperature=temperature, slots=slots,
-                                     schedule="round_robin", watchers=watchers)
+    engine = SlotsEngine(SlotsOptions(max_completion_length=8, temperature=temperature, micro_group=slots,
+                                      schedule="round_robin"))
+    return engine.generate_partial(bundle.model, bundle.tokenizer, prompts, n, carried=carried or {}, quota=quota,
+                                   version=version, watchers=watchers)
 
 
 def ended(tokens, eos, cap=8):
@@ -57,7 +57,8 @@ def test_the_quota_of_complete_groups_comes_back_and_the_rest_carries_over(tiny,
 def test_resumed_samples_continue_exactly_where_they_stopped(tiny, prompts):
     """Greedy: a group cut off in one call and resumed in the next (its keys and values
     recomputed) ends exactly as an uninterrupted generation of it does."""
-    expected = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 3, max_new_tokens=8, temperature=0.0)
+    expected = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 3, SlotsOptions(max_completion_length=8,
+                                                                                      temperature=0.0))
     first = partial(tiny, prompts, 3, quota=1, version=1)
     carried_prompts = sorted(first.carried)
     second = partial(tiny, [prompts[p] for p in carried_prompts], 3, quota=len(carried_prompts), version=2,
@@ -97,7 +98,8 @@ def test_decoding_stops_as_soon_as_the_quota_is_met(tiny, prompts):
     decoder = result_holder["decoder"]
     decode_calls = complete_before_call[-decoder.decode_steps:]
     assert max(decode_calls) < 2 <= len(decoder.completed)  # the last call was the one that met the quota
-    full = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 3, max_new_tokens=8, temperature=0.0, slots=3)
+    full = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 3, SlotsOptions(max_completion_length=8,
+                                                                                  temperature=0.0, micro_group=3))
     assert decoder.decode_steps < full.stats["decode_steps"]
     assert result.rollouts.stats["decode_steps"] == decoder.decode_steps
 
@@ -370,8 +372,9 @@ class GarbageEngine:
         raise AssertionError("not called")
 
     def generate_partial(self, model, tokenizer, prompts, num_samples, *, carried, quota, version, watchers=()):
-        result = generate_partial_in_slots(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
-                                           version=version, max_new_tokens=4, temperature=0.0, slots=4)
+        engine = SlotsEngine(SlotsOptions(max_completion_length=4, temperature=0.0, micro_group=4))
+        result = engine.generate_partial(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
+                                         version=version)
         result.complete = result.complete[:-1]
         return result
 

@@ -10,7 +10,7 @@ from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
 from podsrl.models.precision import autocast
-from podsrl.rollout import generate
+from podsrl.rollout import Sampling, generate
 from podsrl.trainer import train
 from podsrl.update import UpdateOptions, flatten_for_update, update_policy
 from tests.conftest import quick as conftest_quick
@@ -21,7 +21,7 @@ OPTIONS = UpdateOptions(max_grad_norm=0, loss_type="dapo")
 def small_batch(bundle):
     torch.manual_seed(0)
     rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "7", "What is 10 - 3 + 4?"], 4,
-                        max_new_tokens=6, temperature=1.0)
+                        Sampling(max_completion_length=6, temperature=1.0))
     return flatten_for_update(rollouts, torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
 
 

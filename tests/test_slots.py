@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from podsrl.rollout import (
     ENGINES,
     STOP_GROUPS,
     HFOptions,
+    Sampling,
     SlotsOptions,
     generate,
     generate_in_slots,
@@ -36,10 +38,10 @@ def tiny_prompts(tiny):
     return task, [render_prompt(tiny.tokenizer, ex) for ex in task.train[:64]]
 
 
-def full_group_greedy(bundle, prompts, n, max_new_tokens):
+def full_group_greedy(bundle, prompts, n, max_completion_length):
     """The reference: every prompt repeated n times, decoded as one batch by transformers."""
     out = generate(bundle.model, bundle.tokenizer, [p for p in prompts for _ in range(n)], 1,
-                   max_new_tokens=max_new_tokens, temperature=0.0)
+                   Sampling(max_completion_length=max_completion_length, temperature=0.0))
     lengths = out.completion_mask.sum(-1).view(len(prompts), n)  # [P, n]
     return [[t for g in out.texts[i * n:(i + 1) * n] for t in g] for i in range(len(prompts))], lengths
 
@@ -62,8 +64,9 @@ def test_greedy_matches_full_group_generation(tiny, tiny_prompts, slots, refill,
     _, prompts = tiny_prompts
     prompts = prompts[:6] + ["What is 3 + 4?"]  # a short prompt among longer ones: widening on refill
     expected, _ = full_group_greedy(tiny, prompts, 5, 8)
-    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 5, max_new_tokens=8, temperature=0.0,
-                            slots=slots, refill=refill, schedule=schedule)
+    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 5,
+                            SlotsOptions(max_completion_length=8, temperature=0.0, micro_group=slots, refill=refill,
+                                         schedule=schedule))
     assert out.texts == expected
 
 
@@ -72,8 +75,9 @@ def test_greedy_matches_on_a_random_model_that_rarely_stops(random_model_dir):
     prompts = ["What is 1 + 2?", "What is 10 - 3 + 4? Answer in format", "7"]
     expected, lengths = full_group_greedy(bundle, prompts, 4, 9)
     for slots, refill, schedule in SETTINGS:
-        out = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 4, max_new_tokens=9, temperature=0.0,
-                                slots=slots, refill=refill, schedule=schedule)
+        out = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 4,
+                                SlotsOptions(max_completion_length=9, temperature=0.0, micro_group=slots,
+                                             refill=refill, schedule=schedule))
         assert out.texts == expected, (slots, refill, schedule)
         assert torch.equal(out.completion_mask.sum(-1), lengths)
 
@@ -106,8 +110,8 @@ def simulated_decode_steps(lengths: list[int], slots: int, refill: str) -> int:
 def test_decode_steps_match_the_scheduling_oracle(tiny, tiny_prompts, slots, refill):
     prompts = tiny_prompts[1][:4]
     torch.manual_seed(1)  # hot sampling: completions of unequal lengths
-    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 6, max_new_tokens=9, temperature=2.0,
-                            slots=slots, refill=refill)
+    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 6,
+                            SlotsOptions(max_completion_length=9, temperature=2.0, micro_group=slots, refill=refill))
     fifo_lengths = out.completion_mask.sum(-1).view(-1).tolist()  # prompt by prompt = fifo order
     assert len(set(fifo_lengths)) > 1  # the oracle is only interesting with unequal lengths
     assert out.stats["decode_steps"] == simulated_decode_steps(fifo_lengths, slots, refill)
@@ -133,18 +137,19 @@ def test_sampling_matches_full_group_in_distribution(tiny, tiny_prompts):
     for seed in range(3):
         torch.manual_seed(seed)
         rates["hf"].append(correct_rate(task, prompts, generate(tiny.model, tiny.tokenizer, prompts, 32,
-                                                                max_new_tokens=8, temperature=1.0)))
+                                                                Sampling(max_completion_length=8, temperature=1.0))))
         torch.manual_seed(seed)
-        rates["slots"].append(correct_rate(task, prompts, generate_in_slots(
-            tiny.model, tiny.tokenizer, prompts, 32, max_new_tokens=8, temperature=1.0, slots=24,
-            schedule="shortest_first")))
+        options = SlotsOptions(max_completion_length=8, temperature=1.0, micro_group=24, schedule="shortest_first")
+        rates["slots"].append(correct_rate(task, prompts, generate_in_slots(tiny.model, tiny.tokenizer, prompts, 32,
+                                                                            options)))
     pooled = {k: (sum(r * c for r, c in v) / sum(c for _, c in v), sum(c for _, c in v)) for k, v in rates.items()}
     (p1, n1), (p2, n2) = pooled["hf"], pooled["slots"]
     p = (p1 * n1 + p2 * n2) / (n1 + n2)
     stderr = math.sqrt(p * (1 - p) * (1 / n1 + 1 / n2))
     assert abs(p1 - p2) < 4 * stderr, pooled
     greedy, count = correct_rate(task, prompts, generate_in_slots(tiny.model, tiny.tokenizer, prompts, 32,
-                                                                   max_new_tokens=8, temperature=0.0, slots=24))
+                                                                  SlotsOptions(max_completion_length=8,
+                                                                               temperature=0.0, micro_group=24)))
     assert abs(greedy - p2) > 4 * math.sqrt(p2 * (1 - p2) / n2), (greedy, p2)
 
 
@@ -153,9 +158,10 @@ def test_top_p_samples_stay_in_the_nucleus(random_model_dir):
     bundle = load_model(random_model_dir)
     prompts = ["What is 1 + 2?", "7"]
     torch.manual_seed(0)
-    sampled = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 5, max_new_tokens=6, temperature=1.0,
-                                top_p=1e-6, slots=3)
-    greedy = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 5, max_new_tokens=6, temperature=0.0)
+    sampled = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 5,
+                                SlotsOptions(max_completion_length=6, temperature=1.0, top_p=1e-6, micro_group=3))
+    greedy = generate_in_slots(bundle.model, bundle.tokenizer, prompts, 5, SlotsOptions(max_completion_length=6,
+                                                                                        temperature=0.0))
     assert sampled.texts == greedy.texts
 
 
@@ -269,8 +275,9 @@ def test_length_aware_probe_pauses_and_resumes_and_early_stop_drops_paused_prefi
 
     stop_prompt_one.kind = STOP_GROUPS
     torch.manual_seed(0)
-    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 6, max_new_tokens=8, temperature=1.0, slots=4,
-                            schedule="length_aware", probe_tokens=3, watchers=(stop_prompt_one,))
+    out = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 6,
+                            SlotsOptions(max_completion_length=8, temperature=1.0, micro_group=4,
+                                         schedule="length_aware", probe_tokens=3), watchers=(stop_prompt_one,))
     lengths = out.completion_mask.sum(-1)  # [P, n]
     assert stopped and not out.generated[1].all() and out.generated[[0, 2]].all()
     assert (lengths[~out.generated] == 0).all() and (lengths[out.generated] > 0).all()
@@ -282,8 +289,8 @@ def test_engine_evaluates_in_slots_without_touching_its_length_predictor(tiny, t
     engine = ENGINES["slots"](SlotsOptions(schedule="length_aware", micro_group=4))
     before = engine.state_dict()["length_predictor"]
     expected, _ = full_group_greedy(tiny, prompts[:5], 3, 8)
-    out = engine.generate(tiny.model, tiny.tokenizer, prompts[:5], 3, max_new_tokens=8, temperature=0.0,
-                          batch_size=4)
+    out = engine.generate(tiny.model, tiny.tokenizer, prompts[:5], 3, Sampling(max_completion_length=8,
+                                                                               temperature=0.0, batch_size=4))
     assert out.texts == expected and out.stats["slots"] == 4
     after = engine.state_dict()["length_predictor"]
     assert all(torch.equal(torch.as_tensor(before[k]), torch.as_tensor(after[k])) for k in before)
@@ -352,15 +359,17 @@ def test_config_names_bad_slots_fields():
 
 
 # --- the SlotDecoder's parts, each alone ---------------------------------------------------------
-def make_decoder(bundle, prompts, num_samples, **options):
+def make_decoder(bundle, prompts, num_samples, *, max_completion_length=8, eos=None, watcher=None):
+    """A decoder of ``prompts`` on the model's forward; ``eos`` replaces the tokenizer's end token."""
     from podsrl.rollout.slots import SlotDecoder, prefill
 
     enc = bundle.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     prompt_kv, logits = prefill(bundle.model.eval(), enc["input_ids"], enc["attention_mask"], chunk=8)
     pending = PendingSamples(len(prompts), num_samples, "fifo", [0.0] * len(prompts), None)
-    settings = dict(eos=bundle.tokenizer.eos_token_id, pad=bundle.tokenizer.pad_token_id, max_new_tokens=8,
-                    temperature=1.0, top_p=1.0, path="model") | options
-    return SlotDecoder(bundle.model, prompt_kv, logits, pending, num_samples, **settings), enc
+    options = SlotsOptions(max_completion_length=max_completion_length, decode_path="model")
+    tokenizer = SimpleNamespace(eos_token_id=bundle.tokenizer.eos_token_id if eos is None else eos,
+                                pad_token_id=bundle.tokenizer.pad_token_id)
+    return SlotDecoder(bundle.model, prompt_kv, logits, pending, num_samples, options, tokenizer, watcher), enc
 
 
 def test_admission_places_each_prompt_cache_right_aligned(tiny):
@@ -386,7 +395,7 @@ def test_admission_places_each_prompt_cache_right_aligned(tiny):
 
 def test_refill_gives_a_freed_row_the_next_pending_sample(tiny):
     prompts = ["What is 1 + 2?\n", "What is 3 + 4?\n"]
-    decoder, _ = make_decoder(tiny, prompts, 2, max_new_tokens=50, eos=-1)  # no sample ends by itself
+    decoder, _ = make_decoder(tiny, prompts, 2, max_completion_length=50, eos=-1)  # no sample ends by itself
     torch.manual_seed(0)
     decoder.start_group(2)  # fifo: prompt 0's two samples
     assert decoder.row_sample == [(0, 0), (0, 1)] and len(decoder.pending) == 2
@@ -399,7 +408,7 @@ def test_refill_gives_a_freed_row_the_next_pending_sample(tiny):
 
 def test_compaction_drops_rows_and_unused_columns_without_changing_what_live_rows_see(tiny):
     prompts = ["What is 12 + 34? Answer in format: 'Answer: {result}'\n", "What is 1 + 2?\n"]
-    decoder, _ = make_decoder(tiny, prompts, 1, max_new_tokens=50, eos=-1)
+    decoder, _ = make_decoder(tiny, prompts, 1, max_completion_length=50, eos=-1)
     torch.manual_seed(0)
     decoder.start_group(2)
     for _ in range(3):
@@ -427,7 +436,7 @@ def test_early_stop_cancels_unstarted_samples_and_lets_running_ones_finish(tiny)
         reports.append(list(prompt_index))
         return [0]
 
-    decoder, _ = make_decoder(tiny, prompts, 4, max_new_tokens=50, eos=-1, watcher=saturate_prompt_0)
+    decoder, _ = make_decoder(tiny, prompts, 4, max_completion_length=50, eos=-1, watcher=saturate_prompt_0)
     torch.manual_seed(0)
     decoder.start_group(2)  # fifo: prompt 0's samples 0 and 1 run, 2 and 3 and prompt 1's wait
     decoder.step()
@@ -444,7 +453,7 @@ def test_early_stop_cancels_unstarted_samples_and_lets_running_ones_finish(tiny)
 
 def test_early_stop_drops_a_groups_samples_parked_after_the_probe(tiny):
     prompts = ["What is 1 + 2?\n", "What is 3 + 4?\n"]
-    decoder, _ = make_decoder(tiny, prompts, 3, max_new_tokens=50, eos=-1, watcher=lambda p, c: [0])
+    decoder, _ = make_decoder(tiny, prompts, 3, max_completion_length=50, eos=-1, watcher=lambda p, c: [0])
     decoder.pause_at = 3
     torch.manual_seed(0)
     decoder.start_group(6)

@@ -98,7 +98,7 @@ def test_chat_completions_stop_at_the_end_of_turn(smollm2, engine):
 
     prompts = chat_prompts(smollm2.tokenizer)
     run = generate if engine == "hf" else generate_in_slots
-    rollouts = run(smollm2.model, smollm2.tokenizer, prompts, 2, max_new_tokens=24, temperature=0.0)
+    rollouts = run(smollm2.model, smollm2.tokenizer, prompts, 2, max_completion_length=24, temperature=0.0)
     ids, mask = rollouts.completion_ids.view(-1, rollouts.completion_ids.shape[-1]), \
         rollouts.completion_mask.view(-1, rollouts.completion_mask.shape[-1])  # [P * n, L]
     lengths = mask.sum(-1)

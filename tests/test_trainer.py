@@ -12,7 +12,7 @@ import torch
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
 from podsrl.prompt_selection import PromptSelectionOptions, ShuffledPass
-from podsrl.rollout import generate
+from podsrl.rollout import Sampling, generate
 from podsrl.trainer import train
 from podsrl.types import completion_mask_from_eos
 from podsrl.update import (
@@ -98,7 +98,7 @@ def test_micro_batching_equals_one_big_batch(random_model_dir, loss_type):
     bundle = load_model(random_model_dir)
     torch.manual_seed(0)
     rollouts = generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?", "7", "What is 10 - 3 + 4?", "9 + 9"], 3,
-                        max_new_tokens=6, temperature=1.0)
+                        Sampling(max_completion_length=6, temperature=1.0))
     batch = flatten_for_update(rollouts, torch.randn(4, 3))  # [B = 12, ...]
     options = UpdateOptions(max_grad_norm=0, loss_type=loss_type)
     changes = {}
@@ -280,7 +280,8 @@ def test_reused_batches_are_clipped_against_the_generating_policy(random_model_d
 
 def small_batch(bundle, prompts=("What is 1 + 2?", "7", "What is 10 - 3 + 4?", "9 + 9"), n=3, seed=0):
     torch.manual_seed(seed)
-    rollouts = generate(bundle.model, bundle.tokenizer, list(prompts), n, max_new_tokens=6, temperature=1.0)
+    rollouts = generate(bundle.model, bundle.tokenizer, list(prompts), n, Sampling(max_completion_length=6,
+                                                                                   temperature=1.0))
     advantages = torch.randn(len(prompts), n, generator=torch.Generator().manual_seed(seed))
     return flatten_for_update(rollouts, advantages)  # [B = P*n, ...]
 
@@ -346,7 +347,7 @@ def test_generation_shapes_and_masks():
     torch.manual_seed(0)
     prompts = ["What is 3 + 7? Answer in format: 'Answer: {result}'\n",
                "What is 41 - 85? Answer in format: 'Answer: {result}'\n"]
-    rollouts = generate(bundle.model, bundle.tokenizer, prompts, 5, max_new_tokens=12, temperature=1.0)
+    rollouts = generate(bundle.model, bundle.tokenizer, prompts, 5, Sampling(max_completion_length=12, temperature=1.0))
     assert rollouts.completion_ids.shape[:2] == (2, 5) and rollouts.completion_ids.shape[2] <= 12
     assert len(rollouts.texts) == 2 and all(len(g) == 5 for g in rollouts.texts)
     eos, pad = bundle.tokenizer.eos_token_id, bundle.tokenizer.pad_token_id
@@ -372,12 +373,14 @@ def test_shared_prefill_draws_the_same_samples(random_model_dir):
     outputs = []
     for share in (False, True):
         torch.manual_seed(0)
-        outputs.append(generate(bundle.model, bundle.tokenizer, prompts, 6, max_new_tokens=6, temperature=1.0,
-                                share_prefill=share))
+        outputs.append(generate(bundle.model, bundle.tokenizer, prompts, 6,
+                                Sampling(max_completion_length=6, temperature=1.0), share_prefill=share))
     assert outputs[0].texts == outputs[1].texts
     assert torch.equal(outputs[0].completion_mask, outputs[1].completion_mask)
-    greedy_one = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=6, temperature=0.0)
-    greedy_shared = generate(bundle.model, bundle.tokenizer, prompts, 3, max_new_tokens=6, temperature=0.0)
+    greedy_one = generate(bundle.model, bundle.tokenizer, prompts, 1, Sampling(max_completion_length=6,
+                                                                               temperature=0.0))
+    greedy_shared = generate(bundle.model, bundle.tokenizer, prompts, 3, Sampling(max_completion_length=6,
+                                                                                  temperature=0.0))
     assert all(text == greedy_one.texts[p][0] for p in range(3) for text in greedy_shared.texts[p])
 
 

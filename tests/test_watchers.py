@@ -61,7 +61,7 @@ class Capped(SlotsEngine):
     def __call__(self, model, tokenizer, prompts, num_samples, watchers=()):
         caps = [w.tokens(len(prompts)) for w in watchers if w.kind == "cap_length"]
         if caps:
-            self.options = dataclasses.replace(self.options, max_new_tokens=min(caps))
+            self.options = dataclasses.replace(self.options, max_completion_length=min(caps))
         return super().__call__(model, tokenizer, prompts, num_samples,
                                 tuple(w for w in watchers if w.kind != "cap_length"))
 

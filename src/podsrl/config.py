@@ -270,7 +270,7 @@ class Config(PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, 
     def generation_options(self, processes: int = 1, sharded: bool = False) -> EngineOptions:
         """The options the run's engine is built with (its own class, podsrl.rollout.engine_options):
         the flat generation_* / vllm_* fields, the run's own values, then the spec's arguments."""
-        run = dict(max_new_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
+        run = dict(max_completion_length=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
                    compute_dtype="bfloat16" if self.computes_in_bfloat16 else "float32", sharded=sharded,
                    seed=self.seed, processes=processes, device=self.device, max_prompt_tokens=self.max_prompt_tokens)
         return engine_options(ENGINES.resolve(self.generation_engine),

@@ -154,7 +154,7 @@ def test_trls_direct_load_fails_where_vllms_cpu_backend_repacked_the_layers():
     from podsrl.rollout import VLLMEngine, VLLMOptions
 
     bundle = load_model("tiny")
-    engine = VLLMEngine(VLLMOptions(max_new_tokens=4, compute_dtype="float32", enforce_eager=True))
+    engine = VLLMEngine(VLLMOptions(max_completion_length=4, compute_dtype="float32", enforce_eager=True))
     try:
         engine(bundle.model, bundle.tokenizer, [TASK.test[0].prompt], 1)  # builds it
         model = engine.llm.llm_engine.model_executor.driver_worker.model_runner.model

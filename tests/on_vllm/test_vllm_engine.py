@@ -20,7 +20,7 @@ from greedy_oracle import assert_greedy_agrees  # noqa: E402
 
 from podsrl.models import load_model  # noqa: E402
 from podsrl.models.logprobs import token_logprobs  # noqa: E402
-from podsrl.rollout import VLLMEngine, VLLMOptions, generate  # noqa: E402
+from podsrl.rollout import Sampling, VLLMEngine, VLLMOptions, generate  # noqa: E402
 from podsrl.tasks.arithmetic import build_arithmetic  # noqa: E402
 
 PROMPTS = [example.prompt for example in build_arithmetic(level=3, num_train=10, num_test=24, seed=3).test]
@@ -30,9 +30,9 @@ def completions(rollouts) -> list[list[int]]:
     return rollouts.completion_id_lists()
 
 
-def make_engine(max_new_tokens=8, **vllm_options):
+def make_engine(max_completion_length=8, **vllm_options):
     vllm_options.setdefault("enforce_eager", True)  # compiling costs minutes on the CPU, for no speed
-    return VLLMEngine(VLLMOptions(max_new_tokens=max_new_tokens, **vllm_options))
+    return VLLMEngine(VLLMOptions(max_completion_length=max_completion_length, **vllm_options))
 
 
 @pytest.fixture
@@ -45,8 +45,8 @@ def engine():
 
 
 def greedy(engine, bundle, prompts=PROMPTS):
-    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=8, temperature=0)
-    ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=8, temperature=0)
+    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, Sampling(max_completion_length=8, temperature=0))
+    ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, Sampling(max_completion_length=8, temperature=0))
     return completions(hf), completions(ours)
 
 
@@ -148,12 +148,12 @@ def test_float32_and_bfloat16_engines_start_and_sample(tiny):
 
 def test_closing_releases_the_engine_and_a_later_call_builds_it_again(tiny):
     engine = make_engine()
-    first = completions(engine.generate(tiny.model, tiny.tokenizer, PROMPTS[:3], 1, max_new_tokens=8,
-                                        temperature=0))
+    first = completions(engine.generate(tiny.model, tiny.tokenizer, PROMPTS[:3], 1, Sampling(max_completion_length=8,
+                                                                                             temperature=0)))
     engine.close()
     assert engine.llm is None and engine.config_dir is None
-    again = completions(engine.generate(tiny.model, tiny.tokenizer, PROMPTS[:3], 1, max_new_tokens=8,
-                                        temperature=0))
+    again = completions(engine.generate(tiny.model, tiny.tokenizer, PROMPTS[:3], 1, Sampling(max_completion_length=8,
+                                                                                             temperature=0)))
     engine.close()
     assert first == again
 
@@ -175,12 +175,13 @@ def test_smollm2_greedy_output_agrees_with_transformers():
     task = build_arithmetic(level=2, num_train=10, num_test=12, seed=0)
     prompts = list(prepare_split(task.test, bundle.tokenizer, system_prompt="", use_chat_template=True,
                                  max_prompt_tokens=512).prompts)
-    engine = make_engine(max_new_tokens=24, max_model_length=256)
+    engine = make_engine(max_completion_length=24, max_model_length=256)
     try:
-        ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=24, temperature=0)
+        ours = engine.generate(bundle.model, bundle.tokenizer, prompts, 1, Sampling(max_completion_length=24,
+                                                                                    temperature=0))
     finally:
         engine.close()
-    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, max_new_tokens=24, temperature=0)
+    hf = generate(bundle.model, bundle.tokenizer, prompts, 1, Sampling(max_completion_length=24, temperature=0))
     assert_engine_agrees(bundle, completions(ours), completions(hf), prompts)
     assert bundle.tokenizer.eos_token_id == 2  # <|im_end|>: the converted tokenizer ends turns where the GGUF does
     rows = completions(hf) + completions(ours)
@@ -189,7 +190,7 @@ def test_smollm2_greedy_output_agrees_with_transformers():
 
 
 def partial_engine(**options):
-    return make_engine(max_new_tokens=8, temperature=0.0, **options)
+    return make_engine(max_completion_length=8, temperature=0.0, **options)
 
 
 def test_partial_rollouts_stop_at_the_quota_and_resume_where_they_stopped(tiny):
@@ -218,7 +219,8 @@ def test_partial_rollouts_stop_at_the_quota_and_resume_where_they_stopped(tiny):
         for result, prompt_of in ((first, lambda i: i), (second, lambda i: order[i])):
             flat = result.rollouts.completion_id_lists()  # [quota * 3]
             firsts.update((prompt_of(i), flat[3 * row]) for row, i in enumerate(result.complete))
-        hf = completions(generate(tiny.model, tiny.tokenizer, prompts, 1, max_new_tokens=8, temperature=0))
+        hf = completions(generate(tiny.model, tiny.tokenizer, prompts, 1, Sampling(max_completion_length=8,
+                                                                                   temperature=0)))
         assert_engine_agrees(tiny, [firsts[p] for p in range(6)], hf, prompts)
         for result in (first, second):
             rollouts = result.rollouts
@@ -246,7 +248,8 @@ def test_partial_rollouts_stop_at_the_quota_and_resume_where_they_stopped(tiny):
             with pytest.raises(RuntimeError, match="injected"):
                 engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried={}, quota=6, version=3)
         assert not vllm_engine.has_unfinished_requests()
-        after = engine.generate(tiny.model, tiny.tokenizer, prompts, 1, max_new_tokens=8, temperature=0)
+        after = engine.generate(tiny.model, tiny.tokenizer, prompts, 1, Sampling(max_completion_length=8,
+                                                                                 temperature=0))
         assert_engine_agrees(tiny, completions(after), hf, prompts)  # the next call is served as before
     finally:
         engine.close()

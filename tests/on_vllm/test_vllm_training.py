@@ -17,6 +17,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: scripts/test_vll
 
 from podsrl.config import make_config  # noqa: E402
 from podsrl.metrics import read_metrics  # noqa: E402
+from podsrl.rollout import Sampling
 from podsrl.trainer import train  # noqa: E402
 from tests.conftest import default_signals  # noqa: E402
 
@@ -139,10 +140,10 @@ def test_a_sequence_length_that_would_cut_completions_short_is_refused_before_an
                                max_completion_length=16))
         assert not (tmp_path / f"run{length}").exists()
     bundle = load_model("tiny")
-    engine = VLLMEngine(VLLMOptions(max_new_tokens=16, max_model_length=24))
+    engine = VLLMEngine(VLLMOptions(max_completion_length=16, max_model_length=24))
     with pytest.raises(ValueError, match="^vllm_max_model_length: .* needs"):
-        engine.generate(bundle.model, bundle.tokenizer, ["What is 12 + 30? Answer in format: 'Answer: {result}'"],
-                        2, max_new_tokens=16)
+        engine.generate(bundle.model, bundle.tokenizer, ["What is 12 + 30? Answer in format: 'Answer: {result}'"], 2,
+                        Sampling(max_completion_length=16))
     assert engine.llm is None  # refused before the engine was built
 
 
@@ -235,9 +236,9 @@ def test_a_killed_runs_engine_config_folder_is_removed_by_the_next_engine(tmp_pa
     left = folders() - before
     assert len(left) == 1, "a killed run leaves its engine's config folder"
     bundle = load_model("tiny")
-    engine = VLLMEngine(VLLMOptions(max_new_tokens=4, enforce_eager=True))
+    engine = VLLMEngine(VLLMOptions(max_completion_length=4, enforce_eager=True))
     try:
-        engine.generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?"], 1, max_new_tokens=4)
+        engine.generate(bundle.model, bundle.tokenizer, ["What is 1 + 2?"], 1, Sampling(max_completion_length=4))
         assert not left & folders(), "the next engine removes it"
     finally:
         engine.close()

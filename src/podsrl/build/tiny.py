@@ -153,7 +153,7 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
     bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny")
 
     def probe_accuracy(samples: int, temperature: float) -> float:
-        return held_out_accuracy(bundle, task, samples, temperature, max_new_tokens=8, seed=seed)
+        return held_out_accuracy(bundle, task, samples, temperature, max_completion_length=8, seed=seed)
 
     start = time.time()
     print("phase 1: clean SFT", flush=True)
@@ -173,12 +173,12 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 3000,
     })
 
 
-def held_out_accuracy(bundle: ModelBundle, task, samples: int, temperature: float, max_new_tokens: int, seed: int,
-                      probes: int = 200) -> float:
+def held_out_accuracy(bundle: ModelBundle, task, samples: int, temperature: float, max_completion_length: int,
+                      seed: int, probes: int = 200) -> float:
     """Accuracy on the first ``probes`` held-out prompts of ``task`` (the builds' progress probe)."""
     probe = task.test[:probes]
     return accuracy(generate_and_grade(bundle, PreparedSplit(probe, [ex.prompt for ex in probe]), samples=samples,
-                                       temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                                       temperature=temperature, max_completion_length=max_completion_length, seed=seed,
                                        correct_fn=task.correct_fn))
 
 

@@ -72,7 +72,7 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000,
     bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny-chain")
 
     def probe_accuracy(samples: int, temperature: float) -> float:
-        return held_out_accuracy(bundle, task, samples, temperature, max_new_tokens=MAX_NEW_TOKENS, seed=seed)
+        return held_out_accuracy(bundle, task, samples, temperature, max_completion_length=MAX_NEW_TOKENS, seed=seed)
 
     start = time.time()
     print("phase 1: clean SFT", flush=True)

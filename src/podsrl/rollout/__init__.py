@@ -40,6 +40,7 @@ from podsrl.rollout.base import (
     Capabilities,
     EngineOptions,
     GenerationEngine,
+    Sampling,
     Watcher,
     capabilities,
     options_class,
@@ -79,7 +80,7 @@ FLAT_OPTIONS = {
 def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> EngineOptions:
     """The options ``engine`` (``ENGINES.resolve(spec)``) is built with: its ``options_type``
     filled from the config's ``flat`` fields (by :data:`FLAT_OPTIONS`) and the ``run``'s own
-    values (max_new_tokens, temperature, ...: each taken where the class has the field), then
+    values (max_completion_length, temperature, ...: each taken where the class has the field), then
     the spec's arguments over them (checked when the spec was resolved)."""
     options_type = options_class(engine)
     names = {f.name for f in dataclasses.fields(options_type) if f.init}
@@ -90,7 +91,7 @@ def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> E
 
 __all__ = ["Capabilities", "CheckedEngine", "CheckedWatcher", "ENGINES", "EngineOptions", "FLAT_OPTIONS",
            "GenerationCopy", "GenerationEngine", "HFEngine", "HFOptions", "LengthPredictor", "PrefixLengthPredictor",
-           "REFILLS", "SCHEDULES", "STOP_GROUPS", "Schedule", "SlotsEngine", "SlotsOptions", "VLLMEngine",
+           "REFILLS", "SCHEDULES", "STOP_GROUPS", "Sampling", "Schedule", "SlotsEngine", "SlotsOptions", "VLLMEngine",
            "VLLMOptions", "WATCHERS", "Watcher", "WatcherFactory", "capabilities", "engine_options", "generate",
            "generate_in_slots", "generation_memory_bytes", "options_class", "reads_option", "to_rollouts",
            "watcher_kind"]

@@ -120,6 +120,19 @@ def refuse_watchers(engine, watchers: tuple) -> None:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How one generation call samples: what evaluation asks of an engine's ``generate``
+    (:class:`GenerationEngine`), and what an engine's options hand its own sampler
+    (:meth:`EngineOptions.sampling`)."""
+
+    max_completion_length: int  # tokens per completion, at most
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    batch_size: int = 0  # sequences decoded at once, at most (0: the engine's own choice)
+    min_completion_length: int = 0  # no EOS before this many tokens (benchmarks force every row to one length)
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """What every engine samples with: the run sets these (from max_completion_length,
     temperature and top_p), a spec's arguments do not. An engine's own options subclass it in
@@ -129,14 +142,23 @@ class EngineOptions:
     sets a field (checked in type and range at validation, before any model loads)."""
 
     # fields the run sets, never a spec's arguments (a subclass adds its own: ClassVar, not a field)
-    run_fields: ClassVar[frozenset[str]] = frozenset({"max_new_tokens", "temperature", "top_p"})
+    run_fields: ClassVar[frozenset[str]] = frozenset({"max_completion_length", "temperature", "top_p"})
 
-    max_new_tokens: int = option(8, "Completion length cap in tokens.", POSITIVE)
+    max_completion_length: int = option(8, "Completion length cap in tokens.", POSITIVE)
     temperature: float = option(1.0, "Sampling temperature (0: greedy).", NON_NEGATIVE)
     top_p: float = option(1.0, "Nucleus sampling threshold.", Range(0, 1, low_closed=False))
 
     def check(self) -> None:
         """Rules among this engine's own options, one line naming the field (at validation)."""
+
+    def sampling(self, batch_size: int = 0) -> Sampling:
+        """How the run's calls sample, ``batch_size`` sequences at once (0: the engine's choice)."""
+        return Sampling(self.max_completion_length, self.temperature, self.top_p, batch_size)
+
+    def sampled(self, sampling: Sampling):
+        """These options sampling as ``sampling`` does (its length, temperature and top_p)."""
+        return dataclasses.replace(self, max_completion_length=sampling.max_completion_length,
+                                   temperature=sampling.temperature, top_p=sampling.top_p)
 
     def watch_refusal(self, kind: str) -> str:
         """Why a watcher of ``kind`` (one the engine declares) cannot run with these options ('' = it can)."""
@@ -158,9 +180,9 @@ class GenerationEngine(Protocol):
     Class attributes: ``capabilities`` (:class:`Capabilities`), ``options_type``. Optional
     members, used where present: ``check_prompts(options, model_config, longest_prompt)``
     (refuse, before any step, prompts it cannot take), ``generate_partial`` (declared by
-    ``Capabilities.partial_rollouts``), ``generate(model, tokenizer, prompts, num_samples, *,
-    max_new_tokens, temperature, top_p, batch_size)`` as :func:`podsrl.rollout.generate` takes
-    them (evaluation's sampler: evaluation then runs on the engine, at its speed),
+    ``Capabilities.partial_rollouts``), ``generate(model, tokenizer, prompts, num_samples, sampling)``
+    (a :class:`Sampling`; evaluation's sampler, as :func:`podsrl.rollout.generate`: evaluation
+    then runs on the engine, at its speed),
     ``step_record() -> dict[str, float]`` (its numbers for each step's metrics record),
     ``close()`` (called when the run ends, however it ends)."""
 
@@ -226,7 +248,7 @@ def megabytes(value: float) -> str:
 def rows_within(options, model, prompt_len: int, prompts: int = 0, stored_prompt_len: int = 0,
                 stored_tokens: int = 0) -> int:
     """Most sequences decoded at once whose estimated memory fits ``options.memory_mb``."""
-    seq_len = prompt_len + options.max_new_tokens
+    seq_len = prompt_len + options.max_completion_length
     fixed = generation_memory_bytes(model.config, 0, seq_len, prompts, stored_prompt_len, stored_tokens)
     per_row = generation_memory_bytes(model.config, 1, seq_len)
     return max(0, int((options.memory_mb * MB - fixed) // per_row))

@@ -14,6 +14,7 @@ from podsrl.rollout.base import (
     MB,
     Capabilities,
     EngineOptions,
+    Sampling,
     Stateless,
     Watcher,
     longest_prompt,
@@ -96,24 +97,22 @@ def _generate_group(model, ids: torch.Tensor, mask: torch.Tensor, num_samples: i
 
 
 # With a static cache the prompt width is rounded up to a multiple of this: the cache's length
-# (prompt width + max_new_tokens) and so the compiled decode step's shapes change only when the
+# (prompt width + max_completion_length) and so the compiled decode step's shapes change only when the
 # longest prompt crosses a multiple, not at every step.
 STATIC_PROMPT_WIDTH_STEP = 64
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-             temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None,
-             share_prefill: bool = True, min_new_tokens: int = 0, static_cache: bool = False,
-             compile_config=None) -> Rollouts:
-    """Sample ``num_samples`` completions per prompt (greedy when ``temperature == 0``).
+def generate(model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling, *,
+             share_prefill: bool = True, static_cache: bool = False, compile_config=None) -> Rollouts:
+    """Sample ``num_samples`` completions per prompt as ``sampling`` says (greedy when its
+    temperature is 0; ``sampling.batch_size`` bounds the sequences decoded at once, in whole
+    prompt groups; 0 = all).
 
     Prompts are left-padded so every row's completion starts at the same column.
     Sampling draws from torch's global RNG: seed it (or save its state) for reproducibility.
-    ``batch_size`` bounds the number of sequences decoded at once (whole prompt groups).
     ``share_prefill`` computes each prompt's KV cache once for its n samples (PODS
     generates many rollouts per prompt, so the prompt would otherwise be paid n times).
-    ``min_new_tokens``: no EOS before that many tokens (benchmarks force every row to one length).
     ``static_cache``: transformers' static KV cache, whose decode step transformers compiles on
     a GPU (``compile_config``: a ``transformers.CompileConfig``, None = its default); the prefill
     is then not shared (a static cache cannot be copied to n rows) and prompts are padded to a
@@ -123,13 +122,16 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
                     pad_to_multiple_of=STATIC_PROMPT_WIDTH_STEP if static_cache else None)
     prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp]
     num_prompts = len(prompts)
+    batch_size = sampling.batch_size
     prompts_per_call = num_prompts if not batch_size else max(1, batch_size // num_samples)
-    sampling = dict(do_sample=False) if temperature == 0 else dict(
-        do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-    if min_new_tokens:
-        sampling["min_new_tokens"] = min_new_tokens
+    # transformers' generate keywords
+    options = dict(do_sample=False) if sampling.temperature == 0 else dict(
+        do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+    options["max_new_tokens"] = sampling.max_completion_length
+    if sampling.min_completion_length:
+        options["min_new_tokens"] = sampling.min_completion_length
     if static_cache:
-        sampling.update(cache_implementation="static", compile_config=compile_config)
+        options.update(cache_implementation="static", compile_config=compile_config)
         share_prefill = False
     was_training = model.training
     model.eval()
@@ -137,9 +139,9 @@ def generate(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_
     for start in range(0, num_prompts, prompts_per_call):
         ids = prompt_ids[start:start + prompts_per_call].to(model.device)
         mask = prompt_mask[start:start + prompts_per_call].to(model.device)
-        out = _generate_group(model, ids, mask, num_samples, share_prefill, max_new_tokens=max_new_tokens,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **sampling)
-        chunks.append(out[:, ids.shape[1]:].cpu())  # [p * n, <=max_new_tokens]: rollouts live on the CPU
+        out = _generate_group(model, ids, mask, num_samples, share_prefill, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id, **options)
+        chunks.append(out[:, ids.shape[1]:].cpu())  # [p * n, <=max_completion_length]: rollouts live on the CPU
     model.train(was_training)
     width = max(c.shape[1] for c in chunks)
     completion_ids = torch.cat(
@@ -179,19 +181,19 @@ class HFEngine(Stateless):
             longest = longest_prompt(tokenizer, prompts)
             rows = rows_within(options, model, longest)
             if rows < num_samples:
-                need = generation_memory_bytes(model.config, num_samples, longest + options.max_new_tokens) / MB
+                need = generation_memory_bytes(model.config, num_samples, longest + options.max_completion_length) / MB
                 raise MemoryError(
                     f"generation_memory_mb: one prompt group of n={num_samples} needs ~{megabytes(need)} to decode at "
                     f"once, over the cap of {options.memory_mb:g} MB; use generation_engine: slots "
                     f"(decodes in micro-groups) or raise the cap")
             batch_size = min(batch_size or rows, rows)
-        return self.generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
-                             temperature=options.temperature, top_p=options.top_p, batch_size=batch_size,
-                             share_prefill=options.share_prefill)
+        return self.generate(model, tokenizer, prompts, num_samples, options.sampling(batch_size or 0))
 
-    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, **sampling) -> Rollouts:
-        """:func:`generate` (same arguments) from the copy when there is one, else from ``model``."""
+    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling) -> Rollouts:
+        """:func:`generate` from the copy when there is one, else from ``model``."""
+        options = self.options
         if self.copy is None:
-            return generate(model, tokenizer, prompts, num_samples, **sampling)
-        return generate(self.copy(model), tokenizer, prompts, num_samples, static_cache=self.options.static_cache,
-                        compile_config=self.options.compile_config, **sampling)
+            return generate(model, tokenizer, prompts, num_samples, sampling, share_prefill=options.share_prefill)
+        return generate(self.copy(model), tokenizer, prompts, num_samples, sampling,
+                        share_prefill=options.share_prefill, static_cache=options.static_cache,
+                        compile_config=options.compile_config)

@@ -192,7 +192,7 @@ class ShiftedRows:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
 
-def cache_rows(model, prompt_kv: list[KV], max_new_tokens: int, path: str = "auto") -> tuple[object, str]:
+def cache_rows(model, prompt_kv: list[KV], max_completion_length: int, path: str = "auto") -> tuple[object, str]:
     """The rows a call decodes in, and why it is not podsrl's decode step ('' when it is).
     ``path``: 'auto' (podsrl's where :func:`decode_path_refusal` allows, replayed as CUDA graphs
     on a GPU), 'podsrl' (the same, refused where it cannot run), 'compiled' (podsrl's under
@@ -207,4 +207,4 @@ def cache_rows(model, prompt_kv: list[KV], max_new_tokens: int, path: str = "aut
         return ShiftedRows(model, prompt_kv[0]), refusal
     longest = max(kv[0][0].shape[1] for kv in prompt_kv)
     captured = path in ("auto", "podsrl") and next(model.parameters()).device.type == "cuda"
-    return InPlaceRows(model, longest + max_new_tokens + 1, captured, compiled=path == "compiled"), ""
+    return InPlaceRows(model, longest + max_completion_length + 1, captured, compiled=path == "compiled"), ""

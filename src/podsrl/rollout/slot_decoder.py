@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from podsrl.rollout.base import Watcher
+from podsrl.rollout.base import EngineOptions, Watcher
 from podsrl.rollout.kv_rows import cache_rows, full_attention_layers
 from podsrl.rollout.sampling import next_tokens
 from podsrl.rollout.schedule import PendingSamples
@@ -42,7 +42,7 @@ class SlotDecoder:
     Row r of the cache (``rows``: :mod:`podsrl.rollout.kv_rows`, podsrl's decode step or the
     model's forward) decodes sample ``row_sample[r]`` = (prompt, sample), or idles (None). Per row,
     as tensors [B]: ``last_token`` and ``position`` (the token to feed next and its position id),
-    ``live_rows``, ``length`` (the sample's completion length so far); ``drawn`` [B, max_new_tokens]
+    ``live_rows``, ``length`` (the sample's completion length so far); ``drawn`` [B, max_completion_length]
     holds the tokens a row drew at completion indices [row_base[r], length[r]) until the sample
     ends or pauses (then they join ``completions``): a step is whole-tensor work, and only rows
     that end or pause go through Python. The parts: admission (:meth:`open_rows`, :meth:`place`),
@@ -51,15 +51,17 @@ class SlotDecoder:
     """
 
     def __init__(self, model, prompt_kv: list, prompt_logits: torch.Tensor, pending: PendingSamples,
-                 num_samples: int, *, eos: int, pad: int, max_new_tokens: int, temperature: float,
-                 top_p: float, watcher: Watcher | None = None, version: int | None = None,
-                 path: str = "auto") -> None:
+                 num_samples: int, options: EngineOptions, tokenizer, watcher: Watcher | None = None) -> None:
         self.model, self.prompt_kv, self.prompt_logits, self.pending = model, prompt_kv, prompt_logits, pending
+        # the call's options (podsrl.rollout.slots.SlotsOptions: the engine's, or evaluation's
+        # sampling over them); it reads max_completion_length, temperature, top_p and decode_path
+        self.options = options
         self.watcher = watcher  # of kind stop_groups (early stop), or None
-        # partial rollouts (``version``: the step whose weights decode now; None: off): per token, the
-        # step that drew it and its log-prob then (at temperature 1, as the update's loss takes it),
-        # for the importance correction of tokens the update finds stale
-        self.version = version
+        # partial rollouts (``version``: the step whose weights decode now, set by the call that
+        # resumes groups; None: off): per token, the step that drew it and its log-prob then (at
+        # temperature 1, as the update's loss takes it), for the importance correction of tokens
+        # the update finds stale
+        self.version: int | None = None
         self.versions: list[list[list[int]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
         self.logps: list[list[list[float]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
         self.resuming: set[tuple[int, int]] = set()  # cut off in an earlier step: decoded to the end
@@ -79,19 +81,19 @@ class SlotDecoder:
         self.pause_at = 0
         self.paused: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.prompt_lengths = [kv[0][0].shape[1] for kv in prompt_kv]
-        self.eos, self.pad, self.max_new_tokens = eos, pad, max_new_tokens
-        self.temperature, self.top_p = temperature, top_p
+        self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.completions: list[list[list[int]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
         device = model.device
-        self.rows = cache_rows(model, prompt_kv, max_new_tokens, path)[0]
+        length = options.max_completion_length
+        self.rows = cache_rows(model, prompt_kv, length, options.decode_path)[0]
         self.row_sample: list[tuple[int, int] | None] = []
         self.row_base: list[int] = []  # completion tokens a row's sample had when it was placed
         self.last_token = torch.zeros(0, dtype=torch.long, device=device)  # [B]
         self.position = torch.zeros(0, dtype=torch.long, device=device)  # [B]
         self.live_rows = torch.zeros(0, dtype=torch.bool, device=device)  # [B]
         self.length = torch.zeros(0, dtype=torch.long, device=device)  # [B]
-        self.drawn = torch.zeros(0, max_new_tokens, dtype=torch.long, device=device)  # [B, T]
-        self.drawn_logp = torch.zeros(0, max_new_tokens, dtype=torch.float, device=device)  # [B, T]
+        self.drawn = torch.zeros(0, length, dtype=torch.long, device=device)  # [B, T]
+        self.drawn_logp = torch.zeros(0, length, dtype=torch.float, device=device)  # [B, T]
         self.decode_steps = 0
         self.live_slot_steps = 0  # rows decoding a sample, summed over decode steps
 
@@ -183,10 +185,10 @@ class SlotDecoder:
             if not batch:
                 continue
             logits = self.prompt_logits[[p for p, _ in batch]]  # [b, V]
-            firsts = next_tokens(logits, self.temperature, self.top_p)
+            firsts = next_tokens(logits, self.options.temperature, self.options.top_p)
             for (prompt, sample), token, logp in zip(batch, firsts.tolist(), self._drew(logits, firsts)):
                 self._append(prompt, sample, token, logp)
-                if token == self.eos or self.max_new_tokens == 1:
+                if token == self.eos or self.options.max_completion_length == 1:
                     self._finish(prompt, sample)
                 else:
                     started.append((prompt, sample, token))
@@ -287,9 +289,9 @@ class SlotDecoder:
         logits = self.rows.step(self.last_token, self.position)  # [B, V]
         self.decode_steps += 1
         self.live_slot_steps += len(self.row_sample) - self.row_sample.count(None)
-        drawn = next_tokens(logits, self.temperature, self.top_p)  # [B]
+        drawn = next_tokens(logits, self.options.temperature, self.options.top_p)  # [B]
         index = torch.arange(len(drawn), device=drawn.device)
-        column = self.length.clamp(max=self.max_new_tokens - 1)  # idle rows write where nothing is read
+        column = self.length.clamp(max=self.options.max_completion_length - 1)  # idle rows write where nothing is read
         self.drawn[index, column] = drawn
         if self.version is not None:  # log-probs at temperature 1, as the update's loss takes them
             self.drawn_logp[index, column] = logits.log_softmax(dim=-1).gather(1, drawn[:, None]).squeeze(1)
@@ -297,7 +299,7 @@ class SlotDecoder:
         self.length += live
         self.position += live
         self.last_token = torch.where(live, drawn, self.last_token)
-        ended = live & ((drawn == self.eos) | (self.length == self.max_new_tokens))
+        ended = live & ((drawn == self.eos) | (self.length == self.options.max_completion_length))
         stopping = ended | (live & (self.length == self.pause_at)) if self.pause_at else ended
         if not bool(stopping.any()):
             return []

@@ -31,7 +31,7 @@ gives the same completions.
 Cache layout: one batch row per slot (:mod:`podsrl.rollout.kv_rows`). On podsrl's decode step
 (:mod:`podsrl.rollout.decode_step`, the models it covers) a row holds its prompt's keys and
 values at columns [0, Lp) and its completion's after them, written in place, in a cache
-allocated once per call at g x (longest prompt + max_new_tokens). On the model's own forward
+allocated once per call at g x (longest prompt + max_completion_length). On the model's own forward
 all rows share the cache's column axis: a sample that starts at column W gets its prompt's keys
 and values right-aligned at [W - Lp, W) and its earlier columns masked out, exactly like left
 padding; columns no live row needs any more are trimmed from the left (compaction), so the cache
@@ -40,6 +40,7 @@ never grows beyond that same bound.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,7 @@ from podsrl.rollout.base import (
     STOP_GROUPS,
     Capabilities,
     EngineOptions,
+    Sampling,
     Watcher,
     group_stopper,
     longest_prompt,
@@ -65,7 +67,6 @@ from podsrl.rollout.schedule import (
     LengthPredictor,
     PendingSamples,
     PrefixLengthPredictor,
-    Schedule,
     check_options,
     plan_lanes,
     predict_remaining,
@@ -140,78 +141,44 @@ def pack(completions: list[list[list[int]]], pad: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
-                      schedule: Schedule | str = "fifo",
+def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, options: SlotsOptions, *,
                       predictor: LengthPredictor | PrefixLengthPredictor | None = None,
-                      watchers: tuple[Watcher, ...] = (), probe_tokens: int = 4,
-                      decode_path: str = "auto") -> Rollouts:
-    """Sample ``num_samples`` completions per prompt, decoding at most ``slots`` at once.
+                      watchers: tuple[Watcher, ...] = ()) -> Rollouts:
+    """Sample ``num_samples`` completions per prompt, decoding at most ``options.micro_group`` at
+    once (0: every sample at once; the memory cap is the engine's to resolve, not read here).
 
-    ``slots`` = 0 decodes every sample at once. ``watchers``: the call's, of kind ``stop_groups``
-    (early stop of saturated groups, see the module docstring). ``schedule`` "length_aware"
-    (continuous refill only) first decodes ``probe_tokens`` tokens of every sample (round
-    robin), predicts each one's remaining length from its prompt and those tokens, balances the
-    samples into ``slots`` lanes and resumes them shortest first within each lane. Returns :class:`Rollouts`
-    [P, n, Lc] like the ``hf`` engine, with ``stats``: decode_steps (model calls after the
-    prefill), generated_tokens, slots, slot_steps and live_slot_steps (rows decoding a sample,
-    summed over decode steps; length_aware adds probe_steps and length_mae, the mean
-    absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
-    watcher was given. ``decode_path``: :func:`podsrl.rollout.kv_rows.cache_rows`.
+    ``watchers``: the call's, of kind ``stop_groups`` (early stop of saturated groups, see the
+    module docstring). Schedule "length_aware" (continuous refill only) first decodes
+    ``options.probe_tokens`` tokens of every sample (round robin), predicts each one's remaining
+    length from its prompt and those tokens (``predictor``; a new one when None), balances the
+    samples into the slots' lanes and resumes them shortest first within each lane. Returns
+    :class:`Rollouts` [P, n, Lc] like the ``hf`` engine, with ``stats``: decode_steps (model
+    calls after the prefill), generated_tokens, slots, slot_steps and live_slot_steps (rows
+    decoding a sample, summed over decode steps; length_aware adds probe_steps and length_mae,
+    the mean absolute error of the predicted remaining lengths); and ``generated`` [P, n] when a
+    watcher was given. ``options.decode_path``: :func:`podsrl.rollout.kv_rows.cache_rows`.
     """
-    run = SlotRun(model, tokenizer, prompts, num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                  top_p=top_p, slots=slots, refill=refill, schedule=schedule, predictor=predictor, watchers=watchers,
-                  probe_tokens=probe_tokens, decode_path=decode_path)
+    run = SlotRun(model, tokenizer, prompts, num_samples, options, predictor=predictor, watchers=watchers)
     run.decode()
     return run.rollouts(list(range(len(prompts))), with_generated=run.decoder.watcher is not None)
 
 
-@torch.no_grad()
-def generate_partial_in_slots(model, tokenizer, prompts: list[str], num_samples: int, *,
-                              carried: dict[int, CarriedGroup], quota: int, version: int,
-                              **options) -> PartialGeneration:
-    """Partial rollouts (:mod:`podsrl.rollout.partial`): :func:`generate_in_slots` (its
-    ``options``) on the ``prompts``, of which those at the positions in ``carried`` continue
-    their groups from an earlier step (cut-off samples first, their keys and values recomputed
-    under the current weights), until ``quota`` groups are complete. The complete groups come
-    back as rollouts (tokens of earlier steps with their versions and log-probs); the rest, by
-    position, to carry on. Nothing more is decoded once the quota is met."""
-    run = SlotRun(model, tokenizer, prompts, num_samples, carried=carried, version=version, **options)
-    run.decoder.quota = quota
-    run.decode()
-    decoder = run.decoder
-    complete = decoder.completed[:quota]
-    rollouts = run.rollouts(complete, with_generated=True)
-    rollouts.token_versions, rollouts.sampling_logp = token_tensors(
-        [decoder.completions[p] for p in complete], [decoder.versions[p] for p in complete],
-        [decoder.logps[p] for p in complete], version, rollouts.completion_ids.shape[-1])
-    # the tokens this call drew, in every group (the complete ones hold earlier steps' too)
-    rollouts.stats["generated_tokens"] = sum(v == version for group in decoder.versions for sample in group
-                                             for v in sample)
-    left = [p for p in range(len(prompts)) if p not in set(complete)]
-    return PartialGeneration(rollouts, complete, {p: run.carried_group(p) for p in left})
-
-
 class SlotRun:
-    """One call of the slots engine: the prompts prefilled, the decoder set up (with the groups
-    carried in, for partial rollouts), :meth:`decode`, then :meth:`rollouts` of the groups asked."""
+    """One call of the slots engine: the prompts prefilled, the decoder set up, for partial
+    rollouts the groups carried in (:meth:`resume`), :meth:`decode`, then :meth:`rollouts` of
+    the groups asked (:meth:`partial` for partial rollouts)."""
 
-    def __init__(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, slots: int = 0, refill: str = "continuous",
-                 schedule: Schedule | str = "fifo", predictor: LengthPredictor | PrefixLengthPredictor | None = None,
-                 watchers: tuple[Watcher, ...] = (), probe_tokens: int = 4,
-                 carried: dict[int, CarriedGroup] | None = None, version: int | None = None,
-                 decode_path: str = "auto") -> None:
-        # a spec, or the Schedule
-        schedule = SCHEDULES.resolve(schedule) if isinstance(schedule, (str, dict)) else schedule
-        check_options(refill, schedule, probe_tokens)
-        self.model, self.tokenizer, self.schedule = model, tokenizer, schedule
-        self.refill, self.probe_tokens, self.max_new_tokens = refill, probe_tokens, max_new_tokens
+    def __init__(self, model, tokenizer, prompts: list[str], num_samples: int, options: SlotsOptions, *,
+                 predictor: LengthPredictor | PrefixLengthPredictor | None = None,
+                 watchers: tuple[Watcher, ...] = ()) -> None:
+        schedule = SCHEDULES.resolve(options.schedule)
+        check_options(options.refill, schedule, options.probe_tokens)
+        self.model, self.tokenizer, self.schedule, self.options = model, tokenizer, schedule, options
         self.predictor = predictor_for(schedule, predictor)
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         self.prompt_ids, self.prompt_mask = enc["input_ids"], enc["attention_mask"]  # [P, Lp] on the CPU
         self.prompt_tokens = [ids[m.bool()].tolist() for ids, m in zip(self.prompt_ids, self.prompt_mask)]
-        self.slots = min(slots or len(prompts) * num_samples, len(prompts) * num_samples)
+        self.slots = min(options.micro_group or len(prompts) * num_samples, len(prompts) * num_samples)
         self.was_training = model.training
         model.eval()
         prompt_kv, prompt_logits = prefill(model, self.prompt_ids, self.prompt_mask, self.slots)
@@ -220,14 +187,31 @@ class SlotRun:
         predicted = self.predictor.predict(self.features).tolist() if self.prompt_level else [0.0] * len(prompts)
         pending = PendingSamples(len(prompts), num_samples, schedule, predicted,
                                  self.predictor if self.prompt_level else None)
-        self.decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, eos=tokenizer.eos_token_id,
-                                   pad=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, top_p=top_p, watcher=group_stopper(watchers),
-                                   version=version, path=decode_path)
+        self.decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, options, tokenizer,
+                                   watcher=group_stopper(watchers))
         self.stats = {}
+
+    def resume(self, carried: dict[int, CarriedGroup], quota: int, version: int) -> None:
+        """Partial rollouts: decode with the weights of step ``version`` until ``quota`` groups are
+        complete, the groups in ``carried`` (by prompt position) continued from an earlier step."""
+        self.decoder.version, self.decoder.quota = version, quota
         if carried:
-            prefixes = self.cut_off_prefixes(carried)
-            self.decoder.carry_in(carried, prefixes)
+            self.decoder.carry_in(carried, self.cut_off_prefixes(carried))
+
+    def partial(self, quota: int, version: int) -> PartialGeneration:
+        """After :meth:`decode`: the first ``quota`` complete groups as rollouts (tokens of earlier
+        steps with their versions and log-probs), the rest, by position, to carry on."""
+        decoder = self.decoder
+        complete = decoder.completed[:quota]
+        rollouts = self.rollouts(complete, with_generated=True)
+        rollouts.token_versions, rollouts.sampling_logp = token_tensors(
+            [decoder.completions[p] for p in complete], [decoder.versions[p] for p in complete],
+            [decoder.logps[p] for p in complete], version, rollouts.completion_ids.shape[-1])
+        # the tokens this call drew, in every group (the complete ones hold earlier steps' too)
+        rollouts.stats["generated_tokens"] = sum(v == version for group in decoder.versions for sample in group
+                                                 for v in sample)
+        left = [p for p in range(len(decoder.completions)) if p not in set(complete)]
+        return PartialGeneration(rollouts, complete, {p: self.carried_group(p) for p in left})
 
     def cut_off_prefixes(self, carried: dict[int, CarriedGroup]) -> dict:
         """The keys and values, per layer [H, k - 1, d], of each cut-off sample's first k - 1
@@ -248,17 +232,18 @@ class SlotRun:
 
     def decode(self) -> None:
         decoder = self.decoder
+        probe_tokens, refill = self.options.probe_tokens, self.options.refill
         if self.schedule.plans_lanes:  # stage 0: the probe; stage 1: the plan
-            decoder.pause_at = self.probe_tokens
-            decode(decoder, self.slots, self.refill)
+            decoder.pause_at = probe_tokens
+            decode(decoder, self.slots, refill)
             self.stats["probe_steps"] = decoder.decode_steps
             self.probed = sorted(decoder.paused)
             self.probe_features, self.probe_predicted = predict_remaining(self.predictor, self.prompt_tokens,
                                                                decoder.completions, self.probed,
-                                                               self.max_new_tokens - self.probe_tokens)
+                                                               self.options.max_completion_length - probe_tokens)
             decoder.pending = plan_lanes(self.probed, self.probe_predicted, self.slots)
             decoder.pause_at = 0
-        decode(decoder, self.slots, self.refill)  # stage 2: runtime refill
+        decode(decoder, self.slots, refill)  # stage 2: runtime refill
         self.model.train(self.was_training)
         self.learn_lengths()
 
@@ -270,7 +255,8 @@ class SlotRun:
             lengths = torch.tensor([[len(c) for c in group] for group in completions], dtype=torch.float64)
             self.predictor.update(self.features, lengths.masked_fill(~finished, float("nan")))  # no length to learn
         elif self.schedule.plans_lanes:
-            remaining = torch.tensor([len(completions[p][s]) - self.probe_tokens if finished[p, s] else float("nan")
+            probe_tokens = self.options.probe_tokens
+            remaining = torch.tensor([len(completions[p][s]) - probe_tokens if finished[p, s] else float("nan")
                                       for p, s in self.probed], dtype=torch.float64)  # [N]
             self.stats["length_mae"] = self.predictor.learn(self.probe_features, self.probe_predicted, remaining)
 
@@ -314,21 +300,30 @@ class SlotsEngine:
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  watchers: tuple[Watcher, ...] = ()) -> Rollouts:
         refuse_watchers(self, watchers)
-        return generate_in_slots(model, tokenizer, prompts, num_samples, watchers=watchers,
-                                 **self.call_options(model, tokenizer, prompts, num_samples))
+        return generate_in_slots(model, tokenizer, prompts, num_samples,
+                                 self.call_options(model, tokenizer, prompts, num_samples),
+                                 predictor=self.predictor, watchers=watchers)
 
+    @torch.no_grad()
     def generate_partial(self, model, tokenizer, prompts: list[str], num_samples: int, *,
                          carried: dict[int, CarriedGroup], quota: int, version: int,
                          watchers: tuple[Watcher, ...] = ()) -> PartialGeneration:
-        """Partial rollouts (:func:`generate_partial_in_slots`): the capability the trainer's
-        ``partial_rollouts`` asks of an engine."""
+        """Partial rollouts (:mod:`podsrl.rollout.partial`), the capability the trainer's
+        ``partial_rollouts`` asks of an engine: the ``prompts``, of which those at the positions
+        in ``carried`` continue their groups from an earlier step (cut-off samples first, their
+        keys and values recomputed under the current weights), decoded until ``quota`` groups
+        are complete (:meth:`SlotRun.partial`). Nothing more is decoded once the quota is met."""
         refuse_watchers(self, watchers)
-        return generate_partial_in_slots(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
-                                         version=version, watchers=watchers,
-                                         **self.call_options(model, tokenizer, prompts, num_samples))
+        run = SlotRun(model, tokenizer, prompts, num_samples,
+                      self.call_options(model, tokenizer, prompts, num_samples), predictor=self.predictor,
+                      watchers=watchers)
+        run.resume(carried, quota, version)
+        run.decode()
+        return run.partial(quota, version)
 
-    def call_options(self, model, tokenizer, prompts: list[str], num_samples: int) -> dict:
-        """The options of one call: the slots the memory cap allows for these prompts, and the rest."""
+    def call_options(self, model, tokenizer, prompts: list[str], num_samples: int) -> SlotsOptions:
+        """The options of one call: ``micro_group`` the slots the memory cap allows for these
+        prompts (the cap is resolved here, never read by the decoder)."""
         options = self.options
         slots = options.micro_group
         if options.memory_mb:
@@ -341,19 +336,17 @@ class SlotsEngine:
                     f"generation_memory_mb: {slots or 1} decoding slot(s) need more than the cap of "
                     f"{options.memory_mb:g} MB (fits {rows}); lower generation_micro_group or raise the cap")
             slots = slots or rows
-        return dict(max_new_tokens=options.max_new_tokens, temperature=options.temperature, top_p=options.top_p,
-                    slots=slots, refill=options.refill, schedule=self.schedule, predictor=self.predictor,
-                    probe_tokens=options.probe_tokens, decode_path=options.decode_path)
+        return dataclasses.replace(options, micro_group=slots)
 
-    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None) -> Rollouts:
-        """Evaluation's sampler: ``num_samples`` completions per prompt (greedy at temperature 0)
-        in ``batch_size`` slots refilled sample by sample, first come first served. Evaluation
-        decodes long, variable-length completions too, where whole-batch decoding waits for the
-        longest row; the training schedule and its learned length predictor stay untouched."""
-        return generate_in_slots(model, tokenizer, prompts, num_samples, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_p=top_p, slots=batch_size or 0,
-                                 decode_path=self.options.decode_path)
+    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling) -> Rollouts:
+        """Evaluation's sampler: ``num_samples`` completions per prompt sampled as ``sampling``
+        says (greedy at temperature 0), in its ``batch_size`` slots refilled sample by sample,
+        first come first served, on this engine's decode path. Evaluation decodes long,
+        variable-length completions too, where whole-batch decoding waits for the longest row;
+        the training schedule and its learned length predictor stay untouched."""
+        options = dataclasses.replace(self.options.sampled(sampling), micro_group=sampling.batch_size, memory_mb=0.0,
+                                      refill="continuous", schedule="fifo")
+        return generate_in_slots(model, tokenizer, prompts, num_samples, options)
 
     def state_dict(self) -> dict:
         return {"length_predictor": self.predictor.state_dict()} if self.predictor is not None else {}

@@ -41,7 +41,16 @@ import numpy as np
 import torch
 
 from podsrl.options import Range, option
-from podsrl.rollout.base import MB, Capabilities, EngineOptions, Stateless, Watcher, refuse_watchers, to_rollouts
+from podsrl.rollout.base import (
+    MB,
+    Capabilities,
+    EngineOptions,
+    Sampling,
+    Stateless,
+    Watcher,
+    refuse_watchers,
+    to_rollouts,
+)
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.rollout.registries import ENGINES
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
@@ -92,11 +101,12 @@ class VLLMOptions(EngineOptions):
     seed: int = 0
     processes: int = 1  # data-parallel training processes, each with its own engine
     device: str = "auto"  # the run's device setting
-    max_prompt_tokens: int = 0  # the run's prompt cap: with max_new_tokens, the length planned for by default
+    max_prompt_tokens: int = 0  # the run's prompt cap: with max_completion_length, the length planned for by default
 
     def planned_length(self) -> int:
-        """The configured length, else max_prompt_tokens + max_new_tokens (0 when neither is known)."""
-        return self.max_model_length or (self.max_prompt_tokens + self.max_new_tokens if self.max_prompt_tokens else 0)
+        """The configured length, else max_prompt_tokens + max_completion_length (0 when neither is known)."""
+        planned = self.max_prompt_tokens + self.max_completion_length if self.max_prompt_tokens else 0
+        return self.max_model_length or planned
 
     def check(self) -> None:
         require_vllm(ValueError)
@@ -155,35 +165,32 @@ class VLLMEngine(Stateless):
     @staticmethod
     def check_prompts(options: VLLMOptions, model_config, longest_prompt: int) -> None:
         """At set-up, every prompt: not the first long one some steps in (:func:`check_fits`)."""
-        check_fits(options, model_config, longest_prompt, options.max_new_tokens)
+        check_fits(options, model_config, longest_prompt, options.max_completion_length)
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  watchers: tuple[Watcher, ...] = ()) -> Rollouts:
         refuse_watchers(self, watchers)
         options = self.options
-        return self.generate(model, tokenizer, prompts, num_samples, max_new_tokens=options.max_new_tokens,
-                             temperature=options.temperature, top_p=options.top_p)
+        return self.generate(model, tokenizer, prompts, num_samples, options.sampling())
 
     @torch.no_grad()
-    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, *, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int | None = None,
-                 min_new_tokens: int = 0) -> Rollouts:
-        """``num_samples`` completions per prompt from the policy's current weights (greedy at
-        temperature 0), the group axis kept. ``batch_size`` is ignored: vLLM schedules its own
-        batch (at most max_num_seqs sequences at once). ``min_new_tokens``: no EOS before that
-        many tokens, as for :func:`podsrl.rollout.generate`."""
+    def generate(self, model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling) -> Rollouts:
+        """``num_samples`` completions per prompt from the policy's current weights, sampled as
+        ``sampling`` says (greedy at temperature 0), the group axis kept. Its ``batch_size`` is
+        ignored: vLLM schedules its own batch (at most max_num_seqs sequences at once)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, max_new_tokens)
+        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, sampling.max_completion_length)
         requests = [TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
                     for ids, mask in zip(prompt_ids, prompt_mask)]
-        sampling = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p if temperature else 1.0,
-                                  top_k=0, max_tokens=max_new_tokens, min_tokens=min_new_tokens,
-                                  stop_token_ids=[tokenizer.eos_token_id],
-                                  logprobs=0, flat_logprobs=True, detokenize=False)
+        params = SamplingParams(n=num_samples, temperature=sampling.temperature,
+                                top_p=sampling.top_p if sampling.temperature else 1.0, top_k=0,
+                                max_tokens=sampling.max_completion_length, min_tokens=sampling.min_completion_length,
+                                stop_token_ids=[tokenizer.eos_token_id],
+                                logprobs=0, flat_logprobs=True, detokenize=False)
         with self._serving(model) as llm:
-            outputs = llm.generate(requests, sampling, use_tqdm=False)
+            outputs = llm.generate(requests, params, use_tqdm=False)
         return self._rollouts(tokenizer, prompt_ids, prompt_mask, outputs, num_samples)
 
     @torch.no_grad()
@@ -195,17 +202,17 @@ class VLLMEngine(Stateless):
         aborted and handed back to carry on."""
         refuse_watchers(self, watchers)
         options = self.options
-        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, options.max_new_tokens)
+        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, options.max_completion_length)
         with self._serving(model) as llm:
-            return generate_partial_on_vllm(llm, tokenizer, prompt_ids, prompt_mask, num_samples, carried=carried,
-                                            quota=quota, version=version, max_new_tokens=options.max_new_tokens,
-                                            temperature=options.temperature, top_p=options.top_p)
+            return generate_partial_on_vllm(llm, tokenizer, (prompt_ids, prompt_mask), num_samples, carried=carried,
+                                            quota=quota, version=version, sampling=options.sampling())
 
-    def _encode(self, model, tokenizer, prompts: list[str], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode(self, model, tokenizer, prompts: list[str],
+                max_completion_length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompts' ids and mask [P, Lp] (left-padded), checked to fit (:func:`check_fits`)."""
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]
-        check_fits(self.options, _base_config(model), int(prompt_mask.sum(1).max()), max_new_tokens)
+        check_fits(self.options, _base_config(model), int(prompt_mask.sum(1).max()), max_completion_length)
         return prompt_ids, prompt_mask
 
     @contextmanager
@@ -350,20 +357,20 @@ def model_length(options: VLLMOptions, config) -> int:
     return min(options.planned_length() or limit, limit)
 
 
-def check_fits(options: VLLMOptions, config, longest_prompt: int, max_new_tokens: int) -> None:
+def check_fits(options: VLLMOptions, config, longest_prompt: int, max_completion_length: int) -> None:
     """ValueError (one line) when the longest prompt plus a full completion does not fit in the
     engine's sequence length: vLLM would cut every completion at that length, silently (a run
     whose completions are all 4 tokens long learns nothing), or refuse a longer prompt."""
-    limit, need = model_length(options, config), longest_prompt + max_new_tokens
+    limit, need = model_length(options, config), longest_prompt + max_completion_length
     if need <= limit:
         return
     cap = getattr(config, "max_position_embeddings", None)
     why = (f"the model's maximum (max_position_embeddings) is {cap}" if cap == limit and
            options.planned_length() != cap else f"vllm_max_model_length is {options.planned_length()}")
     raise ValueError(f"vllm_max_model_length: the longest prompt ({longest_prompt} tokens) plus max_completion_length "
-                     f"({max_new_tokens}) needs {need} tokens, but {why}; vLLM would cut completions short: raise "
-                     f"vllm_max_model_length to at least {need} (0 = max_prompt_tokens + max_completion_length), or "
-                     f"lower max_prompt_tokens / max_completion_length")
+                     f"({max_completion_length}) needs {need} tokens, but {why}; vLLM would cut completions short: "
+                     f"raise vllm_max_model_length to at least {need} (0 = max_prompt_tokens + "
+                     f"max_completion_length), or lower max_prompt_tokens / max_completion_length")
 
 
 def load_weights_into(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

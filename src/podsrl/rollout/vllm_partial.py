@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from podsrl.rollout.base import to_rollouts
+from podsrl.rollout.base import Sampling, to_rollouts
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
 
 REQUEST_PREFIX = "podsrl-partial"  # request ids of their own: evaluation's LLM.generate numbers its requests
@@ -32,17 +32,19 @@ def _resume_order(groups: list[CarriedGroup]) -> list[tuple[int, int]]:
     return cut_off + unstarted
 
 
-def generate_partial_on_vllm(llm, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                             num_samples: int, *, carried: dict[int, CarriedGroup], quota: int, version: int,
-                             max_new_tokens: int, temperature: float, top_p: float) -> PartialGeneration:
-    """``prompt_ids`` / ``prompt_mask`` [P, Lp] (left-padded) on ``llm`` (a vLLM ``LLM`` holding
-    the current weights); the prompts at the positions in ``carried`` continue their groups.
+def generate_partial_on_vllm(llm, tokenizer, prompt_batch: tuple[torch.Tensor, torch.Tensor], num_samples: int, *,
+                             carried: dict[int, CarriedGroup], quota: int, version: int,
+                             sampling: Sampling) -> PartialGeneration:
+    """``prompt_batch``: the prompts' ids and mask [P, Lp] (left-padded), sampled as ``sampling``
+    says on ``llm`` (a vLLM ``LLM`` holding the current weights); the prompts at the positions
+    in ``carried`` continue their groups.
     Returns the first ``quota`` complete groups (groups complete on arrival first) as rollouts
     [quota, n, Lc] with every token's version and vLLM log-prob, and the others to carry."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    prompt_ids, prompt_mask = prompt_batch
     prompt_tokens = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     groups = [carried[p].copy() if p in carried else CarriedGroup.unstarted(num_samples)
               for p in range(len(prompt_tokens))]
@@ -51,8 +53,9 @@ def generate_partial_on_vllm(llm, tokenizer, prompt_ids: torch.Tensor, prompt_ma
     try:
         for p, s in _resume_order(groups):
             request = f"{REQUEST_PREFIX}-{version}-{p}-{s}"
-            params = SamplingParams(n=1, temperature=temperature, top_p=top_p if temperature else 1.0, top_k=0,
-                                    max_tokens=max_new_tokens - len(groups[p].completions[s]),
+            params = SamplingParams(n=1, temperature=sampling.temperature,
+                                    top_p=sampling.top_p if sampling.temperature else 1.0, top_k=0,
+                                    max_tokens=sampling.max_completion_length - len(groups[p].completions[s]),
                                     stop_token_ids=[tokenizer.eos_token_id], logprobs=0, flat_logprobs=True,
                                     detokenize=False, output_kind=RequestOutputKind.DELTA)
             live.add(request)

@@ -18,7 +18,7 @@ from podsrl.distributed import Processes
 from podsrl.models import ModelBundle
 from podsrl.options import NON_NEGATIVE, POSITIVE, Range, option
 from podsrl.rewards.scorer import reward_inputs
-from podsrl.rollout import generate
+from podsrl.rollout import Sampling, generate
 from podsrl.tasks import PreparedSplit, Task
 from podsrl.types import Rollouts
 
@@ -46,7 +46,7 @@ class Evaluation:
     records: list[dict] = field(default_factory=list)  # one per sampled completion (this process's)
 
 
-def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperature: float, max_new_tokens: int,
+def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperature: float, max_completion_length: int,
                        seed: int, correct_fn: Callable[..., list],
                        extract_fn: Callable[[str], str | None] | None = None, top_p: float = 1.0,
                        batch_size: int = 512, generate_fn: Callable[..., Rollouts] = generate) -> list[dict]:
@@ -65,11 +65,10 @@ def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperatur
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         rollouts = generate_fn(bundle.model, bundle.tokenizer, list(split.prompts), samples,
-                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               batch_size=batch_size)
+                               Sampling(max_completion_length, temperature, top_p, batch_size))
     completions = [text for group in rollouts.texts for text in group]
     correct = correct_fn(**reward_inputs(split, rollouts).kwargs())
-    cut = cut_by_budget(rollouts, max_new_tokens, bundle.tokenizer.eos_token_id).flatten().tolist()
+    cut = cut_by_budget(rollouts, max_completion_length, bundle.tokenizer.eos_token_id).flatten().tolist()
     records = []
     for k, (completion, verdict) in enumerate(zip(completions, correct)):
         example = split.examples[k // samples]
@@ -80,11 +79,11 @@ def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperatur
     return records
 
 
-def cut_by_budget(rollouts: Rollouts, max_new_tokens: int, eos_token_id: int | None) -> torch.Tensor:
+def cut_by_budget(rollouts: Rollouts, max_completion_length: int, eos_token_id: int | None) -> torch.Tensor:
     """[P, n] bool: samples that used the whole budget without an end of sequence (cut short)."""
     mask = rollouts.completion_mask.bool()  # [P, n, Lc]
     ended = (rollouts.completion_ids == eos_token_id) & mask if eos_token_id is not None else torch.zeros_like(mask)
-    return (mask.sum(-1) >= max_new_tokens) & ~ended.any(-1)
+    return (mask.sum(-1) >= max_completion_length) & ~ended.any(-1)
 
 
 def cut_share(records: Sequence[dict]) -> float:
@@ -92,15 +91,15 @@ def cut_share(records: Sequence[dict]) -> float:
     return sum(r["cut"] for r in records) / max(1, len(records))
 
 
-def cut_warning(records: Sequence[dict], max_new_tokens: int) -> str:
+def cut_warning(records: Sequence[dict], max_completion_length: int) -> str:
     """The line for completions mostly cut by the budget ('' when at most half are): their
     accuracy grades cut-off text, and a run on them learns from it."""
     cut = cut_share(records)
     if cut <= 0.5:
         return ""
     return (f"max_completion_length: {100 * cut:.0f}% of {len(records)} held-out completions were cut at "
-            f"{max_new_tokens} tokens before they ended: the budget cuts the answers, so accuracy grades cut-off "
-            f"text; raise max_completion_length (0 = the task's budget)")
+            f"{max_completion_length} tokens before they ended: the budget cuts the answers, so accuracy grades "
+            f"cut-off text; raise max_completion_length (0 = the task's budget)")
 
 
 def _is_correct(verdict) -> bool:
@@ -135,11 +134,11 @@ def clustered_standard_error(prompts: float, total: float, total_squares: float)
     return math.sqrt(variance / prompts)
 
 
-def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, max_new_tokens: int,
+def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, max_completion_length: int,
              seed: int, procs: Processes | None = None,
              generate_fn: Callable[..., Rollouts] = generate) -> Evaluation:
     """Accuracy on the first ``options.eval_prompts`` prompts of ``split`` (completions of at
-    most ``max_new_tokens``): sampled, and greedy when ``options.eval_greedy``. With several
+    most ``max_completion_length``): sampled, and greedy when ``options.eval_greedy``. With several
     processes each grades every world_size-th prompt and the counts are summed. A fixed
     ``seed`` gives every evaluation of a run the same sampling noise (common random numbers)."""
     procs = procs or Processes()
@@ -152,7 +151,7 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
     for name, (samples, temperature) in modes.items():
         with procs.whole_weights(bundle.model):
             records = generate_and_grade(bundle, split, samples=samples, temperature=temperature,
-                                         max_new_tokens=max_new_tokens, seed=seed,
+                                         max_completion_length=max_completion_length, seed=seed,
                                          correct_fn=task.correct_fn, extract_fn=task.extract_fn,
                                          batch_size=options.eval_batch_size, generate_fn=generate_fn)
         correct, count, *prompt_sums = procs.sum([float(sum(r["correct"] for r in records)),
@@ -181,7 +180,7 @@ class Evaluator:
     bundle: ModelBundle
     task: Task
     split: PreparedSplit  # the held-out prompts
-    max_new_tokens: int
+    max_completion_length: int
     seed: int  # evaluation's own sampling seed (this process's): every evaluation draws the same noise
     procs: Processes
     generate_fn: Callable[..., Rollouts] = generate  # transformers, or the engine's own sampler
@@ -197,9 +196,9 @@ class Evaluator:
         return bool(self.options.eval_steps and step % self.options.eval_steps == 0) or last
 
     def __call__(self) -> dict[str, float]:
-        evaluation = evaluate(self.bundle, self.task, self.split, self.options, self.max_new_tokens, self.seed,
+        evaluation = evaluate(self.bundle, self.task, self.split, self.options, self.max_completion_length, self.seed,
                               self.procs, generate_fn=self.generate_fn)
-        warning = cut_warning(evaluation.records, self.max_new_tokens) if not self.warned else ""
+        warning = cut_warning(evaluation.records, self.max_completion_length) if not self.warned else ""
         if warning and self.procs.is_main:
             self.warned = True
             print(f"warning: {warning}", file=sys.stderr, flush=True)
