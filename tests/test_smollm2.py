@@ -94,11 +94,14 @@ def test_the_converted_tokenizer_ends_turns_at_im_end(smollm2):
 @smollm2_installed
 @pytest.mark.parametrize("engine", ["hf", "slots"])
 def test_chat_completions_stop_at_the_end_of_turn(smollm2, engine):
-    from podsrl.rollout import generate, generate_in_slots
+    from podsrl.rollout import Sampling, SlotsOptions, generate, generate_in_slots
 
     prompts = chat_prompts(smollm2.tokenizer)
-    run = generate if engine == "hf" else generate_in_slots
-    rollouts = run(smollm2.model, smollm2.tokenizer, prompts, 2, max_completion_length=24, temperature=0.0)
+    if engine == "hf":
+        rollouts = generate(smollm2.model, smollm2.tokenizer, prompts, 2, Sampling(24, temperature=0.0))
+    else:
+        rollouts = generate_in_slots(smollm2.model, smollm2.tokenizer, prompts, 2,
+                                     SlotsOptions(max_completion_length=24, temperature=0.0))
     ids, mask = rollouts.completion_ids.view(-1, rollouts.completion_ids.shape[-1]), \
         rollouts.completion_mask.view(-1, rollouts.completion_mask.shape[-1])  # [P * n, L]
     lengths = mask.sum(-1)

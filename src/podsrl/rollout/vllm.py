@@ -105,8 +105,7 @@ class VLLMOptions(EngineOptions):
 
     def planned_length(self) -> int:
         """The configured length, else max_prompt_tokens + max_completion_length (0 when neither is known)."""
-        planned = self.max_prompt_tokens + self.max_completion_length if self.max_prompt_tokens else 0
-        return self.max_model_length or planned
+        return self.max_model_length or (self.max_prompt_tokens and self.max_prompt_tokens + self.max_completion_length)
 
     def check(self) -> None:
         require_vllm(ValueError)
@@ -170,8 +169,7 @@ class VLLMEngine(Stateless):
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  watchers: tuple[Watcher, ...] = ()) -> Rollouts:
         refuse_watchers(self, watchers)
-        options = self.options
-        return self.generate(model, tokenizer, prompts, num_samples, options.sampling())
+        return self.generate(model, tokenizer, prompts, num_samples, self.options.sampling())
 
     @torch.no_grad()
     def generate(self, model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling) -> Rollouts:
@@ -187,8 +185,8 @@ class VLLMEngine(Stateless):
         params = SamplingParams(n=num_samples, temperature=sampling.temperature,
                                 top_p=sampling.top_p if sampling.temperature else 1.0, top_k=0,
                                 max_tokens=sampling.max_completion_length, min_tokens=sampling.min_completion_length,
-                                stop_token_ids=[tokenizer.eos_token_id],
-                                logprobs=0, flat_logprobs=True, detokenize=False)
+                                stop_token_ids=[tokenizer.eos_token_id], logprobs=0, flat_logprobs=True,
+                                detokenize=False)
         with self._serving(model) as llm:
             outputs = llm.generate(requests, params, use_tqdm=False)
         return self._rollouts(tokenizer, prompt_ids, prompt_mask, outputs, num_samples)
