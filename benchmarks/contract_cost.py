@@ -21,9 +21,9 @@ import torch
 from podsrl.algorithms.advantages import ADVANTAGES, group_advantages
 from podsrl.algorithms.loss import LOSSES, sequence_mean
 from podsrl.algorithms.select import Groups, max_variance, select
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 
 
 def seconds_per_call(fn, repeats: int) -> float:

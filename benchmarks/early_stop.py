@@ -38,7 +38,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from podsrl.config import make_config, parse_value
 from podsrl.experiments.compare import (
     analyze,
     arm_configs,
@@ -49,6 +48,7 @@ from podsrl.experiments.compare import (
     write_report,
 )
 from podsrl.metrics import read_metrics
+from podsrl.trainer.config import make_config, parse_value
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from podsrl.config import make_config
 from podsrl.models import load_model
 from podsrl.tasks import build_task, prepare_split
+from podsrl.trainer.config import make_config
 from podsrl.trainer.setup import task_options
 
 CALCULATOR = "You are a calculator. Reply with exactly one line of the form 'Answer: <number>' and nothing else."

@@ -30,10 +30,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from podsrl.config import make_config, parse_value
 from podsrl.experiments.compare import analyze, format_table, planned_arm_names, run_comparison, write_report
 from podsrl.experiments.runs import arm_name
 from podsrl.metrics import read_metrics
+from podsrl.trainer.config import make_config, parse_value
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from podsrl.config import make_config
+from podsrl.trainer.config import make_config
 from podsrl.trainer.eval_command import run_eval
 from podsrl.trainer.setup import task_options
 

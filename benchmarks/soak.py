@@ -17,8 +17,8 @@ import threading
 import time
 from pathlib import Path
 
-from podsrl.config import make_config
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 
 
 def rss_mib() -> float:

@@ -42,7 +42,6 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from podsrl.config import Config, make_config, parse_value
 from podsrl.experiments.compare import analyze, run_plan, write_report
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
@@ -51,6 +50,7 @@ from podsrl.options import bind
 from podsrl.provenance import record_environment
 from podsrl.rewards import arithmetic_correct, arithmetic_format
 from podsrl.tasks import build_task, prepare_split
+from podsrl.trainer.config import Config, make_config, parse_value
 from podsrl.trainer.evaluate import EvalOptions, evaluate
 from podsrl.trainer.setup import task_options
 from podsrl.trl import PODSConfig, PODSTrainer, trl_batch_arguments

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.rewards import arithmetic_correct, arithmetic_format
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 from podsrl.types import completion_mask_from_eos
 
 WARMUP_STEPS = 2

@@ -1,6 +1,6 @@
 """Write docs/configuration.md and the command line's field table (src/podsrl/config_fields.json,
 which `podsrl train --help` prints without importing the config's modules) from
-podsrl.config.Config, the single source of truth (tests/test_docs.py and tests/test_cli.py fail
+podsrl.trainer.config.Config, the single source of truth (tests/test_docs.py and tests/test_cli.py fail
 when either and the config disagree).
 
     python scripts/config_table.py
@@ -12,13 +12,13 @@ import re
 from pathlib import Path
 
 from podsrl.cli import FIELD_TABLE, field_rows
-from podsrl.config import FIELDS, Config
 from podsrl.rollout import ENGINES, FLAT_OPTIONS, options_class
+from podsrl.trainer.config import FIELDS, Config
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """# Configuration
 
-One frozen dataclass, `podsrl.config.Config`, is the single source of truth; this page is
+One frozen dataclass, `podsrl.trainer.config.Config`, is the single source of truth; this page is
 generated from it by `python scripts/config_table.py`, one table per class that declares fields:
 the config's own, then each job's options, declared in the module that reads them
 ([architecture.md](architecture.md#a-runs-life), "Adding a setting"). Values come from the defaults

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from podsrl.build.tiny import make_model, train_tokenizer
-from podsrl.config import make_config
 from podsrl.models import load_model
 from podsrl.provenance import machine_description
 from podsrl.tasks import TASKS, Task
 from podsrl.tasks.arithmetic import build_arithmetic
+from podsrl.trainer.config import make_config
 
 
 @pytest.fixture(scope="module")

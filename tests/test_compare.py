@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import make_config
 from podsrl.experiments.compare import analyze, arm_configs, arm_dir_name, format_table, run_plan, write_report
+from podsrl.trainer.config import make_config
 
 
 def fake_run(root, name, method, seed, evals, n=16, m=4, rule="max_variance", step_times=(0.1, 0.05, 0.2),

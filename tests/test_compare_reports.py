@@ -266,8 +266,8 @@ def test_a_run_resumed_across_conversions_is_on_both_sides(tmp_path):
 
 
 def test_compare_stops_at_the_first_run_of_another_conversion_than_the_runs_it_reuses(tmp_path, monkeypatch):
-    from podsrl.config import make_config
     from podsrl.experiments.compare import _run_config, arm_configs, arm_dir_name, run_comparison
+    from podsrl.trainer.config import make_config
 
     base = make_config(overrides={"prompts_per_step": "2", "num_generations": "4", "num_kept": "2"})
     arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [4], [2])

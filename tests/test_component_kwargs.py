@@ -14,7 +14,6 @@ import torch
 from podsrl import cli
 from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.select import RULES, select
-from podsrl.config import FIELDS, Config, make_config, parse_value
 from podsrl.config_checks import COMPONENTS
 from podsrl.experiments.compare import arm_dir_name
 from podsrl.experiments.runs import arm_variants
@@ -23,6 +22,7 @@ from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rewards.stack import runs_in_worker
 from podsrl.rollout import SCHEDULES, Schedule
 from podsrl.rollout.schedule import PendingSamples
+from podsrl.trainer.config import FIELDS, Config, make_config, parse_value
 from podsrl.trainer.run_dir import RunDirError, check_resume_config
 
 USER_CODE = '''

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import FIELDS, Config, make_config
+from podsrl.trainer.config import FIELDS, Config, make_config
 
 ROOT = Path(__file__).parents[1]
 
@@ -202,7 +202,7 @@ def test_scale_rewards_takes_trls_values(value, scale):
 
 def test_resume_takes_true_false_and_auto_from_the_command_line_yaml_and_python(tmp_path):
     from podsrl.cli import _parse_config
-    from podsrl.config import validate
+    from podsrl.trainer.config import validate
 
     assert [make_config(overrides={"resume": v}).resume for v in ("true", "false", "auto", "AUTO")] == [
         True, False, "auto", "auto"]

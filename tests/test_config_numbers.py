@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from podsrl import cli
-from podsrl.config import FIELDS, Config, make_config, validate
 from podsrl.methods import METHODS
 from podsrl.models import loading
 from podsrl.options import check_numbers
+from podsrl.trainer.config import FIELDS, Config, make_config, validate
 
 ROOT = Path(__file__).parents[1]
 FLOAT_FIELDS = sorted(name for name, f in FIELDS.items() if type(f.default) is float)

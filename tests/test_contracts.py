@@ -18,12 +18,12 @@ import torch
 from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.select import RULES, Groups, max_variance, select
-from podsrl.config import make_config, validate
 from podsrl.contracts import UserCodeError
 from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelectionOptions, add_selector_record
 from podsrl.rollout import ENGINES, HFOptions
 from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.config import make_config, validate
 
 
 def user_file(tmp_path, source: str, name: str = "mine.py") -> str:

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import make_config
 from podsrl.tasks import build_task, prepare_split, render_prompt, reward_columns
 from podsrl.tasks.base import Example
 from podsrl.tasks.gsm8k import build_gsm8k
 from podsrl.tasks.jsonl import build_jsonl
 from podsrl.tasks.math import build_math
+from podsrl.trainer.config import make_config
 from podsrl.trainer.setup import task_options
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from podsrl.config import make_config
 from podsrl.distributed import LaunchRefused
 from podsrl.metrics import read_metrics
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 
 ACCELERATE = shutil.which("accelerate", path=str(Path(sys.executable).parent))
 CONFIGS = Path(__file__).parents[1] / "configs" / "accelerate"

@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from podsrl import cli
-from podsrl.config import FIELDS
 from podsrl.rollout.vllm import vllm_available
 from podsrl.tracking import missing_trackers
+from podsrl.trainer.config import FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

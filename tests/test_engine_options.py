@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from podsrl.config import FIELDS, Config, make_config
 from podsrl.config_checks import validate
 from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, options_class
+from podsrl.trainer.config import FIELDS, Config, make_config
 from podsrl.trainer.setup import set_up
 from tests.conftest import quick
 

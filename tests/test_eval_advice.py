@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from podsrl.cli import main
-from podsrl.config import make_config
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 
 
 @pytest.fixture(scope="module")

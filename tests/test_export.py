@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from podsrl.cli import main
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.provenance import REPORTED_PACKAGES, installed, read_environment
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 from podsrl.trainer.export import EXPORT_MARKER
 from podsrl.trainer.model_card import base_model_id
 

@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from podsrl.config import Config
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.trainer import train
+from podsrl.trainer.config import Config
 from podsrl.trainer.fits import available_bytes, check_fits
 from tests.conftest import quick
 

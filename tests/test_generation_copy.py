@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from podsrl.config import make_config
 from podsrl.models import load_model
 from podsrl.rollout import GenerationCopy, HFEngine, HFOptions, Sampling
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 from tests.conftest import quick
 
 PROMPTS = ["1+2=", "13+22=", "7-3=", "100+5="]

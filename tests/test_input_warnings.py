@@ -6,8 +6,8 @@ import json
 import re
 
 from podsrl.cli import main
-from podsrl.config import make_config
 from podsrl.tasks.base import Example
+from podsrl.trainer.config import make_config
 from podsrl.trainer.setup import data_warnings
 
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from podsrl.algorithms.importance import STALE_MASK, SamplerCorrection, sampler_importance_weights
-from podsrl.config import Config, validate
 from podsrl.models.logprobs import token_logprobs
 from podsrl.rollout import SlotsEngine, SlotsOptions, generate_in_slots
 from podsrl.rollout.partial import CarriedGroup
 from podsrl.tasks import TaskOptions, build_task, render_prompt
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.config import Config, validate
 from podsrl.trainer.partial_rollouts import CarriedPool
 from podsrl.update import flatten_for_update
 from tests.conftest import quick

@@ -6,12 +6,12 @@ import copy
 import pytest
 import torch
 
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
 from podsrl.models.precision import autocast
 from podsrl.rollout import Sampling, generate
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 from podsrl.update import UpdateOptions, flatten_for_update, update_policy
 from tests.conftest import quick as conftest_quick
 

@@ -13,7 +13,6 @@ import torch
 
 from podsrl.algorithms.group_stats import is_constant
 from podsrl.algorithms.pass_rate import PassRatePosterior, beta_power_mean, draw_probabilities, nonconstant_probability
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.prompt_selection import (
     PROMPT_SELECTORS,
@@ -21,6 +20,7 @@ from podsrl.prompt_selection import (
     PromptSelectionOptions,
 )
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 from podsrl.trainer.prompt_source import informative_first
 
 
@@ -285,7 +285,7 @@ def test_a_pass_rate_pool_smaller_than_prompts_per_step_is_refused_before_the_ru
 def test_an_unknown_selector_name_is_refused_naming_the_field():
     """Only registered names (and module:function) select prompts; the shuffled pass is
     'shuffled', and dynamic sampling is a property of the prompt source, not a selector."""
-    from podsrl.config import Config
+    from podsrl.trainer.config import Config
 
     assert Config().prompt_selector == "shuffled" and not Config().dynamic_sampling
     for old in ("none", "dynamic_sampling"):

@@ -11,13 +11,13 @@ import torch
 
 from podsrl.algorithms import ADVANTAGES, LOSSES, group_advantages, policy_loss
 from podsrl.algorithms.select import RULES, Groups, max_variance, select, takes_groups
-from podsrl.config import make_config
 from podsrl.contracts import UserCodeError
 from podsrl.registry import Registry
 from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rollout import ENGINES, SCHEDULES
 from podsrl.rollout.schedule import PendingSamples, Schedule
 from podsrl.tasks import TASKS
+from podsrl.trainer.config import make_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "extensions.py")

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from podsrl import update
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models import load_model
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.config import make_config
 from podsrl.trainer.stops import Stops, TrainingStopped
 from tests.conftest import default_signals
 
@@ -197,7 +197,7 @@ def test_a_second_ctrl_c_interrupts_at_once():
 SLOW_IMPORT = """import sys, time
 class SlowCli:
     def find_spec(self, name, path=None, target=None):
-        if name == "podsrl.config":
+        if name == "podsrl.trainer.config":
             print("importing", flush=True)
             time.sleep(60)
 sys.meta_path.insert(0, SlowCli())

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import podsrl
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.rewards import in_process
 from podsrl.rewards.scorer import Scorer, ScoringOptions, TrainerProgress, reward_inputs
 from podsrl.tasks import Example, PreparedSplit, Task
 from podsrl.tasks.jsonl import build_jsonl
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 from podsrl.types import Rollouts, completion_mask_from_eos
 
 EOS, PAD = 9, 0

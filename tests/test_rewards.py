@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.rewards import RewardError, RewardStack, load_reward_fn
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 
 # Written exactly as for TRL's GRPOTrainer: keyword arguments, dataset columns in **kwargs.
 TRL_STYLE = '''

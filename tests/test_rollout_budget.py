@@ -14,8 +14,8 @@ from podsrl.algorithms.rollout_budget import (
     generation_cost,
     value_counts,
 )
-from podsrl.config import Config, validate
 from podsrl.trainer import train
+from podsrl.trainer.config import Config, validate
 
 
 def beta_moment(a: float, b: float, s: int, points: int = 200_000) -> float:

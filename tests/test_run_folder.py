@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.models.loading import TINY_DIR
 from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer import checkpoints as checkpoints_module
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.config import make_config
 from podsrl.trainer.run_dir import LOCK_FILE, RunDirError, RunLock, check_resume_config
 from podsrl.update import update_policy
 from tests.conftest import quick

@@ -111,8 +111,8 @@ def one_update(model, batch, correction):
     optimizer, scheduler = make_optimizer([p for p in model.parameters() if p.requires_grad],
                                           OptimizerOptions(optim="sgd", learning_rate=0.1, weight_decay=0.0,
                                                            warmup_steps=0))
-    options = UpdateOptions(micro_batch_size=3, max_grad_norm=0.0, sampler_correction=correction)
-    return update_policy(model, optimizer, scheduler, batch, options)
+    options = UpdateOptions(micro_batch_size=3, max_grad_norm=0.0)
+    return update_policy(model, optimizer, scheduler, batch, options, correction=correction)
 
 
 def test_the_update_logs_the_engines_gap_and_corrects_for_it(tiny):

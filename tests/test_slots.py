@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from podsrl.config import Config, validate
 from podsrl.models import load_model
 from podsrl.rollout import (
     ENGINES,
@@ -25,6 +24,7 @@ from podsrl.rollout.sampling import warp_logits
 from podsrl.rollout.schedule import LaneQueue, LengthPredictor, PendingSamples, PrefixLengthPredictor
 from podsrl.tasks import TaskOptions, build_task, render_prompt, reward_columns
 from podsrl.trainer import train
+from podsrl.trainer.config import Config, validate
 
 SETTINGS = [(0, "continuous", "fifo"), (1, "continuous", "fifo"), (3, "continuous", "fifo"),
             (4, "group", "fifo"), (5, "continuous", "shortest_first"), (7, "group", "longest_first"),

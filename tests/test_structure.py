@@ -109,7 +109,7 @@ def test_stages_import_no_config_and_nothing_above_them(layer):
 
 
 def test_only_the_cli_trainer_and_experiments_see_the_config():
-    readers = sorted(name for name, deps in GRAPH.items() if "podsrl.config" in deps)
+    readers = sorted(name for name, deps in GRAPH.items() if "podsrl.trainer.config" in deps)
     assert readers and all(r == "podsrl.cli" or r.startswith(("podsrl.trainer", "podsrl.experiments"))
                            for r in readers), readers
 
@@ -120,7 +120,7 @@ def test_the_loop_reads_no_config_and_reaches_through_no_component_bag():
     reaches nothing through ``run.components`` (a reader's go-to-definition ends at a stage)."""
     path = MODULES["podsrl.trainer.loop"]
     tree = ast.parse(path.read_text())
-    assert "podsrl.config" not in GRAPH["podsrl.trainer.loop"]
+    assert "podsrl.trainer.config" not in GRAPH["podsrl.trainer.loop"]
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert not names & {"cfg", "Config", "parts", "components"}, names & {"cfg", "Config", "parts", "components"}
@@ -135,7 +135,7 @@ def test_the_run_around_the_step_reads_no_config_either(name):
     set-up like the step's stages: run.py, loop.py and stops.py import no config, name no
     ``cfg`` / ``Config`` and reach through no ``.cfg``; the components carry no config."""
     tree = ast.parse(MODULES[name].read_text())
-    assert "podsrl.config" not in GRAPH[name]
+    assert "podsrl.trainer.config" not in GRAPH[name]
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     arguments = {node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)}
     attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
@@ -241,6 +241,55 @@ def test_each_options_class_lives_in_the_module_that_reads_it():
     assert not unread, unread
 
 
+def _bound_from_config() -> dict[str, type]:
+    """Every dataclass src/ binds from the run's config (``bind(Class, cfg)``, ``bind(Class, self)``
+    in the config), by ``module.Class``."""
+    import importlib
+
+    bound = {}
+    for path in sorted((SRC / "podsrl").rglob("*.py")):
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "bind" and len(node.args) >= 2
+                    and isinstance(node.args[0], ast.Name) and getattr(node.args[1], "id", "") in ("cfg", "self")):
+                kind = getattr(importlib.import_module(module), node.args[0].id, None)
+                if isinstance(kind, type):  # not a variable (config_checks binds each owner in turn)
+                    bound[f"{kind.__module__}.{kind.__name__}"] = kind
+    return bound
+
+
+def test_each_setting_is_declared_once():
+    """A setting is declared in one place, beside its reader, with its one default: each field of
+    the config by one class the config composes, and an options class bound from the config
+    declares no field of its own that is not a setting it composes, an option the config spells
+    flat (flat_option), or a field the run sets (``run_fields``)."""
+    import dataclasses
+
+    from podsrl.trainer.config import Config
+
+    declared: dict[str, list[str]] = {}
+    for kind in Config.__mro__:
+        for name in vars(kind).get("__annotations__", {}):
+            if name in Config.__dataclass_fields__:
+                declared.setdefault(name, []).append(kind.__name__)
+    twice = {name: owners for name, owners in declared.items() if len(owners) > 1}
+    assert not twice, f"config fields declared by more than one class: {twice}"
+
+    composed = set(Config.__mro__)
+    flat = {f.metadata["flat_of"] for f in dataclasses.fields(Config) if "flat_of" in f.metadata}
+    bound = _bound_from_config()
+    assert {"podsrl.tasks.TaskOptions", "podsrl.rewards.scorer.ScoringOptions",
+            "podsrl.update.UpdateOptions"} <= set(bound), sorted(bound)  # the scan sees the stages' options
+    again = []
+    for label, kind in sorted(bound.items()):
+        if kind in composed:
+            continue
+        run_fields = getattr(kind, "run_fields", frozenset())
+        again += [f"{label}.{f.name}" for f in dataclasses.fields(kind)
+                  if f.name not in run_fields and f"{kind.__name__}.{f.name}" not in flat]
+    assert not again, f"fields bound from the config that their class declares again: {again}"
+
+
 def test_each_built_in_component_is_registered_where_it_is_defined():
     """No registry is built from a hand-kept table: each built-in carries its registration
     (``@RULES.register("max_variance")``, ``@schedule("fifo", ...)``) in the module that defines
@@ -270,7 +319,7 @@ def test_the_docs_list_exactly_the_registered_rules():
     import re
 
     from podsrl.algorithms.select import RULES
-    from podsrl.config import FIELDS
+    from podsrl.trainer.config import FIELDS
 
     docs = SRC.parent / "docs"
     methods = re.search(r"picked by `--downsampling_rule` \(([^)]*)\)", (docs / "algorithms.md").read_text())

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from podsrl import cli
-from podsrl.config import make_config
 from podsrl.metrics import read_metrics
 from podsrl.tracking import markdown_table, tracker_names
 from podsrl.trainer import train
+from podsrl.trainer.config import make_config
 from tests.conftest import quick
 
 NUMBERS = (int, float)

@@ -8,11 +8,11 @@ import textwrap
 
 import pytest
 
-from podsrl.config import Config, make_config, validate
 from podsrl.contracts import UserCodeError
 from podsrl.rollout import STOP_GROUPS, Capabilities, SlotsEngine, WatcherFactory, capabilities
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer import train
+from podsrl.trainer.config import Config, make_config, validate
 
 # A rule of the user's own: a group needs no more samples once `enough` of them finished.
 # Every call's reports are appended to `log` (one JSON line per call), so the test sees it acted.

@@ -1,7 +1,7 @@
 """Command line: ``podsrl train|eval|compare [--config FILE.yaml] [--FIELD VALUE ...]``, ``podsrl plot``,
 ``podsrl export RUN_DIR OUTPUT_DIR`` and ``podsrl env``.
 
-Every field of ``podsrl.config.Config`` is a ``--field`` option (``podsrl train --help``
+Every field of ``podsrl.trainer.config.Config`` is a ``--field`` option (``podsrl train --help``
 lists them with their defaults and documentation).
 """
 
@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-# The field table `podsrl train --help` prints, generated from podsrl.config.Config by
+# The field table `podsrl train --help` prints, generated from podsrl.trainer.config.Config by
 # scripts/config_table.py (tests/test_cli.py fails when it is stale): the config's modules
 # import torch and transformers (seconds), and a command line must answer --help at once.
 FIELD_TABLE = Path(__file__).with_name("config_fields.json")
@@ -53,7 +53,7 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of config fields (command-line values override it).")
     for row in json.loads(FIELD_TABLE.read_text(encoding="utf-8")):
-        # Values stay strings here; podsrl.config.parse_value converts them and names the
+        # Values stay strings here; podsrl.trainer.config.parse_value converts them and names the
         # field on error, the same way for YAML and the command line.
         flag = dict(nargs="?", const="true") if row["flag"] else {}  # `--resume` alone = true
         parser.add_argument(f"--{row['name']}", dest=row["name"], default=None, metavar=row["metavar"],
@@ -66,7 +66,7 @@ def _parse_config(argv: list[str], prog: str, description: str, beneath: dict | 
     the error (which names the field). ``beneath``: values for fields neither sets."""
     parser = _config_parser(prog, description)
     args, unknown = parser.parse_known_args(argv)  # --help ends here, before the config's imports
-    from podsrl.config import make_config, parse_value
+    from podsrl.trainer.config import make_config, parse_value
 
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     try:
@@ -132,7 +132,7 @@ def _report_run(cfg, result) -> int:
 def _given_fields(args: argparse.Namespace) -> set[str]:
     """The fields that parsed ``--FIELD`` options or their ``--config`` file (already read without
     error) set."""
-    from podsrl.config import load_yaml
+    from podsrl.trainer.config import load_yaml
 
     given = {name for name, value in vars(args).items() if name != "config" and value is not None}
     return given | (set(load_yaml(args.config)) if args.config else set())
@@ -187,7 +187,7 @@ def cmd_eval(argv: list[str]) -> int:
 
 def _ints(name: str, text: str, words: tuple[str, ...] = ()) -> list:
     """Comma-separated integers (and any of ``words`` as they are)."""
-    from podsrl.config import split_list
+    from podsrl.trainer.config import split_list
 
     try:
         return [v if v in words else int(v) for v in split_list(text)]
@@ -236,9 +236,9 @@ def cmd_compare(argv: list[str]) -> int:
     cfg = _parse_config(rest, "podsrl compare", "")
     if cfg is None:
         return 2
-    from podsrl.config import split_list
     from podsrl.experiments.compare import arm_configs, arm_specs, baseline_name, planned_arm_names
     from podsrl.trainer import TrainingStopped
+    from podsrl.trainer.config import split_list
 
     try:
         if args.seeds < 1 or args.budget_minutes < 0 or args.budget_steps < 0:

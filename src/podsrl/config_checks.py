@@ -1,7 +1,7 @@
-"""Validation of a :class:`podsrl.config.Config`: every field against its registry or range,
+"""Validation of a :class:`podsrl.trainer.config.Config`: every field against its registry or range,
 and the combinations that cannot work, before any work; each error names the field.
 
-``cfg`` is a :class:`podsrl.config.Config` throughout (not annotated: ``podsrl.config``
+``cfg`` is a :class:`podsrl.trainer.config.Config` throughout (not annotated: ``podsrl.trainer.config``
 imports this module and re-exports ``validate``; kept apart so the field list stays readable).
 """
 

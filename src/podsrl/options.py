@@ -4,7 +4,7 @@ fills one from the run's config by field name.
 
 An owner of a job of the run (evaluation: :class:`podsrl.trainer.evaluate.EvalOptions`)
 declares its options as a frozen dataclass of :func:`option` fields in its own module;
-:class:`podsrl.config.Config` composes them (it subclasses each), so a new setting is one
+:class:`podsrl.trainer.config.Config` composes them (it subclasses each), so a new setting is one
 field in its owner's module: the command line, the YAML file, the range check and
 docs/configuration.md take it from there, and :func:`bind` hands it to the owner under the
 same name.
@@ -57,12 +57,15 @@ FRACTION = Range(0, 1, high_closed=False)  # [0, 1)
 SEED = Range(0, 2**32 - 1, why="numpy's seed range, which torch accepts too")
 
 
-def option(default: Any, help: str, range: Range | None = None, unchecked: str = "") -> Any:
+def option(default: Any, help: str, range: Range | None = None, unchecked: str = "", flat_of: str = "") -> Any:
     """A setting: its default, its help text (``--help``, docs/configuration.md) and, for a
-    number, its ``range``, or why it has none (``unchecked``: checked elsewhere, or by nobody)."""
+    number, its ``range``, or why it has none (``unchecked``: checked elsewhere, or by nobody).
+    ``flat_of``: the ``Class.name`` option this one spells flat (:func:`flat_option`)."""
     metadata = {"help": help, **({"range": range} if range else {})}
     if unchecked:
         metadata["unchecked"] = unchecked
+    if flat_of:
+        metadata["flat_of"] = flat_of
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -71,7 +74,8 @@ def flat_option(options_type: type, name: str) -> Any:
     spelling, generation_micro_group for SlotsOptions.micro_group): the option's default, help
     and range, declared once, beside the component that reads it."""
     f = options_type.__dataclass_fields__[name]
-    return option(f.default, f.metadata["help"], f.metadata.get("range"), f.metadata.get("unchecked", ""))
+    return option(f.default, f.metadata["help"], f.metadata.get("range"), f.metadata.get("unchecked", ""),
+                  flat_of=f"{options_type.__name__}.{name}")
 
 
 def check_numbers(options: Any) -> None:

@@ -27,23 +27,36 @@ from podsrl.distributed import Processes
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
 from podsrl.models.memory import UpdateMemory
 from podsrl.models.precision import activation_checkpointing
-from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, option
+from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, Range, option
+from podsrl.registry import Spec
 from podsrl.types import Rollouts, UpdateBatch
 
 
 @dataclass(frozen=True)
 class UpdateOptions:
-    micro_batch_size: int = 32  # sequences per forward/backward pass
-    epsilon: float = 0.2  # ratio clipped to [1 - epsilon, 1 + epsilon_high]
-    epsilon_high: float = 0.2
-    beta: float = 0.0  # weight of the k3 KL to the reference policy
-    loss_type: str | LossType = "grpo"  # a LOSSES name ("dapo": DAPO's token mean) or a loss type function
-    max_grad_norm: float = 0.1  # global-norm clipping (0 = off)
-    share_prompt_in_update: bool = True  # run each prompt once per group in the forward/backward
-    gradient_checkpointing: bool = False  # recompute activations in backward (not with a shared prompt)
-    # importance weights between the sampling engine and the policy, for batches that carry the
-    # engine's log-probs (UpdateBatch.sampling_logp); None: the difference is logged, not corrected
-    sampler_correction: SamplerCorrection | None = None
+    """How one optimizer step is taken over a batch (the config's fields of these names: the config
+    composes this class; ``loss_type`` reaches the update resolved, podsrl.algorithms.loss.LOSSES)."""
+
+    max_grad_norm: float = option(0.1, "Gradient clipping by global norm (paper: 0.1; 0 = off).",
+                                  Range(0, why="0 = no clipping"))
+    micro_batch_size: int = option(32, "Sequences per forward/backward pass; gradients accumulate over "
+                                        "micro-batches into one optimizer step.", POSITIVE)
+    epsilon: float = option(0.2, "Lower clip range of the importance ratio: 1 - epsilon (TRL's field).", FRACTION)
+    epsilon_high: float = option(0.2, "Upper clip range of the importance ratio: 1 + epsilon_high (TRL's field; TRL's "
+                                      "default follows epsilon, this one does not: set both; DAPO uses 0.28).",
+                                      NON_NEGATIVE)
+    beta: float = option(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.",
+                         NON_NEGATIVE)
+    loss_type: Spec | LossType = option("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean "
+                                                "(the paper); 'dapo' = mean over all tokens of the step (DAPO; TRL's "
+                                                "default); your own as 'module:function' "
+                                                "(podsrl.algorithms.loss.LOSSES); TRL's others refused.")
+    share_prompt_in_update: bool = option(True, "In the update's forward/backward, run each prompt once per group "
+                                                "and reuse its KV cache for the group's completions (same "
+                                                "log-probs and gradient, fewer tokens).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the update's backward instead of storing "
+                                                 "them (TRL's field): less memory, ~1 more forward. The update then "
+                                                 "runs whole rows (share_prompt_in_update is ignored).")
 
 
 # transformers.get_scheduler's schedules that need nothing beyond warm-up and total steps
@@ -166,7 +179,8 @@ class UpdateResult:
 
 
 def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: UpdateOptions,
-                  procs: Processes | None = None, num_tokens: float | None = None) -> UpdateResult:
+                  procs: Processes | None = None, num_tokens: float | None = None,
+                  correction: SamplerCorrection | None = None) -> UpdateResult:
     """One optimizer step over the whole batch, accumulating gradients over micro-batches.
 
     Each micro-batch loss is normalised by the whole batch's sequence / token count, so
@@ -201,7 +215,7 @@ def update_policy(model, optimizer, scheduler, batch: UpdateBatch, options: Upda
                 epsilon=options.epsilon, epsilon_high=options.epsilon_high,
                 ref_logp=micro.ref_logp, beta=options.beta, loss_type=options.loss_type,
                 num_sequences=num_sequences, num_tokens=num_tokens,
-                sampler_weights=sampler.weights(old_logp, micro, options.sampler_correction))
+                sampler_weights=sampler.weights(old_logp, micro, correction))
             procs.backward(loss)
         fraction = len(micro) / num_sequences  # of the step's sequences: each micro-batch's stats weigh this
         total_loss += loss.item()

@@ -15,10 +15,10 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed here: scripts/test_vllm.sh runs these in .venv-vllm")
 
-from podsrl.config import make_config  # noqa: E402
 from podsrl.metrics import read_metrics  # noqa: E402
 from podsrl.rollout import Sampling
 from podsrl.trainer import train  # noqa: E402
+from podsrl.trainer.config import make_config  # noqa: E402
 from tests.conftest import default_signals  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from podsrl.config import RESUME_AUTO, parse_value, validate
 from podsrl.experiments.conversions import check_one_conversion, folder_record
 from podsrl.experiments.levels import headline
 from podsrl.experiments.noise import evaluation_noise
@@ -40,6 +39,7 @@ from podsrl.methods import METHODS
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import split_specs
 from podsrl.trainer import train
+from podsrl.trainer.config import RESUME_AUTO, parse_value, validate
 
 TARGET_FRACTION = 0.99  # of the baseline's best mean accuracy (authors' plotting code)
 GRID_POINTS = 200

@@ -12,8 +12,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from podsrl.config import Config
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.config import Config
 
 # What a reused run may differ in from this command's config: where it was written (output_dir:
 # the same folder reached by another path, or a comparison folder moved as a whole), whether compare

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from podsrl.config import BOOKKEEPING_FIELDS
+from podsrl.trainer.config import BOOKKEEPING_FIELDS
 
 # Fields that may differ between the seeds of one arm: the seed itself, where and how the run
 # was written, the evaluation batch size, and max_steps (compare sets a time budget instead).

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from podsrl.config import Config
+from podsrl.trainer.config import Config
 
 WARMUP_STEPS = 1  # the first step generates, and so compiles; the update needs no warming
 

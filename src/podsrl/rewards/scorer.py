@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from podsrl.rewards.stack import RewardFn, RewardStack
+from podsrl.options import NON_NEGATIVE, Range, option
+from podsrl.registry import Spec
+from podsrl.rewards.stack import DEFAULT_REWARD_TIMEOUT, RewardFn, RewardStack
 from podsrl.tasks.base import PreparedSplit, Task, reward_columns
 from podsrl.types import Rollouts, Scores
 
@@ -91,12 +93,30 @@ def unscored(shape: tuple[int, ...]) -> Scores:
 
 @dataclass(frozen=True)
 class ScoringOptions:
-    correct_weight: float = 0.8
-    format_weight: float = 0.2
-    reward_funcs: tuple[RewardFn, ...] = ()  # replace the task's reward when given
-    reward_weights: tuple[float, ...] = ()  # one per reward_funcs
-    reward_error_policy: str = "raise"  # or "zero": a failing function scores 0 there, counted
-    reward_timeout: float = 0.0  # seconds a call of a user function may take (<= 0: DEFAULT_REWARD_TIMEOUT, 300 s)
+    """How the run scores rollouts (the config's fields of these names: the config composes this
+    class). In the config ``reward_funcs`` and ``reward_weights`` are text (names and specs,
+    comma-separated numbers); the scorer is given them resolved: the functions and one float
+    weight each (podsrl.trainer.setup.scoring_options), which replace the task's reward."""
+
+    correct_weight: float = option(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
+                                        "format 80 / 20).", NON_NEGATIVE)
+    format_weight: float = option(0.2, "Weight of the format reward.", NON_NEGATIVE)
+    reward_funcs: str | list[Spec] | tuple[RewardFn, ...] = option(
+        "", "Comma-separated reward functions replacing the task's default: built-in names (podsrl.rewards.REWARDS) "
+            "or 'module:function' / 'file.py:function' with TRL's signature fn(prompts, completions, "
+            "completion_ids, trainer_state, **columns) (e.g. trl.rewards:accuracy_reward). Python callables go to "
+            "train(cfg, reward_funcs=[...]) instead.")
+    reward_weights: str | tuple[float, ...] = option("", "Comma-separated weights of the reward functions "
+                                                         "(reward_funcs, or those passed to train()), finite numbers; "
+                                                         "empty = 1 each.")
+    reward_error_policy: str = option("raise", "A reward function that raises, times out or returns a bad "
+                                               "value: 'raise' stops the run naming it; 'zero' scores 0, counted.")
+    reward_timeout: float = option(DEFAULT_REWARD_TIMEOUT,
+                                   "Seconds a call of a user reward function may take; past it, its worker process "
+                                   "is killed and reward_error_policy applies (0 = the default, 300 s). podsrl's "
+                                   "built-in reward functions run in the trainer, without a limit.",
+                                   Range(0, 86400, why="0 = the default (300 s); at most a day, so that a hung "
+                                                       "reward function cannot hold the run forever"))
 
 
 @dataclass

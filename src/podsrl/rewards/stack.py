@@ -87,7 +87,7 @@ class RewardStack:
     fns: list[RewardFn]
     weights: list[float]
     error_policy: str = "raise"
-    timeout: float = 0.0
+    timeout: float = DEFAULT_REWARD_TIMEOUT
     failures: int = field(default=0, init=False)
     applied: int = field(default=0, init=False)
     _worker: RewardWorker | None = field(default=None, init=False, repr=False, compare=False)

@@ -13,7 +13,6 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from podsrl.options import NON_NEGATIVE, POSITIVE, Range, option
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.types import Rollouts, completion_mask_from_eos
 
@@ -144,9 +143,10 @@ class EngineOptions:
     # fields the run sets, never a spec's arguments (a subclass adds its own: ClassVar, not a field)
     run_fields: ClassVar[frozenset[str]] = frozenset({"max_completion_length", "temperature", "top_p"})
 
-    max_completion_length: int = option(8, "Completion length cap in tokens.", POSITIVE)
-    temperature: float = option(1.0, "Sampling temperature (0: greedy).", NON_NEGATIVE)
-    top_p: float = option(1.0, "Nucleus sampling threshold.", Range(0, 1, low_closed=False))
+    # the config's settings of these names (declared there), checked before they reach an engine
+    max_completion_length: int = 8  # tokens per completion, at most
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
 
     def check(self) -> None:
         """Rules among this engine's own options, one line naming the field (at validation)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from podsrl.options import SEED, Range, option
 from podsrl.registry import Registry, Spec, spec_parts
 from podsrl.tasks.arithmetic import build_arithmetic, check_level
 from podsrl.tasks.base import (
@@ -36,17 +37,37 @@ from podsrl.tasks.math import build_math
 
 
 @dataclass(frozen=True)
-class TaskOptions:
-    # a name in TASKS, or reasoning_gym:NAME (or a mapping of a name and its arguments)
-    task: Spec = "arithmetic"
-    task_level: int = 3  # arithmetic (1-5) / chain (1-3) difficulty
-    data_seed: int = 0  # seed of the train / held-out split
-    train_data: str = ""  # gsm8k / math / jsonl: a local file or a hub dataset
-    test_data: str = ""
-    prompt_column: str = "prompt"  # jsonl
-    answer_column: str = "answer"  # jsonl
-    reasoning_gym_size: int = 10000  # train problems of a reasoning_gym:NAME task
-    eval_prompts: int = 300  # held-out problems generated (arithmetic, chain, reasoning-gym)
+class HeldOutOptions:
+    """The held-out split's size: the task generates that many problems (arithmetic, chain,
+    reasoning-gym), and evaluation uses that many prompts of any split (the config's field;
+    :class:`TaskOptions` and the evaluation's options both read it)."""
+
+    eval_prompts: int = option(
+        300, "Held-out prompts per evaluation (the first ones of the split).",
+        Range(1, 100_000, why="every evaluation decodes them all; procedural tasks generate them up front"))
+
+
+@dataclass(frozen=True)
+class TaskOptions(HeldOutOptions):
+    """Which task the run trains on and where its data comes from (the config's fields of these
+    names: the config composes this class)."""
+
+    task: Spec = option("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
+    task_level: int = option(3, "Difficulty level of the procedural tasks: arithmetic 1-5 "
+                                "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 (podsrl.tasks.chain.CHAIN_LEVELS).",
+                             unchecked="checked against the arithmetic and chain tasks' levels (podsrl.config_checks); "
+                                       "other tasks ignore it")
+    data_seed: int = option(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' "
+                               "data_seed), in [0, 2**32 - 1].", SEED)
+    train_data: str = option("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "
+                                 "hub dataset 'name' or 'name:config' (empty = the task's hub default); both load "
+                                 "through `datasets`.")
+    test_data: str = option("", "Held-out data, same forms as train_data (empty = the task's hub default).")
+    prompt_column: str = option("prompt", "Prompt column of task 'jsonl': text, or a conversation (a list of "
+                                          "{role, content} messages) rendered with the chat template.")
+    answer_column: str = option("answer", "Gold-answer column of task 'jsonl'.")
+    reasoning_gym_size: int = option(10000, "Train problems generated for a reasoning_gym:NAME task.",
+                                     Range(1, 1_000_000, why="generated and held in memory up front"))
 
 
 TaskBuilder = Callable[[TaskOptions, bool], Task]
@@ -161,6 +182,7 @@ def build_task(options: TaskOptions, with_train: bool = True) -> Task:
     return TASKS.resolve(options.task)(options, with_train)
 
 
-__all__ = ["DEFAULT_COMPLETION_BUDGET", "TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "Messages", "PreparedSplit",
-           "Task", "TaskOptions", "budget", "build_task", "check_task_options", "check_task_spec", "checks",
-           "completion_budget", "is_known_task", "prepare_split", "prompt_messages", "render_prompt", "reward_columns"]
+__all__ = ["DEFAULT_COMPLETION_BUDGET", "TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "HeldOutOptions", "Messages",
+           "PreparedSplit", "Task", "TaskOptions", "budget", "build_task", "check_task_options", "check_task_spec",
+           "checks", "completion_budget", "is_known_task", "prepare_split", "prompt_messages", "render_prompt",
+           "reward_columns"]

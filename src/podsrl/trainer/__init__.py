@@ -1,5 +1,7 @@
 """Training runs: ``train(cfg)`` and its parts.
 
+- :mod:`~podsrl.trainer.config`: the run's configuration (``Config``), composed of the options
+  each stage and job declares beside its reader; ``validate`` and the YAML / command-line parsing
 - :mod:`~podsrl.trainer.training`: ``train(cfg)``: set-up, then the loop
 - :mod:`~podsrl.trainer.loop`: the loop and one step of the pipeline (it reads no config)
 - :mod:`~podsrl.trainer.stages`: the step's stages, bound to the config at set-up;
@@ -21,17 +23,8 @@
   (:mod:`~podsrl.trainer.run_info` reads the run's files, :mod:`~podsrl.trainer.model_card` writes its card)
 """
 
-import importlib
+from podsrl.trainer.run import RunResult
+from podsrl.trainer.stops import TrainingStopped
+from podsrl.trainer.training import train
 
 __all__ = ["RunResult", "TrainingStopped", "train"]
-_HOMES = {"RunResult": "podsrl.trainer.run", "TrainingStopped": "podsrl.trainer.stops",
-          "train": "podsrl.trainer.training"}
-
-
-def __getattr__(name: str):
-    """``train``, ``RunResult`` and ``TrainingStopped`` on first use (PEP 562): the config
-    composes options declared in trainer modules (podsrl.trainer.evaluate), so importing one
-    of them must not import the trainer, which imports the config."""
-    if name not in _HOMES:
-        raise AttributeError(f"module 'podsrl.trainer' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -24,14 +24,15 @@ from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, 
 from podsrl.prompt_selection import FLAT_OPTIONS as SELECTION_FLAT_OPTIONS
 from podsrl.prompt_selection import PromptSelectionOptions
 from podsrl.registry import Spec
+from podsrl.rewards.scorer import ScoringOptions
 from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, engine_options
-from podsrl.tasks import DEFAULT_COMPLETION_BUDGET, completion_budget
+from podsrl.tasks import DEFAULT_COMPLETION_BUDGET, TaskOptions, completion_budget
 from podsrl.trainer.checkpoints import CheckpointOptions
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
 from podsrl.trainer.logging import LogOptions
 from podsrl.trainer.partial_rollouts import PartialRolloutOptions
-from podsrl.update import OptimizerOptions
+from podsrl.update import OptimizerOptions, UpdateOptions
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RESUME_AUTO", "load_yaml", "make_config",
            "parse_value", "split_list", "validate"]
@@ -41,27 +42,13 @@ _f = option  # the ~100 fields below: default, help, range
 
 @dataclass(frozen=True)
 class ConfigFields:
-    """The fields of :class:`Config` that no job's owner declares in its own module (yet)."""
+    """The fields of :class:`Config` that no stage or job declares in its own module (yet): the
+    task (podsrl.tasks.TaskOptions), the scoring (podsrl.rewards.scorer.ScoringOptions) and the
+    update step (podsrl.update.UpdateOptions) declare theirs beside the code that reads them."""
 
     # --- what to train -------------------------------------------------------------------
     model: str = _f("tiny", "Built-in model name ('tiny', 'tiny-chain', 'smollm2-135m-instruct'), a local folder, or a "
                            "Hugging Face hub id.")
-    task: Spec = _f("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
-    task_level: int = _f(3, "Difficulty level of the procedural tasks: arithmetic 1-5 "
-                            "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 (podsrl.tasks.chain.CHAIN_LEVELS).",
-                         unchecked="checked against the arithmetic and chain tasks' levels (podsrl.config_checks); "
-                                   "other tasks ignore it")
-    data_seed: int = _f(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' "
-                           "data_seed), in [0, 2**32 - 1].", SEED)
-    train_data: str = _f("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "
-                             "hub dataset 'name' or 'name:config' (empty = the task's hub default); both load "
-                             "through `datasets`.")
-    test_data: str = _f("", "Held-out data, same forms as train_data (empty = the task's hub default).")
-    prompt_column: str = _f("prompt", "Prompt column of task 'jsonl': text, or a conversation (a list of "
-                                      "{role, content} messages) rendered with the chat template.")
-    answer_column: str = _f("answer", "Gold-answer column of task 'jsonl'.")
-    reasoning_gym_size: int = _f(10000, "Train problems generated for a reasoning_gym:NAME task.",
-                                 Range(1, 1_000_000, why="generated and held in memory up front"))
     system_prompt: str = _f("auto", "System prompt; 'auto' = the task's own (the <think>/<answer> "
                                     "instruction for gsm8k/math), '' = none.")
     chat_template: bool = _f(True, "Render prompts with the tokenizer's chat template when it has one.")
@@ -100,46 +87,15 @@ class ConfigFields:
     max_train_prompts: int = _f(0, "Train on the first this-many prompts of the train split (0 = all), e.g. a "
                                     "small pool that training revisits epoch after epoch.",
                                     Range(0, why="0 = all"))
-    # --- the update (the optimizer: podsrl.update.OptimizerOptions) --------------------
-    max_grad_norm: float = _f(0.1, "Gradient clipping by global norm (paper: 0.1; 0 = off).",
-                              Range(0, why="0 = no clipping"))
-    micro_batch_size: int = _f(32, "Sequences per forward/backward pass; gradients accumulate over "
-                                    "micro-batches into one optimizer step.", POSITIVE)
+    # --- the update (the step: podsrl.update.UpdateOptions; the optimizer: OptimizerOptions) --
     num_iterations: int = _f(1, "Optimizer steps per generation batch; >1 reuses the batch with "
                                 "PPO clipping against the generating policy's log-probs.", POSITIVE)
-    epsilon: float = _f(0.2, "Lower clip range of the importance ratio: 1 - epsilon (TRL's field).", FRACTION)
-    epsilon_high: float = _f(0.2, "Upper clip range of the importance ratio: 1 + epsilon_high (TRL's field; TRL's "
-                                  "default follows epsilon, this one does not: set both; DAPO uses 0.28).",
-                                  NON_NEGATIVE)
-    beta: float = _f(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.",
-                     NON_NEGATIVE)
     scale_rewards: bool = _f(True, "Divide advantages by the kept group's reward std: true or TRL's 'group'; false "
                                    "or 'none' only centres them (Dr. GRPO). TRL's 'batch' is refused.")
-    loss_type: Spec = _f("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean (the paper); "
-                                "'dapo' = mean over all tokens of the step (DAPO; TRL's default); your own as "
-                                "'module:function' (podsrl.algorithms.loss.LOSSES); TRL's others refused.")
     advantage_estimator: Spec = _f("group", "How kept rewards become advantages: 'group' = (r - group mean) / "
                                            "(group std + 1e-4) over each prompt's kept m (the paper; scale_rewards "
                                            "false only centres), or your own as 'module:function' "
                                            "(podsrl.algorithms.advantages.ADVANTAGES).")
-    # --- reward --------------------------------------------------------------------------
-    correct_weight: float = _f(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
-                                    "format 80 / 20).", NON_NEGATIVE)
-    format_weight: float = _f(0.2, "Weight of the format reward.", NON_NEGATIVE)
-    reward_funcs: str | list[Spec] = _f("", "Comma-separated reward functions replacing the task's default: built-in "
-                               "names (podsrl.rewards.REWARDS) or 'module:function' / 'file.py:function' "
-                               "with TRL's signature fn(prompts, completions, completion_ids, trainer_state, "
-                               "**columns) (e.g. trl.rewards:accuracy_reward). Python callables go to "
-                               "train(cfg, reward_funcs=[...]) instead.")
-    reward_weights: str = _f("", "Comma-separated weights of the reward functions (reward_funcs, or those "
-                                 "passed to train()), finite numbers; empty = 1 each.")
-    reward_error_policy: str = _f("raise", "A reward function that raises, times out or returns a bad "
-                                           "value: 'raise' stops the run naming it; 'zero' scores 0, counted.")
-    reward_timeout: float = _f(300.0, "Seconds a call of a user reward function may take; past it, its worker "
-                                      "process is killed and reward_error_policy applies (0 = the default, 300 s). "
-                                      "podsrl's built-in reward functions run in the trainer, without a limit.",
-                                      Range(0, 86400, why="0 = the default (300 s); at most a day, so that a hung "
-                                                          "reward function cannot hold the run forever"))
     # --- generation ----------------------------------------------------------------------
     temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0: they are sampled).",
                             Range(0, low_closed=False, why="training rollouts are sampled"))
@@ -182,9 +138,6 @@ class ConfigFields:
                                           "if one group exceeds it; slots sizes g to fit.",
                                           Range(0, why="0 = no cap"))
     share_prefill: bool = flat_option(HFOptions, "share_prefill")
-    share_prompt_in_update: bool = _f(True, "In the update's forward/backward, run each prompt once per group "
-                                            "and reuse its KV cache for the group's completions (same "
-                                            "log-probs and gradient, fewer tokens).")
     # --- vLLM engine (generation_engine vllm; TRL's names where TRL has the field) -------------
     vllm_gpu_memory_utilization: float = flat_option(VLLMOptions, "gpu_memory_utilization")
     vllm_kv_cache_memory_mb: float = flat_option(VLLMOptions, "kv_cache_memory_mb")
@@ -214,9 +167,6 @@ class ConfigFields:
                            "weights, gradients and optimizer state in float32 (needs dtype float32).")
     fp16: bool = _f(False, "float16 mixed precision (TRL's field): not supported yet (it needs loss scaling); "
                            "use bf16.")
-    gradient_checkpointing: bool = _f(False, "Recompute activations in the update's backward instead of storing "
-                                             "them (TRL's field): less memory, ~1 more forward. The update then "
-                                             "runs whole rows (share_prompt_in_update is ignored).")
     device: str = _f("auto", "Where the policy runs: 'auto' (the launcher's GPU for this process, else the "
                              "first CUDA GPU, else the CPU), 'cpu', 'cuda' or 'cuda:N'. Rollouts, rewards and "
                              "selection stay on the CPU; generation and the update run on the device.")
@@ -231,11 +181,13 @@ class ConfigFields:
 
 @dataclass(frozen=True)
 class Config(PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, StopOptions, OptimizerOptions,
-             ConfigFields):
-    """The run's configuration: :class:`ConfigFields`, then each job's options
-    (``OptimizerOptions``, ``StopOptions``, ``CheckpointOptions``, ``EvalOptions``,
-    ``LogOptions``, ``PartialRolloutOptions``), declared in the module that reads them, under the
-    same names from the YAML file and the command line to their reader (podsrl.options.bind)."""
+             UpdateOptions, ScoringOptions, TaskOptions, ConfigFields):
+    """The run's configuration: the stages' options (``TaskOptions``, ``ScoringOptions``,
+    ``UpdateOptions``), :class:`ConfigFields`, then each job's options (``OptimizerOptions``,
+    ``StopOptions``, ``CheckpointOptions``, ``EvalOptions``, ``LogOptions``,
+    ``PartialRolloutOptions``), each declared in the module that reads it, under the same names
+    from the YAML file and the command line to their reader (podsrl.options.bind). Every setting
+    is declared once (tests/test_structure.py)."""
 
     def __post_init__(self) -> None:
         # 0 = the task's budget, resolved once, so every reader (engine, evaluation, config.json) sees tokens

@@ -19,19 +19,17 @@ from podsrl.models import ModelBundle
 from podsrl.options import NON_NEGATIVE, POSITIVE, Range, option
 from podsrl.rewards.scorer import reward_inputs
 from podsrl.rollout import Sampling, generate
-from podsrl.tasks import PreparedSplit, Task
+from podsrl.tasks import HeldOutOptions, PreparedSplit, Task
 from podsrl.types import Rollouts
 
 
 @dataclass(frozen=True)
-class EvalOptions:
-    """When and how the run evaluates (the config's fields of these names)."""
+class EvalOptions(HeldOutOptions):
+    """When and how the run evaluates (the config's fields of these names; ``eval_prompts``, the
+    held-out split's size, is the task's too: :class:`podsrl.tasks.HeldOutOptions`)."""
 
     eval_steps: int = option(25, "Evaluate every this many steps, at step 0 and at the end (0 = only those; "
                                  "TRL's field).", NON_NEGATIVE)
-    eval_prompts: int = option(
-        300, "Held-out prompts per evaluation (the first ones of the split).",
-        Range(1, 100_000, why="every evaluation decodes them all; procedural tasks generate them up front"))
     eval_samples: int = option(4, "Samples per held-out prompt for sampled accuracy.", POSITIVE)
     eval_temperature: float = option(
         0.9, "Temperature of sampled evaluation (paper: 0.9; 0 = greedy, one sample).", Range(0, why="0 = greedy"))

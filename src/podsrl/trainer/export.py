@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from podsrl.config import split_list
 from podsrl.models import ModelBundle, load_model
 from podsrl.registry import error_line
 from podsrl.trainer.checkpoints import (
@@ -43,6 +42,7 @@ from podsrl.trainer.checkpoints import (
     list_checkpoints,
     umask,
 )
+from podsrl.trainer.config import split_list
 from podsrl.trainer.logging import say
 from podsrl.trainer.model_card import model_card
 from podsrl.trainer.ownership import digests, unproven_exported

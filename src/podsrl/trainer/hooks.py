@@ -5,9 +5,9 @@ checkpoints. Each sees the finished step and adds its numbers to the step's metr
 from __future__ import annotations
 
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
-from podsrl.config import Config
 from podsrl.distributed import Processes
 from podsrl.trainer.components import Components, StepHook
+from podsrl.trainer.config import Config
 from podsrl.trainer.stages import StepOutcome
 from podsrl.trainer.timer import StageTimer
 

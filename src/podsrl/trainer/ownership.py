@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from podsrl.config import Config
 from podsrl.trainer.checkpoints import OPTIMIZER_FILE, PARTS_FILE, STATE_FILE, WEIGHTS_FILE
+from podsrl.trainer.config import Config
 
 LOCK_FILE = ".podsrl.lock"
 CONFIG_HEAD = f'{{\n  "{dataclasses.fields(Config)[0].name}": '  # how every config.json podsrl writes begins

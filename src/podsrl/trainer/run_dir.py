@@ -23,9 +23,9 @@ import os
 import socket
 from pathlib import Path
 
-from podsrl.config import BOOKKEEPING_FIELDS, RESUME_AUTO, Config
 from podsrl.distributed import Processes
 from podsrl.trainer.checkpoints import list_checkpoints
+from podsrl.trainer.config import BOOKKEEPING_FIELDS, RESUME_AUTO, Config
 from podsrl.trainer.logging import say
 from podsrl.trainer.ownership import LOCK_FILE, TRACKING, is_podsrls, stopped_run_files
 

@@ -19,7 +19,6 @@ from podsrl.algorithms.importance import STALE_MASK, SamplerCorrection
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
 from podsrl.algorithms.select import RULES
-from podsrl.config import FIELDS, Config, validate
 from podsrl.config_checks import ignored_fields
 from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
@@ -37,6 +36,7 @@ from podsrl.rollout import ENGINES, WatcherFactory, capabilities, generate
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
 from podsrl.trainer.components import Components
+from podsrl.trainer.config import FIELDS, Config, validate
 from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
 from podsrl.trainer.fits import agreed, available_bytes, check_fits
 from podsrl.trainer.hooks import step_hooks
@@ -94,7 +94,7 @@ def scoring_options(cfg: Config, reward_funcs: list[RewardFn]) -> ScoringOptions
 
 
 def update_options(cfg: Config) -> UpdateOptions:
-    return bind(UpdateOptions, cfg, loss_type=LOSSES.checked(cfg.loss_type), sampler_correction=sampler_correction(cfg))
+    return bind(UpdateOptions, cfg, loss_type=LOSSES.checked(cfg.loss_type))
 
 
 def sampler_correction(cfg: Config) -> SamplerCorrection | None:
@@ -279,7 +279,8 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
         select=Selection(method, cfg.num_kept, RULES.checked(cfg.downsampling_rule) if method.selects else None,
                          rule_generator),
         advantages=Advantages(ADVANTAGES.checked(cfg.advantage_estimator), cfg.scale_rewards), logprobs=logprobs,
-        update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations))
+        update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations,
+                            sampler_correction(cfg)))
 
 
 def data_warnings(cfg: Config, train: list, test: list) -> list[str]:

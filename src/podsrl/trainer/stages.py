@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.algorithms.select import Groups
 from podsrl.contracts import UserCodeError
@@ -100,6 +101,9 @@ class PolicyUpdate:
     options: UpdateOptions
     procs: Processes
     iterations: int
+    # importance weights between the sampling engine and the policy, for batches that carry the
+    # engine's log-probs (UpdateBatch.sampling_logp); None: the difference is logged, not corrected
+    correction: SamplerCorrection | None = None
     model: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
 
@@ -110,7 +114,7 @@ class PolicyUpdate:
         tokens_per_process = self.procs.sum([float(batch.completion_mask.sum())])[0] / self.procs.world_size
         for _ in range(self.iterations):
             update = update_policy(self.model, self.optimizer, self.scheduler, batch, self.options, self.procs,
-                                   tokens_per_process)
+                                   tokens_per_process, self.correction)
         return update
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from podsrl.config import Config
 from podsrl.interrupts import StopNow
 from podsrl.rewards import RewardFn
+from podsrl.trainer.config import Config
 from podsrl.trainer.loop import run_steps
 from podsrl.trainer.run import RunResult
 from podsrl.trainer.setup import set_up
