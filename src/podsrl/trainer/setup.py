@@ -200,8 +200,9 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
                             "generation_engine": PerProcess(engine), "rule_generator": GeneratorState(rule_generator)})
-    carried = carried_pool(bind(PartialRolloutOptions, cfg), state)
-    stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds, carried)
+    partial = bind(PartialRolloutOptions, cfg)  # bound once: the pool and the prompt source read it
+    stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds, partial,
+                         carried_pool(partial, state))
     return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
                CheckpointSchedule(bind(CheckpointOptions, cfg)), resume(cfg))
 
@@ -249,8 +250,9 @@ def resume(cfg: Config) -> Resume:
 
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,
                 rule_generator: torch.Generator, reward_bounds: tuple[float, float] | None,
-                carried: CarriedPool | None = None) -> StepStages:
-    """The step's stages, each bound to the config values it needs (the loop reads none)."""
+                partial: PartialRolloutOptions, carried: CarriedPool | None) -> StepStages:
+    """The step's stages, each bound to the config values it needs (the loop reads none);
+    ``carried``: partial rollouts' pool when ``partial`` switches them on."""
     procs, tokenizer, method = components.procs, components.bundle.tokenizer, METHODS[cfg.method]
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
                           train_prompts=len(components.train_split.examples), is_main=procs.is_main,
@@ -262,8 +264,8 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
                                          early_stop, tuple(map(WatcherFactory, cfg.watcher_specs)))
     source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
                   generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
-    if carried is not None:
-        prompts = PartialRolloutSource(**source, options=bind(PartialRolloutOptions, cfg), pool=carried,
+    if partial.partial_rollouts:
+        prompts = PartialRolloutSource(**source, options=partial, pool=carried,
                                        extra_rounds=cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else None,
                                        pad_token_id=tokenizer.pad_token_id)
     elif cfg.dynamic_sampling:
