@@ -491,16 +491,16 @@ def test_a_second_signal_outside_a_step_is_one_line_with_the_last_checkpoint(tmp
     """StopNow raised by a second signal while the run evaluates (outside any step) is the
     same one-line stop, exit code included, never a traceback."""
     from podsrl.interrupts import StopNow
-    from podsrl.trainer.run import Run
+    from podsrl.trainer.jobs import RunEvaluation
 
-    evaluate, calls = Run.evaluate, []
+    evaluate, calls = RunEvaluation.__call__, []
 
     def evaluate_then_interrupted(run):
         calls.append(run.state.step)
         if run.state.step == 2:
             raise StopNow(signal.SIGINT)
         return evaluate(run)
-    monkeypatch.setattr(Run, "evaluate", evaluate_then_interrupted)
+    monkeypatch.setattr(RunEvaluation, "__call__", evaluate_then_interrupted)
     cfg, _ = misbehaving_run(tmp_path, random_model_dir, "advantage_estimator", hang=False)
     cfg = dataclasses.replace(cfg, advantage_estimator="group", eval_steps=2)
     with pytest.raises(TrainingStopped) as stopped:
@@ -514,20 +514,20 @@ def test_a_second_signal_before_the_first_checkpoint_says_to_start_again_not_to_
     """Stopped at once in the initial evaluation, a run has no checkpoint: the line says to
     run the same command again, and that command starts the run afresh in the same folder."""
     from podsrl.interrupts import StopNow
-    from podsrl.trainer.run import Run
+    from podsrl.trainer.jobs import RunEvaluation
 
-    evaluate = Run.evaluate
+    evaluate = RunEvaluation.__call__
 
     def interrupted(run):
         raise StopNow(signal.SIGINT, "evaluation")
-    monkeypatch.setattr(Run, "evaluate", interrupted)
+    monkeypatch.setattr(RunEvaluation, "__call__", interrupted)
     cfg, _ = misbehaving_run(tmp_path, random_model_dir, "advantage_estimator", hang=False)
     cfg = dataclasses.replace(cfg, advantage_estimator="group")
     with pytest.raises(TrainingStopped) as stopped:
         train(cfg)
     assert str(stopped.value) == ("stopped by SIGINT in evaluation after step 0; last checkpoint: none; nothing to "
                                   "resume: run the same command again to start afresh (podsrl reuses the folder)")
-    monkeypatch.setattr(Run, "evaluate", evaluate)
+    monkeypatch.setattr(RunEvaluation, "__call__", evaluate)
     assert train(cfg).steps == 3
 
 

@@ -352,18 +352,18 @@ def test_a_signal_does_not_wait_for_an_evaluation_and_the_resumed_run_evaluates_
     begun) or while the evaluation runs (it gets the grace, then is cut short) stops the run
     within seconds with the step checkpointed; the resumed run evaluates that step first, so
     its metrics (evaluations included) and weights equal an uninterrupted run's."""
-    from podsrl.trainer.run import Run
+    from podsrl.trainer.jobs import RunLog
 
     settings = dict(max_steps=4, eval_steps=2, save_steps=0, log_rollouts=2)
     full = train(quick(random_model_dir, tmp_path / "full", **settings)).run_dir
     if when == "before":
-        step_record = Run.step_record
+        step_record = RunLog.step_record
 
         def signal_in_step_2(run, *args):
             if run.state.step == 2:
                 os.kill(os.getpid(), signal.SIGTERM)  # a first signal: a stop after the step
             return step_record(run, *args)
-        monkeypatch.setattr(Run, "step_record", signal_in_step_2)
+        monkeypatch.setattr(RunLog, "step_record", signal_in_step_2)
     calls = evaluations_that(monkeypatch, lambda call: call == 1 and when == "during" and sigterm_then(sleep=True))
     out, start = tmp_path / "run", time.monotonic()
     with pytest.raises(TrainingStopped) as stopped:

@@ -129,7 +129,8 @@ def test_the_loop_reads_no_config_and_reaches_through_no_component_bag():
     assert [arg.arg for arg in step.args.args] == ["stages", "step", "timer"]  # the stages, not the run
 
 
-@pytest.mark.parametrize("name", ["podsrl.trainer.run", "podsrl.trainer.loop", "podsrl.trainer.stops"])
+@pytest.mark.parametrize("name", ["podsrl.trainer.run", "podsrl.trainer.loop", "podsrl.trainer.stops",
+                                  "podsrl.trainer.jobs"])
 def test_the_run_around_the_step_reads_no_config_either(name):
     """What the run reads of the config (seeds, precision, resume, what to keep) is bound at
     set-up like the step's stages: run.py, loop.py and stops.py import no config, name no
@@ -144,6 +145,22 @@ def test_the_run_around_the_step_reads_no_config_either(name):
     from podsrl.trainer.components import Components
 
     assert not {"cfg", "config"} & set(Components.__dataclass_fields__)
+
+
+def test_the_loop_talks_to_its_jobs():
+    """run_steps asks the run's jobs (evaluation, log, checkpoints) for what surrounds a step, and
+    the run itself only to start and to finish; ``Run`` stays under 200 lines."""
+    from podsrl.trainer.run import Run
+
+    tree = ast.parse(MODULES["podsrl.trainer.loop"].read_text())
+    loop = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "run_steps")
+    asked = {node.attr for node in ast.walk(loop)
+             if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "run"}
+    jobs = {"evaluation", "log", "checkpoints"}
+    assert asked == {"state", "limits", "stages", "resume_or_start", "finish"} | jobs, asked
+    source = ast.parse(MODULES["podsrl.trainer.run"].read_text())
+    run = next(node for node in source.body if isinstance(node, ast.ClassDef) and node.name == Run.__name__)
+    assert run.end_lineno - run.lineno + 1 < 200
 
 
 def test_training_never_imports_the_asset_builders():

@@ -40,24 +40,25 @@ def training_step(stages: StepStages, step: int, timer: StageTimer) -> StepOutco
 def run_steps(run: Run, stops: Stops) -> RunResult:
     """From the start (or the checkpoint) to the last step: each step's pipeline, then its
     record (hooks included), evaluation when due, its log line, a checkpoint when due (or on a
-    signal), and the stops: giving up, or a signal."""
-    state, limits = run.state, run.limits
+    signal), and the stops: giving up, or a signal. The evaluation, the log and the checkpoints
+    are the run's jobs (:mod:`podsrl.trainer.jobs`)."""
+    state, limits, evaluation, log, checkpoints = run.state, run.limits, run.evaluation, run.log, run.checkpoints
     stops.before_steps("during set-up")  # a Ctrl-C while the model and data loaded: no evaluation
     initial, latest_eval = run.resume_or_start()
     stops.first_step_begins()
     first_step = state.step
     trained, informative = 0, 0  # steps whose update was not skipped; steps with a non-zero advantage here
-    run.checkpointing.restart_clock()
-    with run.progress_bar() as progress:
+    checkpoints.restart_clock()
+    with log.progress_bar(limits.options.max_steps) as progress:
         while limits.more_steps(state):
             state.step += 1
             with stops.guard_step() as timer:  # a failing step is abandoned
                 outcome = training_step(run.stages, state.step, timer)
-            record = run.step_record(outcome, timer)
-            if run.evaluation_due():
+            record = log.step_record(outcome, timer)
+            if evaluation.due():
                 with stops.guard_evaluation(record, outcome):  # a stop holds the record back
-                    latest_eval = run.evaluate_into(record)
-            run.log_step(record, outcome)
+                    latest_eval = evaluation.into(record)
+            log.write_step(record, outcome)
             progress.update(1)
             progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
                                  refresh=False)
@@ -65,7 +66,7 @@ def run_steps(run: Run, stops: Stops) -> RunResult:
             informative += bool(outcome.advantages.any())
             stops.give_up_after(outcome)  # e.g. too many non-finite steps in a row
             signum = stops.agreed_signal()
-            if signum or run.checkpoint_due():
-                run.checkpoint()
+            if signum or checkpoints.due():
+                checkpoints.write()
             stops.stop_on(signum)
     return run.finish(initial, latest_eval, first_step, trained, informative)

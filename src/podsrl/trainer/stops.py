@@ -94,7 +94,8 @@ class Stops:
         signum = self.agreed_signal()
         if signum:
             raise TrainingStopped(f"stopped by {signal.Signals(signum).name} "
-                                  f"{where or f'before step {self.run.state.step + 1}'}; {self.run.stopped_here()}",
+                                  f"{where or f'before step {self.run.state.step + 1}'}; "
+                                  f"{self.run.checkpoints.stopped_here()}",
                                   signum=signum)
 
     def first_step_begins(self) -> None:
@@ -126,7 +127,7 @@ class Stops:
         """Around the evaluation due after this step. A stop does not wait for it (an
         evaluation of a large model can outlast a scheduler's grace period between SIGTERM and
         SIGKILL): asked for before it, the evaluation is not begun; asked for during it, it
-        gets the grace, then is cut short (:meth:`Run.evaluate`). Either way the step is
+        gets the grace, then is cut short (:class:`~podsrl.trainer.jobs.RunEvaluation`). Either way the step is
         checkpointed with its record held back (:meth:`hold_back_evaluation`). A multi-process
         run waits for the evaluation: a signal may reach one process only, and a checkpoint
         needs every process."""
@@ -147,7 +148,7 @@ class Stops:
         given_up = run.limits.give_up(outcome)
         if given_up:
             raise TrainingStopped(f"stopped at step {run.state.step}: {given_up}; last good checkpoint: "
-                                  f"{run.last_checkpoint()}")
+                                  f"{run.checkpoints.last()}")
 
     def agreed_signal(self) -> int:
         """The signal any process got since the run began (a signal may reach one process
@@ -159,7 +160,7 @@ class Stops:
         if signum:
             run = self.run
             raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}; checkpoint "
-                                  f"written to {run.checkpoints}; continue with the same command plus --resume "
+                                  f"written to {run.checkpoints.folder}; continue with the same command plus --resume "
                                   f"true", signum=signum)
 
     def during_set_up(self, interrupted: StopNow) -> TrainingStopped:
@@ -168,7 +169,8 @@ class Stops:
 
     def outside_step(self, interrupted: StopNow) -> TrainingStopped:
         """A second signal outside a step (evaluating, logging, writing a checkpoint)."""
-        return TrainingStopped(f"stopped by {interrupted} after step {self.run.state.step}; {self.run.stopped_here()}",
+        return TrainingStopped(f"stopped by {interrupted} after step {self.run.state.step}; "
+                               f"{self.run.checkpoints.stopped_here()}",
                                signum=interrupted.signum)
 
     # --- what a stop leaves -----------------------------------------------------------------------
@@ -177,9 +179,9 @@ class Stops:
         with its record and rollout rows held back (not logged), and return the one-line stop
         to raise. The resumed run evaluates the step first, then logs it (:meth:`Run.resume_or_start`)."""
         run = self.run
-        run.checkpoint(held_back=HeldBackStep(record, run.rollout_rows(outcome)))
+        run.checkpoints.write(held_back=HeldBackStep(record, run.log.rollout_rows(outcome)))
         return TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}, before its "
-                               f"evaluation; checkpoint written to {run.checkpoints}; continue with the same "
+                               f"evaluation; checkpoint written to {run.checkpoints.folder}; continue with the same "
                                f"command plus --resume true (it evaluates step {run.state.step} first)",
                                signum=signum)
 
@@ -213,17 +215,17 @@ class Stops:
         resume = f"{fix}{kept}, then " if fix else ""
         resume += "continue with the same command plus --resume true"
         if update_began or not agreed or (fix and state.step == 0):
-            last = run.last_checkpoint()
+            last = run.checkpoints.last()
             if last == "none":  # --resume would be refused: there is nothing to resume
                 return TrainingStopped(f"stopped in step {state.step + 1}: {how}; no checkpoint yet: {first}run the "
                                        f"same command again to start afresh (podsrl reuses the folder)", signum=signum)
             return TrainingStopped(f"stopped in step {state.step + 1}: {how}; last checkpoint, left as it was: "
                                    f"{last}; {resume}", signum=signum)
         state.roll_back(before)
-        if not (run.checkpoints / f"step_{state.step:07d}").is_dir():
-            run.checkpoint()
+        if not run.checkpoints.holds(state.step):
+            run.checkpoints.write()
         return TrainingStopped(f"stopped in step {state.step + 1}: {how}; checkpoint of step {state.step} in "
-                               f"{run.checkpoints}: {resume}", signum=signum)
+                               f"{run.checkpoints.folder}: {resume}", signum=signum)
 
 
 def _update_began(timer: StageTimer | None) -> bool:
