@@ -210,7 +210,8 @@ class SlotRun:
         # the tokens this call drew, in every group (the complete ones hold earlier steps' too)
         rollouts.stats["generated_tokens"] = sum(v == version for group in decoder.versions for sample in group
                                                  for v in sample)
-        left = [p for p in range(len(decoder.completions)) if p not in set(complete)]
+        done = set(complete)
+        left = [p for p in range(len(decoder.completions)) if p not in done]
         return PartialGeneration(rollouts, complete, {p: self.carried_group(p) for p in left})
 
     def cut_off_prefixes(self, carried: dict[int, CarriedGroup]) -> dict:
