@@ -335,8 +335,8 @@ def test_a_process_with_its_share_generates_nothing_and_carries_every_group_on(t
         def generate_partial(self, *args, **kwargs):
             raise AssertionError("the engine was called for quota 0")
 
-    generator = RolloutGenerator(NoCalls(), tiny.model, tiny.tokenizer, Processes(), METHODS["pods"], 2, 0, 4, 0,
-                                 None)
+    generator = RolloutGenerator(NoCalls(), tiny.model, tiny.tokenizer, Processes(),
+                                 METHODS["pods"].bound(2, "max_variance"), 0, 4, 0, None)
     group = CarriedGroup([[5, 6], []], [[1, 1], []], [[-0.5, -0.7], []], [False, False], [False, False])
     split = PreparedSplit([None, None], prompts[:2], 0, False, "")
     result = generator.partial(split, {0: group}, 0, 2, step=2, round_index=1)

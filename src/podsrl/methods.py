@@ -7,7 +7,8 @@
 | pods | n | m, picked by a down-sampling rule (Xu et al., arXiv 2504.13818) |
 
 The config, the training loop and the comparison tools ask a :class:`Method` instead of
-testing the method's name.
+testing the method's name; the run binds its method once, at set-up, to m and the rule
+(:class:`Keeping`), and every stage that needs m asks that.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from podsrl.algorithms.select import Groups, select
-from podsrl.registry import component_label
+from podsrl.algorithms.select import RULES, Groups, select
+from podsrl.registry import Checked, Spec, component_label
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,10 @@ class Method:
         """Rollouts trained on per prompt."""
         return m if self.selects or not self.generates_n else n
 
-    def keep(self, groups: Groups, m: int, rule, generator: torch.Generator | None) -> torch.Tensor:
-        """Indices [P, trained] of the rollouts to train on, from the groups [P, generated]."""
-        if self.selects:
-            return select(rule, groups, m, generator=generator)
-        return torch.arange(groups.rewards.shape[1]).expand(groups.rewards.shape[0], -1)
+    def bound(self, m: int, rule: Spec) -> Keeping:
+        """This method bound to m and, when it selects, to the down-sampling ``rule`` (resolved and
+        checked here; a method that keeps every rollout ignores it)."""
+        return Keeping(self, m, RULES.checked(rule) if self.selects else None)
 
     def arm_name(self, n: int, m: int, rule) -> str:
         """How comparisons label a run of this method: 'grpo 4/4', 'grpo-ga 16', 'pods 16->4 max_variance'
@@ -60,6 +60,26 @@ class Method:
         # a module:function rule, its arguments too
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", component_label(rule))
         return f"{self.name}-n{n}-m{m}-{safe}"
+
+
+@dataclass(frozen=True)
+class Keeping:
+    """A run's method bound to m (num_kept) and its checked rule (None for a method that keeps
+    every rollout): what generation, early stop, adaptive n and selection ask of it."""
+
+    method: Method
+    m: int
+    rule: Checked | None
+
+    def generated_per_prompt(self, n: int) -> int:
+        """Rollouts generated per prompt with n rollouts per group."""
+        return self.method.generated_per_prompt(n, self.m)
+
+    def keep(self, groups: Groups, generator: torch.Generator | None) -> torch.Tensor:
+        """Indices [P, trained] of the rollouts to train on, from the groups [P, generated]."""
+        if self.rule is not None:
+            return select(self.rule, groups, self.m, generator=generator)
+        return torch.arange(groups.rewards.shape[1]).expand(groups.rewards.shape[0], -1)
 
 
 METHODS: dict[str, Method] = {

@@ -18,11 +18,10 @@ from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.importance import STALE_MASK, SamplerCorrection
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, RolloutBudget
-from podsrl.algorithms.select import RULES
 from podsrl.config_checks import ignored_fields
 from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
-from podsrl.methods import METHODS
+from podsrl.methods import METHODS, Keeping
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
 from podsrl.options import bind
@@ -186,7 +185,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
     optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad),
                                           bind(OptimizerOptions, cfg), total_steps=cfg.max_steps)
-    group_size, log_options = group_size_policy(cfg), bind(LogOptions, cfg)
+    keeping = METHODS[cfg.method].bound(cfg.num_kept, cfg.downsampling_rule)  # m bound once, here
+    group_size, log_options = group_size_policy(cfg, keeping), bind(LogOptions, cfg)
     components = Components(
         procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0],
         scorer=scorer, engine=engine, policy=policy, reference=reference, optimizer=optimizer, scheduler=scheduler,
@@ -196,12 +196,13 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         recorded_config=cfg.to_dict(), forward_dtype="bfloat16" if cfg.bf16 else "",
         evaluator=evaluator(cfg, bundle, task, splits[1], procs, engine),
         hooks=step_hooks(cfg, procs, engine, group_size))
-    rule_generator = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's stream
+    select = Selection(keeping, torch.Generator().manual_seed(cfg.seed + 1))  # the `random` rule's stream
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
-                            "generation_engine": PerProcess(engine), "rule_generator": GeneratorState(rule_generator)})
+                            "generation_engine": PerProcess(engine),
+                            "rule_generator": GeneratorState(select.generator)})
     partial = bind(PartialRolloutOptions, cfg)  # bound once: the pool and the prompt source read it
-    stages = step_stages(cfg, components, selector, group_size, rule_generator, bounds, partial,
+    stages = step_stages(cfg, components, selector, group_size, select, bounds, partial,
                          carried_pool(partial, state))
     return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
                CheckpointSchedule(bind(CheckpointOptions, cfg)), resume(cfg))
@@ -249,18 +250,19 @@ def resume(cfg: Config) -> Resume:
 
 
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,
-                rule_generator: torch.Generator, reward_bounds: tuple[float, float] | None,
+                select: Selection, reward_bounds: tuple[float, float] | None,
                 partial: PartialRolloutOptions, carried: CarriedPool | None) -> StepStages:
-    """The step's stages, each bound to the config values it needs (the loop reads none);
-    ``carried``: partial rollouts' pool when ``partial`` switches them on."""
-    procs, tokenizer, method = components.procs, components.bundle.tokenizer, METHODS[cfg.method]
+    """The step's stages, each bound to the config values it needs (the loop reads none), those
+    that need m to ``select``'s keeping; ``carried``: partial rollouts' pool when ``partial``
+    switches them on."""
+    procs, tokenizer, keeping = components.procs, components.bundle.tokenizer, select.keeping
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
                           train_prompts=len(components.train_split.examples), is_main=procs.is_main,
                           is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
-    early_stop = (StopperFactory(components.scorer, tokenizer, cfg.num_kept, reward_bounds, progress)
+    early_stop = (StopperFactory(components.scorer, tokenizer, keeping, reward_bounds, progress)
                   if cfg.group_early_stop else None)
-    generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, method,
-                                         cfg.num_kept, cfg.generation_batch_size, cfg.prompts_per_step, cfg.seed,
+    generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, keeping,
+                                         cfg.generation_batch_size, cfg.prompts_per_step, cfg.seed,
                                          early_stop, tuple(map(WatcherFactory, cfg.watcher_specs)))
     source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
                   generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
@@ -277,9 +279,7 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
     logprobs = (ExtraLogprobs(components.policy, components.reference, cfg.micro_batch_size, cfg.share_prompt_in_update,
                               old=needs_old, ref=needs_ref) if needs_old or needs_ref else None)
     return StepStages(
-        group_size=group_size, prompts=prompts,
-        select=Selection(method, cfg.num_kept, RULES.checked(cfg.downsampling_rule) if method.selects else None,
-                         rule_generator),
+        group_size=group_size, prompts=prompts, select=select,
         advantages=Advantages(ADVANTAGES.checked(cfg.advantage_estimator), cfg.scale_rewards), logprobs=logprobs,
         update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations,
                             sampler_correction(cfg)))
@@ -343,8 +343,8 @@ def prompt_selector(cfg: Config, train_prompts: int) -> PromptSelector:
     return PROMPT_SELECTORS.checked(cfg.prompt_selector)(train_prompts, cfg.prompt_selection_options())
 
 
-def group_size_policy(cfg: Config) -> GroupSizePolicy:
-    """n per step: adaptive_n's controller, or num_generations every step."""
+def group_size_policy(cfg: Config, keeping: Keeping) -> GroupSizePolicy:
+    """n per step: adaptive_n's controller (for the run's m), or num_generations every step."""
     if cfg.adaptive_n:
-        return RolloutBudget(cfg.num_kept, cfg.num_generations, cfg.num_generations_max, cfg.prompts_per_step)
+        return RolloutBudget(keeping.m, cfg.num_generations, cfg.num_generations_max, cfg.prompts_per_step)
     return FixedGroupSize(cfg.num_generations)

@@ -25,8 +25,7 @@ from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.algorithms.select import Groups
 from podsrl.contracts import UserCodeError
 from podsrl.distributed import Processes
-from podsrl.methods import Method
-from podsrl.registry import Checked
+from podsrl.methods import Keeping
 from podsrl.rewards import RewardError
 from podsrl.rewards.scorer import Scorer, TrainerProgress
 from podsrl.rollout import GenerationEngine, WatcherFactory
@@ -41,18 +40,15 @@ from podsrl.update import UpdateOptions, UpdateResult, batch_logprobs, update_po
 
 @dataclass(frozen=True)
 class Selection:
-    """The method's choice of the rollouts to train on, bound to m, the down-sampling rule
-    (resolved and checked at set-up; None for a method that keeps every rollout) and the rule's
-    random stream (restored in place from a checkpoint)."""
+    """The run's method's choice of the rollouts to train on (``keeping``: bound once to m and
+    its rule), with the rule's random stream (restored in place from a checkpoint)."""
 
-    method: Method
-    num_kept: int
-    rule: Checked | None
+    keeping: Keeping
     generator: torch.Generator
 
     def __call__(self, groups: Groups) -> torch.Tensor:
         """Indices [P, trained] into the group axis of the groups [P, generated]."""
-        return self.method.keep(groups, self.num_kept, self.rule, self.generator)
+        return self.keeping.keep(groups, self.generator)
 
 
 @dataclass(frozen=True)
@@ -170,12 +166,12 @@ class StopperFactory:
 
     scorer: Scorer
     tokenizer: object
-    num_kept: int
+    keeping: Keeping
     bounds: tuple[float, float]
     progress: ProgressAt
 
     def __call__(self, prompts: PreparedSplit, step: int) -> SaturationStopper:
-        return SaturationStopper(self.scorer, prompts, self.tokenizer, self.num_kept, self.bounds, self.progress(step))
+        return SaturationStopper(self.scorer, prompts, self.tokenizer, self.keeping.m, self.bounds, self.progress(step))
 
 
 @dataclass(frozen=True)
@@ -193,8 +189,7 @@ class RolloutGenerator:
     policy: torch.nn.Module
     tokenizer: object
     procs: Processes
-    method: Method
-    num_kept: int
+    keeping: Keeping
     batch_size: int
     prompts_per_step: int
     seed: int
@@ -214,16 +209,16 @@ class RolloutGenerator:
         if not self.watchers:
             return
         counts = rollouts.generated_mask.sum(dim=1)  # [P]
-        fewest = int(counts.min()) if len(counts) else self.num_kept
+        fewest = int(counts.min()) if len(counts) else self.keeping.m
         fewest = -int(self.procs.max([-float(fewest)])[0])  # the fewest on any process
-        if fewest < self.num_kept:
+        if fewest < self.keeping.m:
             names = ", ".join(make.spec for make in self.watchers)
             raise UserCodeError(f"generation_watchers: {names} stopped a group with {fewest} samples generated, "
-                                f"fewer than num_kept = {self.num_kept}; a stop_groups watcher must let each group "
+                                f"fewer than num_kept = {self.keeping.m}; a stop_groups watcher must let each group "
                                 f"reach m")
 
     def __call__(self, split: PreparedSplit, n: int, step: int, round_index: int) -> Rollouts:
-        per_prompt = self.method.generated_per_prompt(n, self.num_kept)
+        per_prompt = self.keeping.generated_per_prompt(n)
         total = len(split.prompts)
         chunk_size = max(1, self.batch_size // per_prompt) if self.batch_size else total
         chunks, failure = [], None
@@ -251,7 +246,7 @@ class RolloutGenerator:
         ``quota`` groups are complete; seeded by the step, the round and this process. Quota 0
         (dynamic sampling's round where this process has its share): no engine call, every
         group carried on, and the collectives of a call joined."""
-        per_prompt = self.method.generated_per_prompt(n, self.num_kept)
+        per_prompt = self.keeping.generated_per_prompt(n)
         stopper, watchers = self.watching(split, step, early=True) if quota else (None, ())
         with self.procs.whole_weights(self.policy):  # its all-gathers, when sharded, need every process
             first_prompt = (round_index * self.procs.world_size + self.procs.rank) * self.prompts_per_step
