@@ -78,11 +78,10 @@ def test_trls_vllm_names_reach_the_vllm_options():
     ('{"name": "slots", "max_completion_length": 8}',
      "generation_engine: slots takes no argument 'max_completion_length' (it takes: "
                                                "decode_path, memory_mb, micro_group, probe_tokens, refill, schedule)"),
-    ('{"name": "hf", "micro_group": 8}', "generation_engine: hf takes no argument 'micro_group' (it takes: batch_size, "
+    ('{"name": "hf", "micro_group": 8}', "generation_engine: hf takes no argument 'micro_group' (it takes: "
                                          "copy_dtype, memory_mb, share_prefill, static_cache)"),
     ('{"name": "hf", "compute_dtype": "bfloat16"}', "generation_engine: hf takes no argument 'compute_dtype' (it "
-                                                    "takes: batch_size, copy_dtype, memory_mb, share_prefill, "
-                                                    "static_cache)"),
+                                                    "takes: copy_dtype, memory_mb, share_prefill, static_cache)"),
     ('{"name": "slots", "refill": "eager"}', "generation_refill: unknown 'eager'; use one of continuous, group"),
     ('{"name": "slots", "schedule": "length_aware", "refill": "group"}',
      "generation_schedule length_aware needs generation_refill continuous and generation_probe_tokens >= 2 (got "

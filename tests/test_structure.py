@@ -306,6 +306,10 @@ def test_each_setting_is_declared_once():
                   if f.name not in run_fields and f"{kind.__name__}.{f.name}" not in flat]
     assert not again, f"fields bound from the config that their class declares again: {again}"
 
+    from podsrl.rollout import FLAT_OPTIONS  # engine options reach engines by their flat names, not bind
+    unflat = sorted(name for name in FLAT_OPTIONS if "flat_of" not in Config.__dataclass_fields__[name].metadata)
+    assert not unflat, f"config fields that set an engine option but declare it again (use flat_option): {unflat}"
+
 
 def test_each_built_in_component_is_registered_where_it_is_defined():
     """No registry is built from a hand-kept table: each built-in carries its registration

@@ -40,6 +40,7 @@ from podsrl.rollout.base import (
     Capabilities,
     EngineOptions,
     GenerationEngine,
+    MemoryCapOptions,
     Sampling,
     Watcher,
     capabilities,
@@ -60,7 +61,6 @@ from podsrl.rollout.vllm import VLLMEngine, VLLMOptions
 # generation_engine: {name: vllm, gpu_memory_utilization: 0.5} over vllm_gpu_memory_utilization.
 FLAT_OPTIONS = {
     "generation_memory_mb": "memory_mb",
-    "generation_batch_size": "batch_size",
     "share_prefill": "share_prefill",
     "generation_dtype": "copy_dtype",
     "generation_static_cache": "static_cache",
@@ -90,8 +90,8 @@ def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> E
 
 
 __all__ = ["Capabilities", "CheckedEngine", "CheckedWatcher", "ENGINES", "EngineOptions", "FLAT_OPTIONS",
-           "GenerationCopy", "GenerationEngine", "HFEngine", "HFOptions", "LengthPredictor", "PrefixLengthPredictor",
-           "REFILLS", "SCHEDULES", "STOP_GROUPS", "Sampling", "Schedule", "SlotsEngine", "SlotsOptions", "VLLMEngine",
-           "VLLMOptions", "WATCHERS", "Watcher", "WatcherFactory", "capabilities", "engine_options", "generate",
-           "generate_in_slots", "generation_memory_bytes", "options_class", "reads_option", "to_rollouts",
-           "watcher_kind"]
+           "GenerationCopy", "GenerationEngine", "HFEngine", "HFOptions", "LengthPredictor", "MemoryCapOptions",
+           "PrefixLengthPredictor", "REFILLS", "SCHEDULES", "STOP_GROUPS", "Sampling", "Schedule", "SlotsEngine",
+           "SlotsOptions", "VLLMEngine", "VLLMOptions", "WATCHERS", "Watcher", "WatcherFactory", "capabilities",
+           "engine_options", "generate", "generate_in_slots", "generation_memory_bytes", "options_class",
+           "reads_option", "to_rollouts", "watcher_kind"]

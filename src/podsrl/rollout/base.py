@@ -13,6 +13,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from podsrl.options import Range, option
 from podsrl.rollout.memory import generation_memory_bytes
 from podsrl.types import Rollouts, completion_mask_from_eos
 
@@ -165,6 +166,16 @@ class EngineOptions:
         return ""
 
 
+@dataclass(frozen=True)
+class MemoryCapOptions(EngineOptions):
+    """Options of an engine that sizes what it decodes at once to a memory cap (hf, slots: the
+    config's generation_memory_mb); vLLM sizes its own KV cache."""
+
+    memory_mb: float = option(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and logits, "
+                                   "MiB; 0 = none): hf decodes fewer groups together and fails if one group "
+                                   "exceeds it; slots sizes g to fit.", Range(0, why="0 = no cap"))
+
+
 def reads_option(engine, option_name: str) -> bool:
     """Whether ``engine``'s options class has the option ``option_name``."""
     return option_name in {f.name for f in dataclasses.fields(options_class(engine))}
@@ -247,7 +258,8 @@ def megabytes(value: float) -> str:
 
 def rows_within(options, model, prompt_len: int, prompts: int = 0, stored_prompt_len: int = 0,
                 stored_tokens: int = 0) -> int:
-    """Most sequences decoded at once whose estimated memory fits ``options.memory_mb``."""
+    """Most sequences decoded at once whose estimated memory fits ``options.memory_mb``
+    (:class:`MemoryCapOptions`)."""
     seq_len = prompt_len + options.max_completion_length
     fixed = generation_memory_bytes(model.config, 0, seq_len, prompts, stored_prompt_len, stored_tokens)
     per_row = generation_memory_bytes(model.config, 1, seq_len)

@@ -9,11 +9,12 @@ from typing import ClassVar
 import torch
 from transformers import DynamicCache
 
-from podsrl.options import NON_NEGATIVE, option
+from podsrl.options import option
 from podsrl.rollout.base import (
     MB,
     Capabilities,
     EngineOptions,
+    MemoryCapOptions,
     Sampling,
     Stateless,
     Watcher,
@@ -30,14 +31,13 @@ from podsrl.types import Rollouts
 
 
 @dataclass(frozen=True)
-class HFOptions(EngineOptions):
-    """The ``hf`` engine's options (their flat config names: podsrl.rollout.FLAT_OPTIONS)."""
+class HFOptions(MemoryCapOptions):
+    """The ``hf`` engine's options (their flat config names: podsrl.rollout.FLAT_OPTIONS). A call
+    decodes the prompts it is given together, fewer groups at once under ``memory_mb``; the
+    trainer's calls are already at most generation_batch_size sequences."""
 
     run_fields: ClassVar[frozenset[str]] = EngineOptions.run_fields | {"compute_dtype", "sharded", "compile_config"}
 
-    memory_mb: float = option(0.0, "Cap on the estimated memory of the whole prompt groups decoded at once "
-                                   "(0 = none).", NON_NEGATIVE)
-    batch_size: int = option(0, "Sequences decoded at once, in whole prompt groups (0 = all).", NON_NEGATIVE)
     share_prefill: bool = option(True, "Compute each prompt's KV cache once and copy it to its n samples (same "
                                        "samples, less prompt compute).")
     copy_dtype: str = option("auto", "hf engine: generate and evaluate from a copy of the policy in this dtype "
@@ -176,7 +176,7 @@ class HFEngine(Stateless):
                  watchers: tuple[Watcher, ...] = ()) -> Rollouts:
         refuse_watchers(self, watchers)
         options = self.options
-        batch_size = options.batch_size or None
+        batch_size = 0  # all at once
         if options.memory_mb:
             longest = longest_prompt(tokenizer, prompts)
             rows = rows_within(options, model, longest)
@@ -186,8 +186,8 @@ class HFEngine(Stateless):
                     f"generation_memory_mb: one prompt group of n={num_samples} needs ~{megabytes(need)} to decode at "
                     f"once, over the cap of {options.memory_mb:g} MB; use generation_engine: slots "
                     f"(decodes in micro-groups) or raise the cap")
-            batch_size = min(batch_size or rows, rows)
-        return self.generate(model, tokenizer, prompts, num_samples, options.sampling(batch_size or 0))
+            batch_size = rows
+        return self.generate(model, tokenizer, prompts, num_samples, options.sampling(batch_size))
 
     def generate(self, model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling) -> Rollouts:
         """:func:`generate` from the copy when there is one, else from ``model``."""

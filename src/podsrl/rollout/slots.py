@@ -50,7 +50,7 @@ from podsrl.registry import Spec
 from podsrl.rollout.base import (
     STOP_GROUPS,
     Capabilities,
-    EngineOptions,
+    MemoryCapOptions,
     Sampling,
     Watcher,
     group_stopper,
@@ -77,11 +77,9 @@ from podsrl.types import Rollouts
 
 
 @dataclass(frozen=True)
-class SlotsOptions(EngineOptions):
+class SlotsOptions(MemoryCapOptions):
     """The ``slots`` engine's options (their flat config names: podsrl.rollout.FLAT_OPTIONS)."""
 
-    memory_mb: float = option(0.0, "Cap on the estimated memory of what is decoded at once: bounds the slots "
-                                   "(0 = none).", NON_NEGATIVE)
     micro_group: int = option(0, "slots engine: sequences decoded at once (g); 0 = as many as generation_memory_mb "
                                  "allows, or all P*n without a cap.", NON_NEGATIVE)
     refill: str = option("continuous", "slots engine: 'continuous' gives a finished sample's slot to the next pending"

@@ -25,7 +25,16 @@ from podsrl.prompt_selection import FLAT_OPTIONS as SELECTION_FLAT_OPTIONS
 from podsrl.prompt_selection import PromptSelectionOptions
 from podsrl.registry import Spec
 from podsrl.rewards.scorer import ScoringOptions
-from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, engine_options
+from podsrl.rollout import (
+    ENGINES,
+    FLAT_OPTIONS,
+    EngineOptions,
+    HFOptions,
+    MemoryCapOptions,
+    SlotsOptions,
+    VLLMOptions,
+    engine_options,
+)
 from podsrl.tasks import DEFAULT_COMPLETION_BUDGET, TaskOptions, completion_budget
 from podsrl.trainer.checkpoints import CheckpointOptions
 from podsrl.trainer.evaluate import EvalOptions
@@ -133,10 +142,7 @@ class ConfigFields:
                                                    "shown samples as they finish, it names groups whose unstarted "
                                                    "samples are cancelled; podsrl.rollout.Watcher, "
                                                    "docs/generation.md).")
-    generation_memory_mb: float = _f(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and "
-                                          "logits, MiB; 0 = none): hf decodes fewer groups together and fails "
-                                          "if one group exceeds it; slots sizes g to fit.",
-                                          Range(0, why="0 = no cap"))
+    generation_memory_mb: float = flat_option(MemoryCapOptions, "memory_mb")
     share_prefill: bool = flat_option(HFOptions, "share_prefill")
     # --- vLLM engine (generation_engine vllm; TRL's names where TRL has the field) -------------
     vllm_gpu_memory_utilization: float = flat_option(VLLMOptions, "gpu_memory_utilization")

@@ -126,7 +126,7 @@ def _decodings(cfg, options, longest_prompt: int, share: int, extra: int) -> lis
                           f"({share} prompts a step{f' + {extra} partial_extra_prompts' if extra else ''}) x {n}",
                           longest_prompt))
     else:  # whole prompt groups, generation_batch_size sequences a call (0 = all)
-        rows = min(samples, max(n, getattr(options, "batch_size", 0) or samples))
+        rows = min(samples, max(n, cfg.generation_batch_size or samples))
         train = Decoding(rows, seq_len, 0, "generation_batch_size" if rows < samples else lead,
                          f"{rows // n} prompt groups x {n} a call")
     samples_per_prompt = 1 if cfg.eval_temperature == 0 else cfg.eval_samples
