@@ -349,3 +349,64 @@ def test_the_docs_list_exactly_the_registered_rules():
     assert set(re.findall(r"`([a-z_]+)`", methods.group(1))) == set(RULES)
     assert {name.strip() for name in stages.group(1).split(",")} == set(RULES)
     assert set(FIELDS["downsampling_rule"].metadata["help"].split(": ")[-1].rstrip(".").split(" | ")) == set(RULES)
+
+
+def _bound_names(path: Path) -> dict[str, set[str]]:
+    """The names a module binds at its top (defined, assigned or imported; ``__all__``), each
+    with its members when it is a class defined there (methods, class attributes, fields)."""
+    bound: dict[str, set[str]] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            bound[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            bound[node.name] |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets
+                                 if isinstance(t, ast.Name)}
+            bound[node.name] |= {n.target.id for n in node.body
+                                 if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            bound[node.name] = set()
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound.update((t.id, set()) for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update(((alias.asname or alias.name).split(".")[0], set()) for alias in node.names)
+    return bound
+
+
+def test_the_architecture_map_has_a_bullet_per_file_true_to_the_code():
+    """docs/architecture.md's map: one bullet per module of src/podsrl, none for a file that is
+    gone, and each code name a bullet gives (`Name`, `Class.member`) bound in that bullet's file,
+    or a config field, or a component registered by that name (#71: the map had named methods
+    that no longer existed)."""
+    import re
+
+    from podsrl.config_checks import COMPONENTS
+    from podsrl.trainer.config import Config
+
+    text = (SRC.parent / "docs" / "architecture.md").read_text()
+    section = text[text.index("## The map: one bullet per file"):]
+    bullets = [line for line in section.splitlines() if line.startswith("- `")]
+    files: list[str] = []
+    wrong = []
+    registered = {name for registry in COMPONENTS.values() for name in registry}
+    for bullet in bullets:
+        head, _, body = bullet[2:].partition(": ")
+        own = re.findall(r"`([\w/]+\.py)`", head)
+        assert own, f"a map bullet that names no file: {bullet[:80]}"
+        files += own
+        bound: dict[str, set[str]] = {}
+        for name in own:
+            bound.update(_bound_names(SRC / "podsrl" / name))
+        for token in re.findall(r"`([^`]+)`", body):
+            match = re.fullmatch(r"([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?(?:\(.*\))?", token)
+            if not match or token in Config.__dataclass_fields__ or token in registered:
+                continue
+            name, member = match.groups()
+            if name not in bound:
+                wrong.append(f"{', '.join(own)}: `{token}`")
+            elif member and bound[name] and member not in bound[name]:
+                wrong.append(f"{', '.join(own)}: `{token}`")
+    modules = sorted(path.relative_to(SRC / "podsrl").as_posix() for path in (SRC / "podsrl").rglob("*.py"))
+    assert sorted(files) == sorted(set(files)), "a file with two bullets"
+    assert sorted(files) == modules, (f"without a bullet: {sorted(set(modules) - set(files))}; "
+                                      f"a bullet but no file: {sorted(set(files) - set(modules))}")
+    assert not wrong, f"names the map gives that the file does not bind: {wrong}"
