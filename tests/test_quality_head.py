@@ -23,7 +23,7 @@ def learn(head: QualityHead, generator: torch.Generator, steps: int, per_step: i
     """Prequential steps: score the step's samples with the head as it is, then learn from them."""
     for _ in range(steps):
         added = []
-        for point in range(len(head.points)):
+        for point in range(head.points):
             features, labels = samples(generator, per_step, dim=head.dim)
             added.append(statistics(features, head.scores(point, features), labels, head.bins))
         head.absorb(added)
@@ -31,7 +31,7 @@ def learn(head: QualityHead, generator: torch.Generator, steps: int, per_step: i
 
 def test_the_head_learns_a_class_it_can_see_and_is_calibrated_out_of_sample():
     generator = torch.Generator().manual_seed(0)
-    head = QualityHead(6, (0.25, 0.5), decay=0.9)
+    head = QualityHead(6, 2, decay=0.9)
     learn(head, generator, steps=12)
     features, labels = samples(generator, 2000)
     for point in range(2):
@@ -46,7 +46,7 @@ def test_the_head_learns_a_class_it_can_see_and_is_calibrated_out_of_sample():
 
 
 def test_a_head_without_evidence_is_unsure_and_prunes_nothing():
-    head = QualityHead(4, (0.5,))
+    head = QualityHead(4, 1)
     features = torch.randn(5, 4, dtype=torch.float64)
     probability = head.calibrated(0, head.scores(0, features))
     assert torch.equal(probability, torch.full((5,), 0.5, dtype=torch.float64))
@@ -58,7 +58,7 @@ def test_processes_that_add_their_statistics_hold_the_same_head_as_one_process()
     """Two processes' statistics, summed (what the all-reduce does), give the head one process
     gets from all the samples: bit for bit in the regression sums, and the same predictions."""
     generator = torch.Generator().manual_seed(1)
-    one, two = QualityHead(3, (0.5,)), QualityHead(3, (0.5,))
+    one, two = QualityHead(3, 1), QualityHead(3, 1)
     for _ in range(4):
         features, labels = samples(generator, 40, dim=3)
         scores = one.scores(0, features)
@@ -77,22 +77,22 @@ def test_processes_that_add_their_statistics_hold_the_same_head_as_one_process()
 
 def test_the_head_is_saved_and_restored_whole():
     generator = torch.Generator().manual_seed(2)
-    head = QualityHead(5, (0.3, 0.6))
+    head = QualityHead(5, 2)
     learn(head, generator, steps=3)
-    restored = QualityHead(5, (0.3, 0.6))
+    restored = QualityHead(5, 2)
     restored.load_state_dict(head.state_dict())
     probe = torch.randn(7, 5, dtype=torch.float64)
     for point in range(2):
         assert torch.equal(head.scores(point, probe), restored.scores(point, probe))
     assert restored.steps == 3
     with pytest.raises(ValueError, match="does not fit a head of 4 features"):
-        QualityHead(4, (0.3, 0.6)).load_state_dict(head.state_dict())
+        QualityHead(4, 2).load_state_dict(head.state_dict())
 
 
 def test_decay_forgets_an_older_policy():
     """After the classes flip (the policy changed), a decaying head follows within a few steps."""
     generator = torch.Generator().manual_seed(3)
-    head = QualityHead(6, (0.5,), decay=0.5)
+    head = QualityHead(6, 1, decay=0.5)
     learn(head, generator, steps=6)
     for _ in range(6):  # the same features now mean the other class
         features, labels = samples(generator, 64)

@@ -54,21 +54,20 @@ def statistics(features: torch.Tensor, scores: torch.Tensor, labels: torch.Tenso
 
 
 class QualityHead:
-    """One ridge regression and one calibration per detection point (``points``, fractions of
-    the expected length, ascending)."""
+    """One ridge regression and one calibration for each of ``points`` detection points (where
+    they fall in a sample is the caller's: fractions of its expected length, for pruning)."""
 
-    def __init__(self, dim: int, points: tuple[float, ...], *, ridge: float = 1.0, decay: float = 0.9,
-                 bins: int = 10) -> None:
-        if not points or list(points) != sorted(points) or not all(0 < p < 1 for p in points):
-            raise ValueError(f"detection points: ascending fractions in (0, 1), got {points}")
+    def __init__(self, dim: int, points: int, *, ridge: float = 1.0, decay: float = 0.9, bins: int = 10) -> None:
+        if points < 1:
+            raise ValueError(f"detection points: need at least one, got {points}")
         if not 0 < decay <= 1:
             raise ValueError(f"decay: must be in (0, 1], got {decay}")
-        self.dim, self.points, self.ridge, self.decay, self.bins = dim, tuple(points), ridge, decay, bins
+        self.dim, self.points, self.ridge, self.decay, self.bins = dim, points, ridge, decay, bins
         size = dim + 1
-        self.xtx = torch.zeros(len(points), size, size, dtype=torch.float64)  # [K, F, F]
-        self.xty = torch.zeros(len(points), size, dtype=torch.float64)  # [K, F]
-        self.bin_count = torch.zeros(len(points), bins, dtype=torch.float64)  # [K, B]
-        self.bin_high = torch.zeros(len(points), bins, dtype=torch.float64)  # [K, B]
+        self.xtx = torch.zeros(points, size, size, dtype=torch.float64)  # [K, F, F]
+        self.xty = torch.zeros(points, size, dtype=torch.float64)  # [K, F]
+        self.bin_count = torch.zeros(points, bins, dtype=torch.float64)  # [K, B]
+        self.bin_high = torch.zeros(points, bins, dtype=torch.float64)  # [K, B]
         self.steps = 0  # steps absorbed
 
     def scores(self, point: int, features: torch.Tensor) -> torch.Tensor:
@@ -88,8 +87,8 @@ class QualityHead:
     def absorb(self, added: list[dict]) -> None:
         """One step's learning: every sum decays by ``decay``, then each point's ``added``
         (:func:`statistics`, summed over processes; one dict per point) is added."""
-        if len(added) != len(self.points):
-            raise ValueError(f"quality head: {len(added)} sets of statistics for {len(self.points)} points")
+        if len(added) != self.points:
+            raise ValueError(f"quality head: {len(added)} sets of statistics for {self.points} points")
         for name in ("xtx", "xty", "bin_count", "bin_high"):
             total = getattr(self, name)
             total *= self.decay
@@ -104,7 +103,7 @@ class QualityHead:
         if set(state) != set(STATE_KEYS) or any(tuple(state[k].shape) != tuple(getattr(self, k).shape)
                                                 for k in STATE_KEYS[:-1]):
             raise ValueError(f"quality head state does not fit a head of {self.dim} features and "
-                             f"{len(self.points)} detection points, {self.bins} bins")
+                             f"{self.points} detection points, {self.bins} bins")
 
     def load_state_dict(self, state: dict) -> None:
         self.check_state(state)
