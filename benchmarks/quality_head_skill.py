@@ -247,13 +247,19 @@ def kept_of(batch: dict, generated: torch.Tensor, m: int) -> tuple[torch.Tensor,
 
 
 def schedule_lines(batches: list[dict], probabilities: list[dict], relative: list, pooling: str, args) -> list[str]:
-    """The three arms replayed on the same samples: no early stop, early stop, early stop + pruning."""
-    arms = {"all n": (False, False), "early stop": (True, False), "early stop + pruning": (True, True)}
+    """The arms replayed on the same samples: no early stop, early stop, early stop + pruning (by
+    the head, and by a head that is always right and sure: the rule's ceiling)."""
+    arms = {"all n": (False, False), "early stop": (True, False), "early stop + pruning": (True, True),
+            "early stop + pruning, a perfect head": (True, "perfect")}
     totals = {arm: {"tokens": 0, "steps": 0, "samples": 0, "pruned": 0, "lengths": [], "variance": []} for arm in arms}
     for index in range(args.warmup, len(batches)):
         at = [(name, length_of(index)) for name, length_of in relative]
+        labels, lengths = batches[index]["labels"], batches[index]["lengths"]
+        perfect = {name: {(p, s): float(labels[p, s]) for p in range(labels.shape[0]) for s in range(labels.shape[1])
+                          if int(lengths[p, s]) > k} for name, k in at}  # the ceiling of the rule
         for arm, (early, prune) in arms.items():
-            result = schedule(batches[index], probabilities[index], at, args, early, prune)
+            result = schedule(batches[index], perfect if prune == "perfect" else probabilities[index], at, args,
+                              early, bool(prune))
             lengths, rewards = kept_of(batches[index], result["generated"], args.m)
             total = totals[arm]
             total["tokens"] += result["tokens"]
