@@ -146,3 +146,31 @@ def test_bad_arguments_are_rejected():
         max_variance(torch.zeros(3), 1)
     with pytest.raises(ValueError, match="rule: unknown rule"):
         select("best", torch.zeros(2, 3), 1)
+
+
+def test_selection_keeps_generated_samples_whatever_was_not_generated():
+    """Groups with samples never generated (early stop's skipped, pruning's stopped), rewards at
+    two values and at least m generated: max-variance selection keeps only generated samples,
+    with the best variance among them (brute force), and the same indices as the rule on the
+    filled rewards wherever those were all generated (#72: a pruned sample of a group whose
+    generated rewards are equal used to tie with them and be kept)."""
+    import random
+
+    from podsrl.algorithms.early_stop import fill_skipped
+    from podsrl.algorithms.select import Groups
+
+    rng = random.Random(0)
+    for _ in range(800):
+        m = rng.randint(1, 4)
+        n = rng.randint(m, 7)
+        rewards = torch.tensor([[float(rng.random() < 0.5) for _ in range(n)]], dtype=torch.float64)
+        generated = torch.zeros(1, n, dtype=torch.bool)
+        generated[0, rng.sample(range(n), rng.randint(m, n))] = True
+        keep = select("max_variance", Groups(rewards.masked_fill(~generated, float("nan")), generated), m)
+        assert bool(generated.gather(1, keep).all())
+        values = rewards[0][generated[0]].tolist()
+        best = max(sum(c) / m - (sum(c) / m) ** 2 for c in itertools.combinations(values, m))  # 0 / 1 values
+        assert rewards.gather(1, keep).var(dim=1, unbiased=False).item() == pytest.approx(best, abs=1e-12)
+        before = max_variance(fill_skipped(rewards.masked_fill(~generated, float("nan")), generated), m)
+        if bool(generated.gather(1, before).all()):
+            assert torch.equal(keep, before)

@@ -154,8 +154,20 @@ def select(rule: str | Callable, groups: Groups | torch.Tensor, m: int,
     (:func:`kept_indices`); a rule that keeps a sample early stop never generated fails here."""
     groups = groups if isinstance(groups, Groups) else Groups(groups)
     fn = RULES.checked(rule)
-    keep = fn(groups, m, generator) if fn.takes_groups else fn(groups.selectable_rewards(), m, generator)
+    order = None
+    seen = groups
+    if groups.generated is not None and not bool(groups.generated.all()):
+        # generated samples first within each group, in their order: a rule's stable tie-breaking
+        # then keeps generated samples among equal rewards (a sample pruned from a group whose
+        # generated rewards are all equal is filled with that same value, #72)
+        order = (~groups.generated).long().argsort(dim=1, stable=True)  # [P, n]
+        seen = Groups(*(None if field is None else field.gather(1, order)
+                        for field in (groups.rewards, groups.generated, groups.lengths)))
+    keep = fn(seen, m, generator) if fn.takes_groups else fn(seen.selectable_rewards(), m, generator)
+    if order is not None:
+        keep = order.gather(1, keep).sort(dim=1).values  # [P, m] original indices
     if groups.generated is not None and not bool(groups.generated.gather(1, keep).all()):
         raise broken(fn.field, fn.spec,
                      "a sample early stop never generated (it has no completion to train on)")
     return keep
+
