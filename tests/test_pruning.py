@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from podsrl.algorithms.pruning import needed, prune_running
+from podsrl.algorithms.pruning import needed, prune_running, prune_trusting_sure
 
 
 def best_variance(classes: list[int], m: int) -> float:
@@ -24,7 +24,8 @@ def split_variance(high: int, m: int) -> float:
 
 def scenario(rng: random.Random, right: bool):
     """One group: true classes, each sample finished / running / pending, the head's
-    probabilities for the running ones (right: never confident in the wrong class)."""
+    probabilities for the running ones (right: never confident in the wrong class); returns
+    m, threshold, truth, running, probabilities, finished counts [low, high], pending."""
     m = rng.randint(1, 5)
     n = rng.randint(m, 8)
     threshold = rng.choice([0.6, 0.8, 0.95])
@@ -41,7 +42,8 @@ def scenario(rng: random.Random, right: bool):
         else:  # unsure
             probabilities.append(rng.uniform(1 - threshold + 1e-6, threshold - 1e-6))
     finished = [sum(1 for i in range(n) if state[i] == "f" and truth[i] == c) for c in (0, 1)]
-    return m, threshold, truth, running, probabilities, finished
+    pending = [i for i in range(n) if state[i] == "p"]
+    return m, threshold, truth, running, probabilities, finished, pending
 
 
 def pruned_of(groups: list) -> list[set[int]]:
@@ -72,7 +74,7 @@ def test_a_right_head_never_prunes_what_the_max_variance_subset_needs():
     groups = [scenario(rng, right=True) for _ in range(3000)]
     decisions = pruned_of(groups)
     pruning = 0
-    for (m, _, truth, _, _, _), pruned in zip(groups, decisions):
+    for (m, _, truth, *_), pruned in zip(groups, decisions):
         kept = [c for i, c in enumerate(truth) if i not in pruned]
         assert len(kept) >= m
         assert best_variance(kept, m) == pytest.approx(best_variance(truth, m), abs=1e-12)
@@ -87,7 +89,7 @@ def test_a_wrong_head_costs_at_most_its_confident_errors():
     rng = random.Random(1)
     groups = [scenario(rng, right=False) for _ in range(3000)]
     costly = 0
-    for (m, threshold, truth, running, probabilities, _), pruned in zip(groups, pruned_of(groups)):
+    for (m, threshold, truth, running, probabilities, *_), pruned in zip(groups, pruned_of(groups)):
         kept = [c for i, c in enumerate(truth) if i not in pruned]
         assert len(kept) >= m
         errors = sum((p >= threshold and not truth[i]) or (1 - p >= threshold and truth[i])
@@ -144,3 +146,45 @@ def test_the_threshold_must_make_one_class_the_confident_one():
     with pytest.raises(ValueError, match="threshold: must be in"):
         prune_running(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long),
                       torch.zeros(1), 2, 0.5)
+
+
+def dropped_of(running: list[int], flags: torch.Tensor, pending: list[int], settled: bool) -> set[int]:
+    """The samples a group never generates whole: its pruned runners and, once settled, its pending ones."""
+    return {i for i, flag in zip(running, flags.tolist()) if flag} | (set(pending) if settled else set())
+
+
+def test_trusting_sure_samples_loses_nothing_when_the_head_is_right():
+    """The bolder rule (places filled by sure running samples too; a settled group's pending
+    samples never start): with a right head the group keeps m samples and its best variance,
+    and it prunes more than the finished-only rule."""
+    rng = random.Random(3)
+    bolder = plain = settled_groups = 0
+    for m, threshold, truth, running, probabilities, finished, pending in (scenario(rng, right=True)
+                                                                           for _ in range(1500)):
+        group = torch.zeros(len(running), dtype=torch.long)
+        probability = torch.tensor(probabilities, dtype=torch.float64)
+        flags, settled = prune_trusting_sure(torch.tensor([finished]), group, probability, m, threshold)
+        dropped = dropped_of(running, flags, pending, bool(settled[0]))
+        kept = [c for i, c in enumerate(truth) if i not in dropped]
+        assert len(kept) >= m
+        assert best_variance(kept, m) == pytest.approx(best_variance(truth, m), abs=1e-12)
+        bolder += int(flags.sum())
+        plain += int(prune_running(torch.tensor([finished]), group, probability, m, threshold).sum())
+        settled_groups += bool(settled[0])
+    assert bolder > plain > 0 and settled_groups > 50
+
+
+def test_trusting_sure_samples_never_prunes_the_scarce_class_and_keeps_m():
+    """With any probabilities (a wrong head), the group keeps at least m samples generated, and a
+    class with fewer than floor(m/2) reliable samples loses none of its sure runners."""
+    rng = random.Random(4)
+    for m, threshold, truth, running, probabilities, finished, pending in (scenario(rng, right=False)
+                                                                           for _ in range(1500)):
+        probability = torch.tensor(probabilities, dtype=torch.float64)
+        flags, settled = prune_trusting_sure(torch.tensor([finished]), torch.zeros(len(running), dtype=torch.long),
+                                             probability, m, threshold)
+        dropped = dropped_of(running, flags, pending, bool(settled[0]))
+        assert len(truth) - len(dropped) >= m
+        for c, sure in ((0, probability <= 1 - threshold), (1, probability >= threshold)):
+            if finished[c] + int(sure.sum()) < m // 2:
+                assert not bool((flags & sure).any())

@@ -62,3 +62,52 @@ def prune_running(finished: torch.Tensor, group: torch.Tensor, high_probability:
     prune_low = full[:, 0] | (~prune_high & (low >= needed(m, high + sure_running[:, 1])))  # [P]
     pruned_class = torch.stack([prune_low, prune_high], dim=1)[group]  # [S, 2]
     return (pruned_class & confident).any(dim=1)
+
+
+def target_split(reliable_low: int, reliable_high: int, m: int) -> tuple[int, int] | None:
+    """The (low, high) counts of a max-variance m-subset the group can be sure to hold when it
+    can rely on ``reliable_*`` samples of each class (finished, plus sure running ones), or
+    None while neither class may be pruned: a class below floor(m/2) is scarce (all of it is
+    needed), and the other class then fills the rest, if it can."""
+    fewer = m // 2
+    if reliable_low >= fewer and reliable_high >= fewer and reliable_low + reliable_high >= m:
+        high = m - fewer if reliable_high >= m - fewer else fewer
+        return m - high, high
+    if reliable_low < fewer and reliable_high >= m - reliable_low:
+        return reliable_low, m - reliable_low
+    if reliable_high < fewer and reliable_low >= m - reliable_high:
+        return m - reliable_high, reliable_high
+    return None
+
+
+def prune_trusting_sure(finished: torch.Tensor, group: torch.Tensor, high_probability: torch.Tensor, m: int,
+                        threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bolder rule than :func:`prune_running`, measured beside it (#72): a class's places are
+    filled by its finished samples *and* its sure running ones (confidence >= threshold). Per
+    group, the target split of :func:`target_split` keeps every finished sample and, of each
+    class, the most confident sure runners still needed; the other sure runners of a class
+    whose places are filled are pruned, and a group whose target covers both classes is settled
+    (its unstarted samples need not start). Lossless when the head's sure predictions are
+    right; a wrong one can cost a place of the kept subset itself.
+
+    Same inputs as :func:`prune_running`; -> pruned [S] bool, settled [P] bool.
+    """
+    if not 0.5 < threshold <= 1.0:
+        raise ValueError(f"threshold: must be in (0.5, 1], got {threshold}")
+    pruned = torch.zeros(len(group), dtype=torch.bool)
+    settled = torch.zeros(finished.shape[0], dtype=torch.bool)
+    sure = [1 - high_probability >= threshold, high_probability >= threshold]  # [S] each: low, high
+    confidence = [1 - high_probability, high_probability]
+    for g in group.unique().tolist():
+        mine = group == g  # [S]
+        reliable = [int(finished[g, c]) + int((sure[c] & mine).sum()) for c in (0, 1)]
+        split = target_split(reliable[0], reliable[1], m)
+        if split is None:
+            continue
+        settled[g] = min(split) >= m // 2  # both classes' places are known
+        for c in (0, 1):
+            candidates = (sure[c] & mine).nonzero()[:, 0]  # sure runners of class c, by index
+            keep = max(0, split[c] - int(finished[g, c]))  # a scarce class keeps them all
+            order = candidates[confidence[c][candidates].argsort(descending=True, stable=True)]
+            pruned[order[keep:]] = True
+    return pruned, settled
