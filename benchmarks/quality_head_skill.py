@@ -15,12 +15,16 @@ that learned from batches < b only; then it learns batch b. Skill is reported ov
 --warmup on, on the samples still running at each point: AUC, calibration error, the share the
 head is sure of (calibrated probability >= --threshold either way) and how often it is wrong then.
 
-Pruning, simulated on the same samples (podsrl.algorithms.pruning.prune_running at each relative
-point in turn; samples of a group taken to start together, as under generation_micro_group 0,
-so at length k a sample of length <= k has finished): tokens saved, pruned samples whose true
-class the head got wrong, the kept set (max_variance over what is left, pruned samples never
-generated) against the kept set without pruning: its mean length and reward variance, paired by
-group on the very same samples.
+Pruning, simulated on the same samples. In lockstep (prune_running at each relative point in
+turn, a group's samples taken to start together, so at length k a sample of length <= k has
+finished). Then on the slots engine's schedule replayed with the samples' true lengths and
+classes (--slots slots, round_robin, continuous refill), arm by arm: all n; lossless early stop;
+early stop with prune_running (a class's places filled by finished samples, #72 as specified)
+and with prune_trusting_sure (places filled by sure running samples too; a settled group starts
+no more samples), each by the head and by a head always right and sure (the rule's ceiling).
+Per arm: tokens decoded, decode steps, samples generated whole, and the kept set as the trainer
+selects it (max_variance over the generated samples): its mean length and reward variance,
+paired by group against early stop alone.
 
     python benchmarks/quality_head_skill.py [--workload chain|smollm2-gsm8k-256] [--batches 8]
         [--n 16] [--m 4] [--points 0.25,0.5] [--threshold 0.8] [--record NAME]
@@ -36,11 +40,10 @@ from pathlib import Path
 
 import torch
 
-from podsrl.algorithms.early_stop import fill_skipped
-from podsrl.algorithms.pruning import prune_running
+from podsrl.algorithms.pruning import prune_running, prune_trusting_sure
 from podsrl.algorithms.quality_head import QualityHead, auc, calibration_error
 from podsrl.algorithms.quality_head import statistics as head_statistics
-from podsrl.algorithms.select import max_variance
+from podsrl.algorithms.select import Groups, max_variance, select
 from podsrl.experiments.stats import mean_ci
 from podsrl.models import load_model
 from podsrl.rewards.scorer import Scorer, ScoringOptions
@@ -172,8 +175,7 @@ def simulate_pruning(batch: dict, probabilities: dict, lengths_at: list[int], ar
                 wrong += int((q >= 0.5) != bool(labels[p, s]))
     rewards = labels.double()
     full = max_variance(rewards, args.m)  # [P, m]
-    kept = max_variance(fill_skipped(rewards.masked_fill(pruned, float("nan")), ~pruned), args.m)
-    assert not bool(pruned.gather(1, kept).any()), "a pruned sample was kept"
+    kept = select("max_variance", Groups(rewards.masked_fill(pruned, float("nan")), ~pruned), args.m)  # the trainer's
     variance = {arm: rewards.gather(1, keep).var(dim=1, correction=0) for arm, keep in (("full", full), ("kept", kept))}
     length = {arm: lengths.gather(1, keep).double().mean(1) for arm, keep in (("full", full), ("kept", kept))}
     return {"pruned": int(pruned.sum()), "wrong": wrong, "saved": saved, "tokens": int(lengths.sum()),
@@ -181,14 +183,16 @@ def simulate_pruning(batch: dict, probabilities: dict, lengths_at: list[int], ar
 
 
 def schedule(batch: dict, probabilities: dict, lengths_at: list[tuple[str, int]], args, early_stop: bool,
-             prune: bool) -> dict:
+             prune: str) -> dict:
     """The slots engine's schedule replayed on one batch's samples (their lengths and classes
     known): ``args.slots`` slots, one sample of each prompt in turn (round_robin), a freed slot
     refilled at once; with ``early_stop``, a group whose finished samples hold the subset's
     largest variance has its unstarted samples cancelled (the trainer's lossless early stop);
-    with ``prune``, each running sample at each detection point (``lengths_at``) is put to
-    prune_running with its group's finished samples and the latest probabilities of its
-    running ones. -> which samples were generated whole, tokens and decode steps."""
+    with ``prune`` ('finished': prune_running; 'sure': prune_trusting_sure, whose settled groups
+    start no more samples; '': none), whenever a running sample reaches a detection point
+    (``lengths_at``) its group's running samples are put to the rule with the group's finished
+    samples and each runner's latest probability, and those it names stop. -> which samples
+    were generated whole, tokens and decode steps."""
     labels, lengths = batch["labels"], batch["lengths"]  # [P, n]
     prompts, n = labels.shape
     order = [(p, s) for s in range(n) for p in range(prompts)]  # round_robin
@@ -210,6 +214,8 @@ def schedule(batch: dict, probabilities: dict, lengths_at: list[tuple[str, int]]
             break
         steps += 1
         for sample in list(running):
+            if sample not in running:  # pruned at another sample's detection point this step
+                continue
             running[sample] += 1
             tokens += 1
             p, s = sample
@@ -223,11 +229,18 @@ def schedule(batch: dict, probabilities: dict, lengths_at: list[tuple[str, int]]
                 latest[sample] = probabilities[points[running[sample]]][sample]
                 others = [other for other in running if other[0] == p]
                 probability = torch.tensor([latest.get(other, 0.5) for other in others], dtype=torch.float64)
-                flags = prune_running(finished[p:p + 1], torch.zeros(len(others), dtype=torch.long), probability,
-                                      args.m, args.threshold)
-                if flags[others.index(sample)]:
-                    del running[sample]
-                    pruned[p, s] = True
+                group = torch.zeros(len(others), dtype=torch.long)
+                if prune == "sure":
+                    flags, settled = prune_trusting_sure(finished[p:p + 1], group, probability, args.m,
+                                                         args.threshold)
+                    if bool(settled[0]):
+                        cancelled.add(p)
+                else:
+                    flags = prune_running(finished[p:p + 1], group, probability, args.m, args.threshold)
+                for other, flag in zip(others, flags.tolist()):
+                    if flag:
+                        del running[other]
+                        pruned[other] = True
     return {"generated": done, "pruned": pruned, "tokens": tokens, "steps": steps}
 
 
@@ -238,28 +251,29 @@ def saturated_counts(counts: torch.Tensor, m: int) -> bool:
 
 
 def kept_of(batch: dict, generated: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Max-variance selection over the generated samples (the others never win: fill_skipped):
-    kept lengths [P, m] and rewards [P, m]."""
+    """Max-variance selection over the generated samples, as the trainer selects (it refuses to
+    keep one never generated): kept lengths [P, m] and rewards [P, m]."""
     rewards = batch["labels"].double()
-    keep = max_variance(fill_skipped(rewards.masked_fill(~generated, float("nan")), generated), m)
-    assert bool(generated.gather(1, keep).all()), "a sample never generated whole was kept"
+    keep = select("max_variance", Groups(rewards.masked_fill(~generated, float("nan")), generated), m)
     return batch["lengths"].gather(1, keep).double(), rewards.gather(1, keep)
 
 
 def schedule_lines(batches: list[dict], probabilities: list[dict], relative: list, pooling: str, args) -> list[str]:
-    """The arms replayed on the same samples: no early stop, early stop, early stop + pruning (by
-    the head, and by a head that is always right and sure: the rule's ceiling)."""
-    arms = {"all n": (False, False), "early stop": (True, False), "early stop + pruning": (True, True),
-            "early stop + pruning, a perfect head": (True, "perfect")}
+    """The arms replayed on the same samples: no early stop, early stop, early stop + each
+    pruning rule (by the head, and by a head that is always right and sure: the rule's ceiling)."""
+    arms = {"all n": (False, "", False), "early stop": (True, "", False),
+            "early stop + pruning": (True, "finished", False),
+            "early stop + pruning, a perfect head": (True, "finished", True),
+            "early stop + bolder pruning (sure samples fill places)": (True, "sure", False),
+            "early stop + bolder pruning, a perfect head": (True, "sure", True)}
     totals = {arm: {"tokens": 0, "steps": 0, "samples": 0, "pruned": 0, "lengths": [], "variance": []} for arm in arms}
     for index in range(args.warmup, len(batches)):
         at = [(name, length_of(index)) for name, length_of in relative]
         labels, lengths = batches[index]["labels"], batches[index]["lengths"]
         perfect = {name: {(p, s): float(labels[p, s]) for p in range(labels.shape[0]) for s in range(labels.shape[1])
                           if int(lengths[p, s]) > k} for name, k in at}  # the ceiling of the rule
-        for arm, (early, prune) in arms.items():
-            result = schedule(batches[index], perfect if prune == "perfect" else probabilities[index], at, args,
-                              early, bool(prune))
+        for arm, (early, prune, oracle) in arms.items():
+            result = schedule(batches[index], perfect if oracle else probabilities[index], at, args, early, prune)
             lengths, rewards = kept_of(batches[index], result["generated"], args.m)
             total = totals[arm]
             total["tokens"] += result["tokens"]
