@@ -325,3 +325,32 @@ def test_a_compile_that_fails_runs_the_eager_step_with_one_note(monkeypatch, cap
     assert not rows.compiled and rows.reports_compile  # still logged: every process logs the same fields
     assert capsys.readouterr().err.count("note: podsrl's decode step runs uncompiled: torch.compile failed "
                                          "(RuntimeError: no C++ compiler found)\n") == 1
+
+
+@pytest.mark.parametrize("path", ["eager", "model"])
+def test_rows_that_keep_the_hidden_state_give_the_models_last_hidden_state_and_the_same_logits(path):
+    """Rows asked to keep it (cache_rows(..., hidden=True), for watchers of running samples) hold
+    after each step the model's last hidden state at the fed token (its forward over the whole
+    sequence, float32 tolerance), and their logits are those of rows that do not keep it."""
+    model = llama()
+    generator = torch.Generator().manual_seed(2)
+    sequences = [torch.randint(0, 97, (n,), generator=generator).tolist() for n in (3, 7)]
+    with torch.no_grad():
+        kv = []
+        for tokens in sequences:
+            out = model(torch.tensor([tokens]), use_cache=True)
+            kv.append([(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+        keeping, plain = (cache_rows(model, kv, 6, path=path, hidden=flag)[0] for flag in (True, False))
+        for rows in (keeping, plain):
+            rows.open(2)
+            rows.place([0, 1], kv)
+        position = torch.tensor([3, 7])
+        for _ in range(4):
+            fed = torch.randint(0, 97, (2,), generator=generator)
+            logits = keeping.step(fed, position)
+            assert torch.allclose(logits, plain.step(fed, position), atol=1e-5) and plain.hidden is None
+            for row, token in enumerate(fed.tolist()):
+                sequences[row].append(token)
+                expected = model(torch.tensor([sequences[row]]), output_hidden_states=True).hidden_states[-1][0, -1]
+                assert torch.allclose(keeping.hidden[row], expected.float(), atol=1e-4)
+            position = position + 1

@@ -187,21 +187,22 @@ class DecodeModel:
 
     @torch.no_grad()
     def step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor,
-             width: int | None = None, compiled: bool = False) -> torch.Tensor:
+             width: int | None = None, compiled: bool = False, hidden: bool = False):
         """One step (:meth:`_step`); ``compiled``: through :func:`compiled_step` (the width read on
         the host first, so the compiled graph has no break), a lone row eagerly."""
         with torch.autocast(self.device.type, enabled=False):
             if compiled and tokens.shape[0] > 1:  # dynamo specialises a size of 1: one row would recompile
                 return compiled_step()(self, cache, tokens, position,
-                                       int(position.max()) + 1 if width is None else width)
-            return self._step(cache, tokens, position, width)
+                                       int(position.max()) + 1 if width is None else width, hidden)
+            return self._step(cache, tokens, position, width, hidden)
 
     def _step(self, cache: InPlaceCache, tokens: torch.Tensor, position: torch.Tensor,
-              width: int | None) -> torch.Tensor:
+              width: int | None, hidden: bool = False):
         """Feed ``tokens`` [B] at columns ``position`` [B] of the cache's first B rows; returns
-        the next-token logits [B, V] in float32. Each row attends to its columns [0, position],
-        read from the first ``width`` columns (None: up to the longest row's, which costs one
-        device-to-host read; a captured step passes the cache's whole width)."""
+        the next-token logits [B, V] in float32, with ``hidden`` also the last hidden state they
+        come from (after the final norm) [B, D] in float32. Each row attends to its columns
+        [0, position], read from the first ``width`` columns (None: up to the longest row's,
+        which costs one device-to-host read; a captured step passes the cache's whole width)."""
         rows = tokens.shape[0]
         width = int(position.max()) + 1 if width is None else width
         if rows > cache.rows or width > cache.width:
@@ -230,7 +231,9 @@ class DecodeModel:
             h = h + self._linear(attended.reshape(rows, heads * d), o_w, o_b)  # back to h's dtype
             gate, up = self._linear(self._norm(h, norm2), gate_up_w, gate_up_b).chunk(2, dim=-1)
             h = h + self._linear(F.silu(gate) * up, down_w, down_b)
-        return self._linear(self._norm(h, self.final_norm), self.head, None).float()
+        last = self._norm(h, self.final_norm)  # [B, D]
+        logits = self._linear(last, self.head, None).float()
+        return (logits, last.float()) if hidden else logits
 
 
 COMPILED = []  # the one torch.compile of the step in this process, made on first use
@@ -267,9 +270,10 @@ class GraphedStep:
     cache's tensors by address: a cache that grows drops them. ``capture_seconds`` is the time
     spent capturing (warm-up included), reported apart from decoding."""
 
-    def __init__(self, step_model: DecodeModel, cache: InPlaceCache) -> None:
-        self.step_model, self.cache = step_model, cache
-        self.graphs: dict[int, tuple] = {}  # bucket -> (graph, tokens [R], position [R], logits [R, V])
+    def __init__(self, step_model: DecodeModel, cache: InPlaceCache, hidden: bool = False) -> None:
+        self.step_model, self.cache, self.hidden = step_model, cache, hidden
+        # bucket -> (graph, tokens [R], position [R], output: logits [R, V], with ``hidden`` and the state [R, D])
+        self.graphs: dict[int, tuple] = {}
         self.captured_on = None  # the cache tensor the graphs were captured over
         self.capture_seconds = 0.0
 
@@ -282,13 +286,15 @@ class GraphedStep:
             self.captured_on = self.cache.keys[0]
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
-        graph, fed, at, logits = self.graphs[size]
+        graph, fed, at, output = self.graphs[size]
         fed[:rows].copy_(tokens)
         fed[rows:] = 0
         at[:rows].copy_(position)
         at[rows:] = self.cache.width - 1
         graph.replay()
-        return logits[:rows].clone()  # the graph's output is overwritten by its next replay
+        if self.hidden:  # the graph's outputs are overwritten by its next replay
+            return output[0][:rows].clone(), output[1][:rows].clone()
+        return output[:rows].clone()
 
     def _capture(self, size: int) -> tuple:
         start = time.perf_counter()
@@ -296,13 +302,13 @@ class GraphedStep:
         fed = torch.zeros(size, dtype=torch.long, device=device)  # [R] tokens, [R] columns: the graph's inputs
         at = torch.full((size,), self.cache.width - 1, dtype=torch.long, device=device)
         width = self.cache.width
-        graph, logits = capture(lambda: self.step_model.step(self.cache, fed, at, width), device)
+        graph, output = capture(lambda: self.step_model.step(self.cache, fed, at, width, hidden=self.hidden), device)
         self.capture_seconds += time.perf_counter() - start
-        return graph, fed, at, logits
+        return graph, fed, at, output
 
 
-def capture(run, device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """``run()`` captured as a CUDA graph, and the tensor its replays write (PyTorch's recipe:
+def capture(run, device: torch.device) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``run()`` captured as a CUDA graph, and the tensor (or tensors) its replays write (PyTorch's recipe:
     two warm-up runs on a side stream, so allocations and lazy initialisation happen before
     capture)."""
     side = torch.cuda.Stream(device)

@@ -53,12 +53,15 @@ class InPlaceRows:
 
     path = "podsrl"
 
-    def __init__(self, model, columns: int, captured: bool = False, compiled: bool = False) -> None:
+    def __init__(self, model, columns: int, captured: bool = False, compiled: bool = False,
+                 hidden: bool = False) -> None:
         self.step_model = DecodeModel(model)
         self.cache = self.step_model.new_cache(0, columns)
         self.count = 0
-        self.graphed = GraphedStep(self.step_model, self.cache) if captured else None
+        self.graphed = GraphedStep(self.step_model, self.cache, hidden) if captured else None
         self.compiled = compiled
+        # ``hidden``: each step also keeps the last hidden state its logits came from, [B, D] float32
+        self.keeps_hidden, self.hidden = hidden, None
         # from the settings alone, so every process logs the same fields (a collective mean)
         self.reports_compile = compiled or captured
         self.torch_compile_seconds = 0.0  # torch.compile's first call in this process, when it fell in this call
@@ -72,6 +75,12 @@ class InPlaceRows:
             self.cache.write(row, kv)
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        output = self._step(tokens, position)
+        if self.keeps_hidden:
+            output, self.hidden = output
+        return output
+
+    def _step(self, tokens: torch.Tensor, position: torch.Tensor):
         if self.graphed is not None:
             try:
                 return self.graphed(tokens, position)
@@ -80,21 +89,21 @@ class InPlaceRows:
                 self.graphed = None
         if self.compiled:
             return self._compiled_step(tokens, position)
-        return self.step_model.step(self.cache, tokens, position)
+        return self.step_model.step(self.cache, tokens, position, hidden=self.keeps_hidden)
 
-    def _compiled_step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    def _compiled_step(self, tokens: torch.Tensor, position: torch.Tensor):
         first = not decode_step.COMPILED  # this call pays the process's compile
         start = time.perf_counter()
         try:
-            logits = self.step_model.step(self.cache, tokens, position, compiled=True)
+            output = self.step_model.step(self.cache, tokens, position, compiled=True, hidden=self.keeps_hidden)
         except Exception as err:  # no C++ compiler, an inductor failure: the eager step computes the same
             note(f"podsrl's decode step runs uncompiled: torch.compile failed ({type(err).__name__}: "
                  f"{first_line(err)})")
             self.compiled = False
-            return self.step_model.step(self.cache, tokens, position)
+            return self.step_model.step(self.cache, tokens, position, hidden=self.keeps_hidden)
         if first:
             self.torch_compile_seconds += time.perf_counter() - start
-        return logits
+        return output
 
     @property
     def compile_seconds(self) -> float:
@@ -122,8 +131,9 @@ class ShiftedRows:
     path = "model"
     compile_seconds, reports_compile = 0.0, False  # nothing is captured or compiled
 
-    def __init__(self, model, prompt_kv: KV) -> None:
+    def __init__(self, model, prompt_kv: KV, hidden: bool = False) -> None:
         self.model = model
+        self.keeps_hidden, self.hidden = hidden, None  # as InPlaceRows: the step's last hidden state [B, D]
         self.cache = DynamicCache(config=model.config)
         self.template = prompt_kv  # one prompt's keys and values: the cache's shapes and dtype
         self.layers = None
@@ -167,8 +177,11 @@ class ShiftedRows:
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         attention_mask = torch.cat([self.column_mask, self.column_mask.new_ones(len(tokens), 1)], dim=1)
         out = self.model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=position[:, None],
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=self.keeps_hidden)
         self.column_mask = attention_mask
+        if self.keeps_hidden:  # transformers' last hidden state is the final norm's output
+            self.hidden = out.hidden_states[-1][:, -1, :].float()
         return out.logits[:, -1, :].float()  # [B, V]
 
     def tail(self, row: int, count: int, position: int) -> KV:
@@ -192,11 +205,13 @@ class ShiftedRows:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
 
-def cache_rows(model, prompt_kv: list[KV], max_completion_length: int, path: str = "auto") -> tuple[object, str]:
+def cache_rows(model, prompt_kv: list[KV], max_completion_length: int, path: str = "auto",
+               hidden: bool = False) -> tuple[object, str]:
     """The rows a call decodes in, and why it is not podsrl's decode step ('' when it is).
     ``path``: 'auto' (podsrl's where :func:`decode_path_refusal` allows, replayed as CUDA graphs
     on a GPU), 'podsrl' (the same, refused where it cannot run), 'compiled' (podsrl's under
-    torch.compile), 'eager' (podsrl's, never captured) or 'model'."""
+    torch.compile), 'eager' (podsrl's, never captured) or 'model'; ``hidden``: each step keeps
+    the last hidden state of its rows (``rows.hidden`` [B, D]), for watchers that read it."""
     refusal = decode_path_refusal(model) if path != "model" else "asked for the model's own forward"
     if path in ("podsrl", "compiled", "eager") and refusal:
         raise ValueError(f"podsrl's decode step cannot run this model: {refusal}")
@@ -204,7 +219,8 @@ def cache_rows(model, prompt_kv: list[KV], max_completion_length: int, path: str
         if path == "auto":
             note(f"generation_engine slots decodes with the model's own forward (slower, docs/generation.md): "
                  f"{refusal}")
-        return ShiftedRows(model, prompt_kv[0]), refusal
+        return ShiftedRows(model, prompt_kv[0], hidden), refusal
     longest = max(kv[0][0].shape[1] for kv in prompt_kv)
     captured = path in ("auto", "podsrl") and next(model.parameters()).device.type == "cuda"
-    return InPlaceRows(model, longest + max_completion_length + 1, captured, compiled=path == "compiled"), ""
+    return InPlaceRows(model, longest + max_completion_length + 1, captured, compiled=path == "compiled",
+                       hidden=hidden), ""
