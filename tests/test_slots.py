@@ -369,7 +369,19 @@ def make_decoder(bundle, prompts, num_samples, *, max_completion_length=8, eos=N
     options = SlotsOptions(max_completion_length=max_completion_length, decode_path="model")
     tokenizer = SimpleNamespace(eos_token_id=bundle.tokenizer.eos_token_id if eos is None else eos,
                                 pad_token_id=bundle.tokenizer.pad_token_id)
-    return SlotDecoder(bundle.model, prompt_kv, logits, pending, num_samples, options, tokenizer, watcher), enc
+    watchers = () if watcher is None else (StopGroups(watcher),)
+    return SlotDecoder(bundle.model, prompt_kv, logits, pending, num_samples, options, tokenizer, watchers), enc
+
+
+@dataclasses.dataclass(frozen=True)
+class StopGroups:
+    """A plain function as a ``stop_groups`` watcher (the decoder takes the call's watchers)."""
+
+    rule: object
+    kind = "stop_groups"
+
+    def __call__(self, prompt_index, completion_ids):
+        return self.rule(prompt_index, completion_ids)
 
 
 def test_admission_places_each_prompt_cache_right_aligned(tiny):

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from podsrl.contracts import UserCodeError
-from podsrl.rollout import STOP_GROUPS, Capabilities, SlotsEngine, WatcherFactory, capabilities
+from podsrl.rollout import PRUNE_RUNNING, STOP_GROUPS, Capabilities, SlotsEngine, WatcherFactory, capabilities
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer import train
 from podsrl.trainer.config import Config, make_config, validate
@@ -132,7 +132,7 @@ def test_a_new_capability_from_outside_is_declared_by_its_engine_refused_elsewhe
     validate(Config(**capped))
     with pytest.raises(ValueError, match=r"^generation_watchers: .*:Three is a watcher of kind 'cap_length', and "
                                          r"generation_engine slots runs none of that kind "
-                                         r"\(it declares stop_groups\)$"):
+                                         r"\(it declares prune_running, stop_groups\)$"):
         validate(Config(**{**capped, "generation_engine": "slots"}))
     train(Config(**capped, max_completion_length=12, output_dir=str(tmp_path / "run")))
     lengths = [r["completion_len"] for r in metrics(tmp_path / "run") if "completion_len" in r]
@@ -151,7 +151,7 @@ def test_a_watcher_that_returns_garbage_fails_in_one_line_naming_it(tmp_path, ti
 
 
 def test_capabilities_are_declared_once_and_the_former_attributes_are_refused():
-    assert capabilities(SlotsEngine) == Capabilities(watches={STOP_GROUPS}, partial_rollouts=True)
+    assert capabilities(SlotsEngine) == Capabilities(watches={STOP_GROUPS, PRUNE_RUNNING}, partial_rollouts=True)
     assert capabilities(object()) == Capabilities()  # declares nothing: can do nothing of it
 
     class Former:

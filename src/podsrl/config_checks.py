@@ -26,6 +26,7 @@ from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rollout import (
     ENGINES,
     FLAT_OPTIONS,
+    PRUNE_RUNNING,
     SCHEDULES,
     STOP_GROUPS,
     WATCHERS,
@@ -220,8 +221,9 @@ def _check_watcher(cfg, spec) -> None:
                                       f"generation_engine {engine_label} runs none of that kind (it declares "
                                       f"{declared.declared_kinds()})")
     _require_watch_allowed(cfg, kind, f"generation_watchers: {label}")
-    require(kind != STOP_GROUPS or METHODS[cfg.method].selects,
-            f"generation_watchers: {label} stops groups early, and method {cfg.method} trains on every sample it "
+    stops = {STOP_GROUPS: "stops groups early", PRUNE_RUNNING: "stops running samples"}
+    require(kind not in stops or METHODS[cfg.method].selects,
+            f"generation_watchers: {label} {stops.get(kind)}, and method {cfg.method} trains on every sample it "
             f"generates; use method pods")
 
 

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from podsrl.rollout.base import (
+    PRUNE_RUNNING,
     STOP_GROUPS,
     Capabilities,
     EngineOptions,
@@ -91,7 +92,7 @@ def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> E
 
 __all__ = ["Capabilities", "CheckedEngine", "CheckedWatcher", "ENGINES", "EngineOptions", "FLAT_OPTIONS",
            "GenerationCopy", "GenerationEngine", "HFEngine", "HFOptions", "LengthPredictor", "MemoryCapOptions",
-           "PrefixLengthPredictor", "REFILLS", "SCHEDULES", "STOP_GROUPS", "Sampling", "Schedule", "SlotsEngine",
-           "SlotsOptions", "VLLMEngine", "VLLMOptions", "WATCHERS", "Watcher", "WatcherFactory", "capabilities",
-           "engine_options", "generate", "generate_in_slots", "generation_memory_bytes", "options_class",
-           "reads_option", "to_rollouts", "watcher_kind"]
+           "PRUNE_RUNNING", "PrefixLengthPredictor", "REFILLS", "SCHEDULES", "STOP_GROUPS", "Sampling", "Schedule",
+           "SlotsEngine", "SlotsOptions", "VLLMEngine", "VLLMOptions", "WATCHERS", "Watcher", "WatcherFactory",
+           "capabilities", "engine_options", "generate", "generate_in_slots", "generation_memory_bytes",
+           "options_class", "reads_option", "to_rollouts", "watcher_kind"]

@@ -22,6 +22,9 @@ MB = 2**20
 # The watcher kinds podsrl's engines run (an engine may declare kinds of its own: a kind is the
 # contract between a watcher and the engines that declare it).
 STOP_GROUPS = "stop_groups"  # shown samples as they finish; names groups whose unstarted samples are cancelled
+# shown running samples at the lengths it asks for, with their pooled hidden states; names running samples to stop
+# (podsrl.rollout.running_watch)
+PRUNE_RUNNING = "prune_running"
 
 
 class Watcher(Protocol):
@@ -35,7 +38,12 @@ class Watcher(Protocol):
     indices [N] among the call's prompts and their token lists up to and including EOS; returns
     the prompts whose groups need no more samples. The engine cancels those groups' samples that
     have not started (those running are decoded to the end; see
-    :meth:`podsrl.rollout.slot_decoder.SlotDecoder.stop_saturated`)."""
+    :meth:`podsrl.rollout.slot_decoder.SlotDecoder.stop_saturated`).
+
+    Kind ``prune_running`` (#72; at most one a call): ``lengths(prompt)`` gives the completion
+    lengths at which it is shown a running sample of that prompt, and it is called with the
+    samples that reached one, their lengths and pooled hidden states, returning running samples
+    to stop (:mod:`podsrl.rollout.running_watch`)."""
 
     kind: ClassVar[str]
 
@@ -48,6 +56,14 @@ def group_stopper(watchers: tuple[Watcher, ...]) -> Watcher | None:
     if len(chosen) < 2:
         return chosen[0] if chosen else None
     return StopGroupsTogether(chosen)
+
+
+def running_watcher(watchers: tuple[Watcher, ...]) -> Watcher | None:
+    """A call's ``prune_running`` watcher, or None (two would each stop what the other keeps: refused)."""
+    chosen = [watcher for watcher in watchers if watcher.kind == PRUNE_RUNNING]
+    if len(chosen) > 1:
+        raise ValueError(f"generation_watchers: {len(chosen)} watchers of kind {PRUNE_RUNNING}; a call runs one")
+    return chosen[0] if chosen else None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from podsrl.contracts import broken, calling, podsrl_own
 from podsrl.registry import Registry, bind_options, component_label
-from podsrl.rollout.base import STOP_GROUPS, Watcher, capabilities
+from podsrl.rollout.base import PRUNE_RUNNING, STOP_GROUPS, Watcher, capabilities
 from podsrl.rollout.partial import PartialGeneration
 from podsrl.types import Rollouts
 
@@ -80,8 +80,9 @@ def checked_engine(value, args: tuple, field: str, spec: str):
 class CheckedWatcher:
     """A user's watcher (``generation_watchers``) held to its contract: its kind is the one its
     factory declared (what the config checked); each call can be stopped and fails in one line
-    naming it, and a ``stop_groups`` watcher must return prompt indices among the call's
-    ``prompts``. Another kind's contract is its engine's: the rest of the watcher is its own."""
+    naming it; a ``stop_groups`` watcher must return prompt indices among the call's
+    ``prompts``, a ``prune_running`` one (prompt, sample) pairs. Another kind's contract is its
+    engine's: the rest of the watcher is its own."""
 
     def __init__(self, inner, kind: str, prompts: int, field: str, spec: str) -> None:
         if getattr(inner, "kind", None) != kind:
@@ -89,16 +90,26 @@ class CheckedWatcher:
                                       f"kind {kind!r}")
         self.inner, self.kind, self.prompts, self.field, self.spec = inner, kind, prompts, field, spec
 
-    def __call__(self, prompt_index: list[int], completion_ids: list[list[int]]) -> list[int]:
+    def __call__(self, *shown):
+        """``stop_groups``: (prompt_index, completion_ids) -> prompt indices; ``prune_running``:
+        (samples, lengths, features) -> (prompt, sample) pairs of the call's samples."""
         with calling(self.field, self.spec):
-            named = self.inner(prompt_index, completion_ids)
-        if self.kind != STOP_GROUPS:
-            return named
-        if not isinstance(named, (list, tuple)) or any(type(p) is not int or not 0 <= p < self.prompts
-                                                       for p in named):
-            raise broken(self.field, self.spec, f"{named!r}, expected a list of prompt indices in [0, "
-                                                f"{self.prompts})")
-        return list(named)
+            named = self.inner(*shown)
+        if self.kind == STOP_GROUPS:
+            if not isinstance(named, (list, tuple)) or any(type(p) is not int or not 0 <= p < self.prompts
+                                                           for p in named):
+                raise broken(self.field, self.spec, f"{named!r}, expected a list of prompt indices in [0, "
+                                                    f"{self.prompts})")
+            return list(named)
+        if self.kind == PRUNE_RUNNING:
+            pairs = named if isinstance(named, (list, tuple)) else None
+            if pairs is None or any(not isinstance(pair, tuple) or len(pair) != 2 or type(pair[0]) is not int
+                                    or not 0 <= pair[0] < self.prompts or type(pair[1]) is not int
+                                    for pair in pairs):
+                raise broken(self.field, self.spec, f"{named!r}, expected a list of (prompt, sample) pairs, "
+                                                    f"prompt in [0, {self.prompts})")
+            return list(pairs)
+        return named
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from podsrl.rollout.base import EngineOptions, Watcher
+from podsrl.rollout.base import EngineOptions, Watcher, group_stopper, running_watcher
 from podsrl.rollout.kv_rows import cache_rows, full_attention_layers
+from podsrl.rollout.running_watch import RunningWatch
 from podsrl.rollout.sampling import next_tokens
 from podsrl.rollout.schedule import PendingSamples
 
@@ -51,12 +52,15 @@ class SlotDecoder:
     """
 
     def __init__(self, model, prompt_kv: list, prompt_logits: torch.Tensor, pending: PendingSamples,
-                 num_samples: int, options: EngineOptions, tokenizer, watcher: Watcher | None = None) -> None:
+                 num_samples: int, options: EngineOptions, tokenizer, watchers: tuple[Watcher, ...] = ()) -> None:
         self.model, self.prompt_kv, self.prompt_logits, self.pending = model, prompt_kv, prompt_logits, pending
         # the call's options (podsrl.rollout.slots.SlotsOptions: the engine's, or evaluation's
         # sampling over them); it reads max_completion_length, temperature, top_p and decode_path
         self.options = options
-        self.watcher = watcher  # of kind stop_groups (early stop), or None
+        self.watcher = group_stopper(watchers)  # of kind stop_groups (early stop), or None
+        pruner = running_watcher(watchers)  # of kind prune_running, or None
+        self.watch = (RunningWatch(pruner, model.config.get_text_config().hidden_size, model.device)
+                      if pruner is not None else None)
         # partial rollouts (``version``: the step whose weights decode now, set by the call that
         # resumes groups; None: off): per token, the step that drew it and its log-prob then (at
         # temperature 1, as the update's loss takes it), for the importance correction of tokens
@@ -74,7 +78,8 @@ class SlotDecoder:
         self.unscored: list[tuple[int, int]] = []  # finished since the watcher last saw them
         self.finished: set[tuple[int, int]] = set()  # (prompt, sample) finished in this call
         self.finished_before: set[tuple[int, int]] = set()  # finished in an earlier step (partial rollouts)
-        self.skipped: set[tuple[int, int]] = set()  # (prompt, sample) never generated (early stop)
+        # (prompt, sample) never generated: early stop cancelled it, or a prune_running watcher stopped it
+        self.skipped: set[tuple[int, int]] = set()
         # the length-aware schedule's probe: a sample that reaches ``pause_at`` tokens leaves its
         # slot; ``paused`` keeps, per layer, the keys and values [H, pause_at - 1, d] of its
         # tokens fed so far (its last token is fed when it resumes)
@@ -85,7 +90,7 @@ class SlotDecoder:
         self.completions: list[list[list[int]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
         device = model.device
         length = options.max_completion_length
-        self.rows = cache_rows(model, prompt_kv, length, options.decode_path)[0]
+        self.rows = cache_rows(model, prompt_kv, length, options.decode_path, hidden=self.watch is not None)[0]
         self.row_sample: list[tuple[int, int] | None] = []
         self.row_base: list[int] = []  # completion tokens a row's sample had when it was placed
         self.last_token = torch.zeros(0, dtype=torch.long, device=device)  # [B]
@@ -171,6 +176,8 @@ class SlotDecoder:
         self.drawn = torch.cat([self.drawn, self.drawn.new_zeros(count, self.drawn.shape[1])])
         self.drawn_logp = torch.cat([self.drawn_logp, self.drawn_logp.new_zeros(count, self.drawn.shape[1])])
         self.rows.open(count)
+        if self.watch is not None:
+            self.watch.open(count)
         return list(range(first, first + count))
 
     def start_samples(self, count: int) -> list[tuple[int, int, int]]:
@@ -211,6 +218,8 @@ class SlotDecoder:
             self.position[row] = kv[0][0].shape[1]
             self.live_rows[row] = True
             self.length[row] = self.row_base[row]
+        if self.watch is not None:
+            self.watch.place(rows, [(p, s, len(self.completions[p][s])) for p, s, _ in started])
 
     # --- refill -------------------------------------------------------------------------------
     def fill(self, rows: list[int]) -> None:
@@ -273,6 +282,8 @@ class SlotDecoder:
         self.row_sample = [self.row_sample[i] for i in order]
         self.row_base = [self.row_base[i] for i in order]
         self.rows.reorder(order)
+        if self.watch is not None:
+            self.watch.reorder(index)
 
     def drop_idle_rows(self) -> None:
         if any(s is None for s in self.row_sample):
@@ -301,8 +312,9 @@ class SlotDecoder:
         self.last_token = torch.where(live, drawn, self.last_token)
         ended = live & ((drawn == self.eos) | (self.length == self.options.max_completion_length))
         stopping = ended | (live & (self.length == self.pause_at)) if self.pause_at else ended
+        pruned = self._watch_running(live & ~stopping) if self.watch is not None else []
         if not bool(stopping.any()):
-            return []
+            return pruned
         rows = stopping.nonzero()[:, 0].tolist()
         for row, end in zip(rows, ended[rows].tolist()):
             prompt, sample = self.row_sample[row]
@@ -311,6 +323,22 @@ class SlotDecoder:
                 self._finish(prompt, sample)
             else:  # the probe's end: this row's columns before its position hold its fed tokens
                 self.paused[(prompt, sample)] = self.rows.tail(row, self.pause_at - 1, int(self.position[row]))
+            self.row_sample[row] = None
+            self.live_rows[row] = False
+        return rows + pruned
+
+    def _watch_running(self, running: torch.Tensor) -> list[int]:
+        """Show the ``prune_running`` watcher the running rows [B] that reached a length it asked
+        for; stop the samples it names (tokens dropped, not generated). -> the rows freed."""
+        named = set(self.watch.after_step(self.rows.hidden, running, self.length, self.row_sample))
+        rows = [row for row, owner in enumerate(self.row_sample) if owner in named and bool(running[row])]
+        for row in rows:
+            prompt, sample = self.row_sample[row]
+            drawn = len(self.completions[prompt][sample]) + int(self.length[row]) - self.row_base[row]
+            self.watch.pruned_tokens += drawn
+            self.completions[prompt][sample], self.versions[prompt][sample], self.logps[prompt][sample] = [], [], []
+            self.skipped.add((prompt, sample))
+            self._complete(prompt)
             self.row_sample[row] = None
             self.live_rows[row] = False
         return rows

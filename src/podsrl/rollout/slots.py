@@ -48,12 +48,12 @@ import torch
 from podsrl.options import NON_NEGATIVE, Range, option
 from podsrl.registry import Spec
 from podsrl.rollout.base import (
+    PRUNE_RUNNING,
     STOP_GROUPS,
     Capabilities,
     MemoryCapOptions,
     Sampling,
     Watcher,
-    group_stopper,
     longest_prompt,
     refuse_watchers,
     rows_within,
@@ -110,6 +110,9 @@ class SlotsOptions(MemoryCapOptions):
                              f"{', '.join(DECODE_PATHS)}")
 
     def watch_refusal(self, kind: str) -> str:
+        if kind == PRUNE_RUNNING and SCHEDULES.resolve(self.schedule).plans_lanes:
+            return ("generation_schedule length_aware parks every sample after its probe, and a watcher of running "
+                    "samples pools a sample's states over one stretch of decoding: use round_robin")
         if kind != STOP_GROUPS:
             return ""
         refusal = SCHEDULES.resolve(self.schedule).stop_groups_refusal
@@ -158,7 +161,8 @@ def generate_in_slots(model, tokenizer, prompts: list[str], num_samples: int, op
     """
     run = SlotRun(model, tokenizer, prompts, num_samples, options, predictor=predictor, watchers=watchers)
     run.decode()
-    return run.rollouts(list(range(len(prompts))), with_generated=run.decoder.watcher is not None)
+    watched = run.decoder.watcher is not None or run.decoder.watch is not None
+    return run.rollouts(list(range(len(prompts))), with_generated=watched)
 
 
 class SlotRun:
@@ -186,7 +190,7 @@ class SlotRun:
         pending = PendingSamples(len(prompts), num_samples, schedule, predicted,
                                  self.predictor if self.prompt_level else None)
         self.decoder = SlotDecoder(model, prompt_kv, prompt_logits, pending, num_samples, options, tokenizer,
-                                   watcher=group_stopper(watchers))
+                                   watchers=watchers)
         self.stats = {}
 
     def resume(self, carried: dict[int, CarriedGroup], quota: int, version: int) -> None:
@@ -269,6 +273,8 @@ class SlotRun:
         rollouts.stats.update(decode_steps=decoder.decode_steps, slots=self.slots,
                               slot_steps=self.slots * decoder.decode_steps, live_slot_steps=decoder.live_slot_steps,
                               **self.stats)
+        if decoder.watch is not None:  # what a prune_running watcher was shown and stopped
+            rollouts.stats.update(watched_samples=decoder.watch.shown, pruned_tokens=decoder.watch.pruned_tokens)
         if decoder.rows.reports_compile:  # graphs captured or the step compiled in this call (in its generation time)
             rollouts.stats["compile_seconds"] = decoder.rows.compile_seconds
         return rollouts
@@ -288,7 +294,7 @@ class SlotsEngine:
 
     # it cancels the unstarted samples of groups a watcher names (as its options allow), and
     # stops at a quota of complete groups, resuming the rest next step
-    capabilities = Capabilities(watches={STOP_GROUPS}, partial_rollouts=True)
+    capabilities = Capabilities(watches={STOP_GROUPS, PRUNE_RUNNING}, partial_rollouts=True)
     options_type = SlotsOptions
 
     def __init__(self, options: SlotsOptions) -> None:
