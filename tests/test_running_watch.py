@@ -24,7 +24,8 @@ class StopPromptZero:
     def lengths(self, prompt: int) -> tuple[int, ...]:
         return (3, 6)
 
-    def __call__(self, samples, lengths, features):
+    def __call__(self, samples, lengths, features, running):
+        assert set(samples) <= set(running)  # those shown are running
         self.shown += list(zip(samples, lengths, features))
         return [sample for sample, length in zip(samples, lengths) if sample[0] == 0 and length == 3]
 
@@ -84,11 +85,11 @@ class PastM:
     def lengths(self, prompt):
         return (2,)
 
-    def __call__(self, samples, lengths, features):
+    def __call__(self, samples, lengths, features, running):
         return [(prompt, sample) for prompt, sample in samples if sample >= self.keep]
 
 class Garbage(PastM):
-    def __call__(self, samples, lengths, features):
+    def __call__(self, samples, lengths, features, running):
         return [prompt for prompt, _ in samples]
 """
 RUN = dict(method="pods", generation_engine="slots", generation_schedule="round_robin", generation_micro_group=8,

@@ -92,7 +92,7 @@ class CheckedWatcher:
 
     def __call__(self, *shown):
         """``stop_groups``: (prompt_index, completion_ids) -> prompt indices; ``prune_running``:
-        (samples, lengths, features) -> (prompt, sample) pairs of the call's samples."""
+        (samples, lengths, features, running) -> (prompt, sample) pairs of the call's samples."""
         with calling(self.field, self.spec):
             named = self.inner(*shown)
         if self.kind == STOP_GROUPS:

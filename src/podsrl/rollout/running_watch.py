@@ -4,10 +4,11 @@ row, and the next completion length at which the watcher wants to see the sample
 
 The watcher's contract (:data:`podsrl.rollout.base.PRUNE_RUNNING`): ``lengths(prompt)`` gives,
 ascending, the completion lengths at which it is shown a running sample of that prompt;
-``watcher(samples, lengths, features)`` is shown the samples that reached one of them this step,
-(prompt, sample) each, with their completion lengths and their pooled states [S, D] (the mean
-last hidden state over the tokens fed in this call: a sample resumed from an earlier step
-pools from its resumption), and returns the running samples, any of the call's, to stop. The
+``watcher(samples, lengths, features, running)`` is shown the samples that reached one of them
+this step, (prompt, sample) each, with their completion lengths and their pooled states [S, D]
+(the mean last hidden state over the tokens fed in this call: a sample resumed from an earlier
+step pools from its resumption), and every sample running after the step (``running``, pairs),
+and returns running samples, any of the call's, to stop. The
 decoder stops them at once: their tokens are dropped, they count as not generated
 (``Rollouts.generated``), and their slots go to pending samples.
 """
@@ -62,4 +63,5 @@ class RunningWatch:
             self.check[row] = self.next_length(row_sample[row][0], int(length[row]))
         features = self.pooled[rows] / self.fed[rows].clamp_min(1)[:, None]  # [S, D]
         self.shown += len(rows)
-        return list(self.watcher([row_sample[row] for row in rows], length[rows].tolist(), features))
+        running = [owner for owner, on in zip(row_sample, fed.tolist()) if on]
+        return list(self.watcher([row_sample[row] for row in rows], length[rows].tolist(), features, running))
