@@ -72,8 +72,8 @@ def test_it_learns_from_and_scores_only_the_samples_whose_class_is_known():
     assert skill["prune_sure_wrong_0"] == pytest.approx(1 / 3)  # (1, 0): sure high, ended low
 
 
-def test_detection_lengths_are_distinct_and_at_least_two():
+def test_detection_lengths_are_one_per_point_and_at_least_two():
     assert detection_lengths((0.25, 0.5), 40.0) == (10, 20)
-    assert detection_lengths((0.01, 0.02, 0.5), 10.0) == (2, 5)
+    assert detection_lengths((0.01, 0.02, 0.5), 10.0) == (2, 2, 5)
     with pytest.raises(ValueError, match="1 detection points, 2 lengths"):
         QuotaPruner(QualityHead(3, 1), SimpleNamespace(bounds=(0.0, 1.0), rewards=[]), (4, 8), 2, 0.8)

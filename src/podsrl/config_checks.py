@@ -168,6 +168,8 @@ def _check_combinations(cfg) -> None:
         _check_watcher(cfg, spec)
     if cfg.partial_rollouts:
         _check_partial_rollouts(cfg)
+    if cfg.prune_running:
+        _check_pruning(cfg)
     if cfg.adaptive_n:
         require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
                                              f"{cfg.method} trains on what it generates")
@@ -227,6 +229,20 @@ def _check_watcher(cfg, spec) -> None:
             f"generates; use method pods")
 
 
+def _check_pruning(cfg) -> None:
+    require(cfg.group_early_stop, "prune_running: needs group_early_stop true (it counts the finished samples early "
+                                  "stop scores as they finish, against the reward's bounds)")
+    label, declared = _engine_capabilities(cfg)
+    require(PRUNE_RUNNING in declared.watches,
+            f"prune_running: generation_engine {label} stops no running sample (its capabilities declare no watcher "
+            f"kind {PRUNE_RUNNING!r}); use generation_engine slots")
+    _require_watch_allowed(cfg, PRUNE_RUNNING, "prune_running")
+    require(not cfg.partial_rollouts, "prune_running: not yet with partial_rollouts (a sample judged in one step may "
+                                      "finish in the next, where its call's head would not learn it)")
+    require(not any(watcher_kind(spec) == PRUNE_RUNNING for spec in cfg.watcher_specs),
+            "prune_running: a call runs one watcher of running samples, and generation_watchers names one too")
+
+
 def _check_partial_rollouts(cfg) -> None:
     label, declared = _engine_capabilities(cfg)
     require(declared.partial_rollouts,
@@ -268,6 +284,10 @@ def ignored_fields(cfg) -> list[str]:
                if name in changed]
     if partial and not cfg.partial_rollouts:
         warnings.append(f"{', '.join(partial)}: read only with partial_rollouts true; no effect in this run")
+    pruning = [name for name in ("prune_points", "prune_threshold", "prune_warmup_steps", "prune_rule",
+                                 "prune_head_decay") if name in changed]
+    if pruning and not cfg.prune_running:
+        warnings.append(f"{', '.join(pruning)}: read only with prune_running true; no effect in this run")
     if "dynamic_sampling_rounds" in changed and not cfg.dynamic_sampling:
         warnings.append(f"dynamic_sampling_rounds = {cfg.dynamic_sampling_rounds}: read only with dynamic_sampling "
                         f"true; it has no effect in this run")

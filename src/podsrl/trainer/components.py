@@ -25,6 +25,7 @@ from podsrl.tasks import PreparedSplit, Task
 from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import Evaluator
 from podsrl.trainer.logging import LogOptions
+from podsrl.trainer.pruning import RunPruning
 from podsrl.trainer.run_dir import RunLock
 from podsrl.trainer.stages import StepOutcome
 from podsrl.trainer.timer import StageTimer
@@ -61,6 +62,7 @@ class Components:
     forward_dtype: str  # "bfloat16": forward passes autocast to it (bf16); "": as the weights are
     evaluator: Evaluator  # when the run evaluates, and on what (the held-out split)
     hooks: list[StepHook] = field(default_factory=list)  # run after each step, in order
+    pruning: RunPruning | None = None  # prune_running: the quality head and the step's pruners (a run part)
     model: torch.nn.Module | None = None  # the policy as the update sees it (DDP / FSDP), after prepare()
     lock: RunLock | None = None  # the run folder's lock, held by the main process until the run ends
 

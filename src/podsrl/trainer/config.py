@@ -41,6 +41,7 @@ from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
 from podsrl.trainer.logging import LogOptions
 from podsrl.trainer.partial_rollouts import PartialRolloutOptions
+from podsrl.trainer.pruning import PruningOptions
 from podsrl.update import OptimizerOptions, UpdateOptions
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RESUME_AUTO", "load_yaml", "make_config",
@@ -186,12 +187,12 @@ class ConfigFields:
 
 
 @dataclass(frozen=True)
-class Config(PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, StopOptions, OptimizerOptions,
-             UpdateOptions, ScoringOptions, TaskOptions, ConfigFields):
+class Config(PruningOptions, PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, StopOptions,
+             OptimizerOptions, UpdateOptions, ScoringOptions, TaskOptions, ConfigFields):
     """The run's configuration: the stages' options (``TaskOptions``, ``ScoringOptions``,
     ``UpdateOptions``), :class:`ConfigFields`, then each job's options (``OptimizerOptions``,
     ``StopOptions``, ``CheckpointOptions``, ``EvalOptions``, ``LogOptions``,
-    ``PartialRolloutOptions``), each declared in the module that reads it, under the same names
+    ``PartialRolloutOptions``, ``PruningOptions``), each declared in the module that reads it, under the same names
     from the YAML file and the command line to their reader (podsrl.options.bind). Every setting
     is declared once (tests/test_structure.py)."""
 

@@ -42,6 +42,21 @@ class EngineRecord:
         record.update(components.procs.mean(components.engine.step_record()))
 
 
+class PruningFeedback:
+    """prune_running: the quality head learns the step's judged samples (every process's), the
+    next step's detection points follow this step's completion lengths, and the record says
+    what was pruned and how well the head did."""
+
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+        rollouts, procs = outcome.rollouts, components.procs
+        lengths = rollouts.completion_mask.sum(-1).double()[rollouts.generated_mask]
+        total, count = procs.sum([float(lengths.sum()), float(len(lengths))])
+        expected = total / count if count else components.pruning.expected
+        record.update(components.pruning.after_step(procs, expected))
+        if "pruned_tokens" in rollouts.stats:
+            record["pruned_tokens"] = procs.sum([float(rollouts.stats["pruned_tokens"])])[0]
+
+
 def step_hooks(cfg: Config, procs: Processes, engine=None, group_size: GroupSizePolicy | None = None) -> list[StepHook]:
     """The hooks a run with ``cfg`` over ``procs`` needs, in the order they run."""
     hooks: list[StepHook] = []
@@ -51,4 +66,6 @@ def step_hooks(cfg: Config, procs: Processes, engine=None, group_size: GroupSize
         hooks.append(ParameterDrift())
     if cfg.adaptive_n:
         hooks.append(GroupSizeFeedback(group_size))
+    if cfg.prune_running:
+        hooks.append(PruningFeedback())
     return hooks

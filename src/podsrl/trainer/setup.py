@@ -43,6 +43,7 @@ from podsrl.trainer.limits import Limits, StopOptions
 from podsrl.trainer.logging import LogOptions, say
 from podsrl.trainer.partial_rollouts import CarriedPool, PartialRolloutOptions, PartialRolloutSource, carried_pool
 from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
+from podsrl.trainer.pruning import PruningOptions, RunPruning
 from podsrl.trainer.run import Run
 from podsrl.trainer.run_dir import RESUME_SAFE_FIELDS, claim_run_dir
 from podsrl.trainer.saturation import reward_bounds
@@ -195,12 +196,15 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         trackers=log_options.trackers(run_dir, procs.is_main), log_options=log_options,
         recorded_config=cfg.to_dict(), forward_dtype="bfloat16" if cfg.bf16 else "",
         evaluator=evaluator(cfg, bundle, task, splits[1], procs, engine),
-        hooks=step_hooks(cfg, procs, engine, group_size))
+        hooks=step_hooks(cfg, procs, engine, group_size),
+        pruning=RunPruning.of(bind(PruningOptions, cfg), bundle.model.config.get_text_config().hidden_size,
+                              keeping.m, cfg.max_completion_length))
     select = Selection(keeping, torch.Generator().manual_seed(cfg.seed + 1))  # the `random` rule's stream
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
                             "generation_engine": PerProcess(engine),
-                            "rule_generator": GeneratorState(select.generator)})
+                            "rule_generator": GeneratorState(select.generator)}
+                     | ({"quality_head": components.pruning} if components.pruning is not None else {}))
     partial = bind(PartialRolloutOptions, cfg)  # bound once: the pool and the prompt source read it
     stages = step_stages(cfg, components, selector, group_size, select, bounds, partial,
                          carried_pool(partial, state))
@@ -259,7 +263,7 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
                           train_prompts=len(components.train_split.examples), is_main=procs.is_main,
                           is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
-    early_stop = (StopperFactory(components.scorer, tokenizer, keeping, reward_bounds, progress)
+    early_stop = (StopperFactory(components.scorer, tokenizer, keeping, reward_bounds, progress, components.pruning)
                   if cfg.group_early_stop else None)
     generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, keeping,
                                          cfg.generation_batch_size, cfg.prompts_per_step, cfg.seed,

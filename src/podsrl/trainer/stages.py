@@ -32,6 +32,7 @@ from podsrl.rollout import GenerationEngine, WatcherFactory
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.tasks.base import Example, PreparedSplit
 from podsrl.trainer.prompt_source import PromptSource
+from podsrl.trainer.pruning import QuotaPruner, RunPruning
 from podsrl.trainer.saturation import SaturationStopper
 from podsrl.trainer.state import sampling_seed
 from podsrl.types import Rollouts, Scores, UpdateBatch
@@ -169,9 +170,19 @@ class StopperFactory:
     keeping: Keeping
     bounds: tuple[float, float]
     progress: ProgressAt
+    pruning: RunPruning | None = None  # prune_running: a pruner beside each stopper, reading its scores
 
     def __call__(self, prompts: PreparedSplit, step: int) -> SaturationStopper:
         return SaturationStopper(self.scorer, prompts, self.tokenizer, self.keeping.m, self.bounds, self.progress(step))
+
+    def learn_from(self, pruner: QuotaPruner | None, rollouts: Rollouts) -> None:
+        """Hand the run's pruning what a call's pruner judged, with the classes early stop scored."""
+        if pruner is None or rollouts.early_scores is None:
+            return
+        low, high = self.bounds
+        rewards = rollouts.early_scores.reward  # [P, n], NaN where early stop scored nothing
+        known = (~rewards.isnan() & rollouts.generated_mask).nonzero().tolist()
+        self.pruning.called(pruner, {(p, s): bool(rewards[p, s] >= high - 1e-6 * (high - low)) for p, s in known})
 
 
 @dataclass(frozen=True)
@@ -197,10 +208,13 @@ class RolloutGenerator:
     watchers: tuple[WatcherFactory, ...] = ()
 
     def watching(self, prompts: PreparedSplit, step: int, early: bool) -> tuple[SaturationStopper | None, tuple]:
-        """This call's early-stop watcher (when ``early``) and all its watchers, early stop's first."""
+        """This call's early-stop watcher (when ``early``) and all its watchers, early stop's first,
+        then its pruner (prune_running), then the user's."""
         stopper = self.early_stop(prompts, step) if self.early_stop and early else None
+        pruning = self.early_stop.pruning if stopper is not None else None
+        pruner = pruning.pruner(stopper) if pruning is not None else None
         users = tuple(make(prompts, self.tokenizer, step) for make in self.watchers)
-        return stopper, (stopper,) * (stopper is not None) + users
+        return stopper, tuple(w for w in (stopper, pruner) if w is not None) + users
 
     def check_kept(self, rollouts: Rollouts) -> None:
         """A user's watcher that stopped a group below m generated samples broke the run's
@@ -234,6 +248,8 @@ class RolloutGenerator:
                 if stopper is not None:  # the scores early stop gave, for the reward stage to reuse
                     rollouts = dataclasses.replace(rollouts, early_scores=stopper.early_scores(rollouts))
                     failure = stopper.failure
+                    self.early_stop.learn_from(next((w for w in watchers if isinstance(w, QuotaPruner)), None),
+                                               rollouts)
                 chunks.append(rollouts)
         if self.early_stop is not None:  # early stop's reward failure, raised on every process together
             raise_on_every_process(self.procs, failure)
