@@ -49,3 +49,44 @@ def test_a_run_prunes_logs_it_and_resumes_to_the_same_steps(tmp_path):
         return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "train_seconds"}
                 for r in rows if r["step"] > 3]
     assert late(records(tmp_path / "resumed")) == late(records(tmp_path / "run")) and len(late(steps)) == 3
+
+
+PRUNING_ARGS = ["--generation_engine", "slots", "--generation_schedule", "round_robin", "--generation_micro_group",
+                "32", "--group_early_stop", "true", "--correct_weight", "1", "--format_weight", "0",
+                "--prompts_per_step", "8", "--num_generations", "8", "--prune_running", "true",
+                "--prune_warmup_steps", "1", "--prune_points", "0.25,0.5,1", "--max_steps", "6", "--save_steps", "1",
+                "--eval_steps", "0", "--eval_prompts", "16", "--eval_samples", "1", "--progress", "false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0])
+def test_a_pruning_run_killed_at_a_random_step_resumes_to_the_uninterrupted_run(tmp_path, seed):
+    """SIGKILL once the head has learned (its sums in the checkpoint's parts), at a step drawn from
+    the seed; the resumed run's records and weights are the uninterrupted run's."""
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.test_reliability import CHILD, REPO, start, training_records, wait_for_step, weights
+
+    def run(out, *extra):
+        return subprocess.run([sys.executable, "-c", CHILD, "train", *PRUNING_ARGS, "--output_dir", str(out), *extra],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+
+    whole = run(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+    assert sum(r.get("pruned_samples", 0) for r in records(tmp_path / "whole")) > 0
+    out = tmp_path / "killed"
+    process = start(["train", *PRUNING_ARGS, "--output_dir", str(out)])
+    wait_for_step(out, random.Random(seed).randint(2, 4), process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    resumed = run(out, "--resume", "true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert training_records(out) == training_records(tmp_path / "whole")
+    a, b = weights(out), weights(tmp_path / "whole")
+    assert all(torch.equal(a[k], b[k]) for k in a)
