@@ -28,8 +28,18 @@ def max_kept_variance(m: int, low: float, high: float) -> float:
     return (high - low) ** 2 * (m // 2) * (m - m // 2) / m**2
 
 
+BOUND_TOLERANCE = 1e-6  # x (high - low): a reward this close to a bound is at it (float32 sums such as 0.8 + 0.2)
+
+
+def at_bounds(rewards: torch.Tensor, low: float, high: float,
+              tolerance: float = BOUND_TOLERANCE) -> tuple[torch.Tensor, torch.Tensor]:
+    """rewards (any shape; NaN: not finished) -> (at the low bound, at the high bound), bool each."""
+    slack = tolerance * (high - low)
+    return rewards <= low + slack, rewards >= high - slack
+
+
 def saturated(rewards: torch.Tensor, m: int, low: float, high: float,
-              tolerance: float = 1e-6) -> torch.Tensor:
+              tolerance: float = BOUND_TOLERANCE) -> torch.Tensor:
     """rewards [P, k] (NaN = not finished) -> [P] bool: the finished samples of the group
     already hold m rewards whose variance is :func:`max_kept_variance`.
 
@@ -44,9 +54,9 @@ def saturated(rewards: torch.Tensor, m: int, low: float, high: float,
     finished = ~rewards.isnan()
     if m == 1:
         return finished.any(dim=1)
-    slack = tolerance * (high - low)
-    at_high = (finished & (rewards >= high - slack)).sum(dim=1)  # [P]
-    at_low = (finished & (rewards <= low + slack)).sum(dim=1)  # [P]
+    low_bound, high_bound = at_bounds(rewards, low, high, tolerance)
+    at_high = (finished & high_bound).sum(dim=1)  # [P]
+    at_low = (finished & low_bound).sum(dim=1)  # [P]
     fewer, more = m // 2, m - m // 2
     return ((at_high >= more) & (at_low >= fewer)) | ((at_high >= fewer) & (at_low >= more))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from podsrl.algorithms.early_stop import at_bounds
 from podsrl.algorithms.pruning import prune_running, prune_trusting_sure
 from podsrl.algorithms.quality_head import STATE_KEYS, QualityHead, auc, calibration_error, statistics
 from podsrl.distributed import Processes
@@ -118,10 +119,8 @@ class QuotaPruner:
 
     def finished(self, prompt: int) -> torch.Tensor:
         """[2]: the prompt's finished samples at the reward's low and high bound (early stop's scores)."""
-        low, high = self.stopper.bounds
-        slack = 1e-6 * (high - low)  # as early stop counts a reward at a bound
         rewards = torch.tensor(self.stopper.rewards[prompt], dtype=torch.float64)
-        return torch.stack([(rewards <= low + slack).sum(), (rewards >= high - slack).sum()])
+        return torch.stack([at.sum() for at in at_bounds(rewards, *self.stopper.bounds)])
 
     def learned(self, high: dict[tuple[int, int], bool]) -> list[dict]:
         """What the head learns from this call (:func:`statistics` per point), from the shown

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from podsrl.algorithms.early_stop import at_bounds
 from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.algorithms.select import Groups
@@ -179,10 +180,10 @@ class StopperFactory:
         """Hand the run's pruning what a call's pruner judged, with the classes early stop scored."""
         if pruner is None or rollouts.early_scores is None:
             return
-        low, high = self.bounds
         rewards = rollouts.early_scores.reward  # [P, n], NaN where early stop scored nothing
         known = (~rewards.isnan() & rollouts.generated_mask).nonzero().tolist()
-        self.pruning.called(pruner, {(p, s): bool(rewards[p, s] >= high - 1e-6 * (high - low)) for p, s in known})
+        high = at_bounds(rewards, *self.bounds)[1]  # [P, n]
+        self.pruning.called(pruner, {(p, s): bool(high[p, s]) for p, s in known})
 
 
 @dataclass(frozen=True)
