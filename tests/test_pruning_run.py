@@ -19,7 +19,6 @@ PRUNING = dict(generation_engine="slots", generation_schedule="round_robin", gen
 
 @pytest.mark.parametrize("change, line", [
     (dict(group_early_stop=False), "prune_running: needs group_early_stop true"),
-    (dict(partial_rollouts=True), "prune_running: not yet with partial_rollouts"),
     (dict(prune_points="0.5,0.25"), "prune_points: distinct ascending fractions"),
     (dict(prune_rule="bold"), "prune_rule: unknown 'bold'; use one of finished, sure"),
     (dict(prune_threshold=0.5), "prune_threshold: must be"),
@@ -35,8 +34,12 @@ def records(folder) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_run_prunes_logs_it_and_resumes_to_the_same_steps(tmp_path):
-    cfg = Config(**PRUNING, max_steps=6, output_dir=str(tmp_path / "run"))
+@pytest.mark.parametrize("partial", [dict(), dict(partial_rollouts=True, partial_extra_prompts=2, prune_threshold=0.6)],
+                         ids=["whole-steps", "partial-rollouts"])
+def test_a_run_prunes_logs_it_and_resumes_to_the_same_steps(tmp_path, partial):
+    """With partial rollouts too: a pruned carried sample is dropped, and the head learns the
+    complete groups' judged samples."""
+    cfg = Config(**PRUNING, **partial, max_steps=6, output_dir=str(tmp_path / "run"))
     train(cfg)
     steps = [r for r in records(tmp_path / "run") if "rollouts_generated" in r]
     assert len(steps) == 6 and all("pruned_samples" in r and "prune_auc_0" in r for r in steps)

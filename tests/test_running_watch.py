@@ -73,6 +73,53 @@ def test_a_call_runs_one_watcher_of_running_samples(tiny):
                           watchers=(StopPromptZero(), StopPromptZero()))
 
 
+class StopResumed:
+    """Shown every running sample at every length; stops those in ``targets`` the first time."""
+
+    kind = PRUNE_RUNNING
+
+    def __init__(self, targets):
+        self.targets, self.stopped = set(targets), {}
+
+    def lengths(self, prompt: int) -> tuple[int, ...]:
+        return tuple(range(1, 9))
+
+    def __call__(self, samples, lengths, features, running):
+        named = [(sample, length) for sample, length in zip(samples, lengths)
+                 if sample in self.targets and sample not in self.stopped]
+        self.stopped.update(named)
+        return [sample for sample, _ in named]
+
+
+def test_a_carried_sample_stopped_after_it_resumes_is_dropped_and_counted(tiny):
+    """Partial rollouts: a sample cut off in one call and stopped in the next loses every token,
+    the earlier call's too; it counts as not generated, and its tokens as pruned."""
+    from podsrl.rollout import SlotsEngine
+
+    prompts = [render_prompt(tiny.tokenizer, ex) for ex in build_task(TaskOptions()).train[:6]]
+    engine = SlotsEngine(SlotsOptions(max_completion_length=8, temperature=0.0, micro_group=4, schedule="round_robin"))
+
+    def call(prompts, carried, quota, version, watchers=()):
+        return engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried=carried, quota=quota,
+                                       version=version, watchers=watchers)
+    first = call(prompts, {}, 1, 1)
+    order = sorted(first.carried)
+    carried = {i: first.carried[p] for i, p in enumerate(order)}
+    targets = {(i, s) for i, group in carried.items() for s in group.cut_off}
+    assert targets, "with 4 slots for 18 samples some must be cut off"
+    watcher = StopResumed(targets)
+    second = call([prompts[p] for p in order], carried, len(order), 2, watchers=(watcher,))
+    assert watcher.stopped and set(watcher.stopped) <= targets
+    for i, s in targets - set(watcher.stopped):  # never running after a step: it ended on its first token back
+        g = second.complete.index(i)
+        assert second.rollouts.completion_mask[g, s].sum() == len(carried[i].completions[s]) + 1
+    for (i, s), length in watcher.stopped.items():
+        assert length > len(carried[i].completions[s])  # shown after it resumed
+        g = second.complete.index(i)
+        assert not second.rollouts.generated[g, s] and second.rollouts.completion_mask[g, s].sum() == 0
+    assert second.rollouts.stats["pruned_tokens"] == sum(watcher.stopped.values())
+
+
 # A user's own watcher of running samples: every sample past the first m of its group stops at
 # 2 tokens, so every group keeps m generated samples.
 PAST_M = """

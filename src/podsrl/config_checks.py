@@ -237,8 +237,6 @@ def _check_pruning(cfg) -> None:
             f"prune_running: generation_engine {label} stops no running sample (its capabilities declare no watcher "
             f"kind {PRUNE_RUNNING!r}); use generation_engine slots")
     _require_watch_allowed(cfg, PRUNE_RUNNING, "prune_running")
-    require(not cfg.partial_rollouts, "prune_running: not yet with partial_rollouts (a sample judged in one step may "
-                                      "finish in the next, where its call's head would not learn it)")
     require(not any(watcher_kind(spec) == PRUNE_RUNNING for spec in cfg.watcher_specs),
             "prune_running: a call runs one watcher of running samples, and generation_watchers names one too")
 

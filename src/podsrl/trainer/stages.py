@@ -176,14 +176,19 @@ class StopperFactory:
     def __call__(self, prompts: PreparedSplit, step: int) -> SaturationStopper:
         return SaturationStopper(self.scorer, prompts, self.tokenizer, self.keeping.m, self.bounds, self.progress(step))
 
-    def learn_from(self, pruner: QuotaPruner | None, rollouts: Rollouts) -> None:
-        """Hand the run's pruning what a call's pruner judged, with the classes early stop scored."""
+    def learn_from(self, watchers: tuple, rollouts: Rollouts, groups: list[int] | None = None) -> None:
+        """Hand the run's pruning what a call's pruner (among ``watchers``) judged, with the classes
+        early stop scored; ``groups``: the rollouts' positions among the call's prompts, when they
+        are not all of them in order (partial rollouts return the complete groups only: a judged
+        sample that carries over is not learned)."""
+        pruner = next((w for w in watchers if isinstance(w, QuotaPruner)), None)
         if pruner is None or rollouts.early_scores is None:
             return
-        rewards = rollouts.early_scores.reward  # [P, n], NaN where early stop scored nothing
+        rewards = rollouts.early_scores.reward  # [G, n], NaN where early stop scored nothing
         known = (~rewards.isnan() & rollouts.generated_mask).nonzero().tolist()
-        high = at_bounds(rewards, *self.bounds)[1]  # [P, n]
-        self.pruning.called(pruner, {(p, s): bool(high[p, s]) for p, s in known})
+        high = at_bounds(rewards, *self.bounds)[1]  # [G, n]
+        position = list(range(len(rewards))) if groups is None else groups
+        self.pruning.called(pruner, {(position[g], s): bool(high[g, s]) for g, s in known})
 
 
 @dataclass(frozen=True)
@@ -249,8 +254,7 @@ class RolloutGenerator:
                 if stopper is not None:  # the scores early stop gave, for the reward stage to reuse
                     rollouts = dataclasses.replace(rollouts, early_scores=stopper.early_scores(rollouts))
                     failure = stopper.failure
-                    self.early_stop.learn_from(next((w for w in watchers if isinstance(w, QuotaPruner)), None),
-                                               rollouts)
+                    self.early_stop.learn_from(watchers, rollouts)
                 chunks.append(rollouts)
         if self.early_stop is not None:  # early stop's reward failure, raised on every process together
             raise_on_every_process(self.procs, failure)
@@ -274,6 +278,7 @@ class RolloutGenerator:
         if stopper is not None:  # the scores early stop gave, for the reward stage
             result.rollouts = dataclasses.replace(result.rollouts,
                                                   early_scores=stopper.early_scores(result.rollouts, result.complete))
+            self.early_stop.learn_from(watchers, result.rollouts, result.complete)
         self.check_kept(result.rollouts)
         if self.early_stop is not None:  # early stop's reward failure, raised on every process together
             raise_on_every_process(self.procs, stopper.failure if stopper is not None else None)
