@@ -419,6 +419,8 @@ def test_labels_and_folder_names_show_the_arguments_stably(user):
     assert arm_variants({"prompt_selector": {"name": user("Offset"), "offset": 3}}) == ["Offset(offset=3)"]
     assert arm_variants({"prompt_selector": f"{user('Offset')}"}) == ["Offset"]
     assert arm_variants({"generation_engine": {"name": "slots", "micro_group": 64}}) == ["slots"]  # as "slots"
+    assert arm_variants({"group_early_stop": True, "prune_running": True, "prune_rule": "sure"}) == [
+        "early-stop", "prune-sure"]
 
 
 def test_a_bound_schedule_keeps_what_it_says_it_needs(user):

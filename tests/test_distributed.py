@@ -124,6 +124,10 @@ RANK_REWARDS = {
 }
 PARTIAL = dict(generation_engine="slots", generation_micro_group=4, generation_schedule="round_robin",
                partial_rollouts=True, prompt_selector="pass_rate", generation_batch_size=0, dynamic_sampling_rounds=2)
+# prune_running over partial rollouts, with early stop on the correctness reward: each process
+# prunes its own groups, and the head learns every process's judged samples
+PRUNING = dict(PARTIAL, prompt_selector="shuffled", max_steps=4, group_early_stop=True, correct_weight=1.0,
+               format_weight=0.0, prune_running=True, prune_warmup_steps=1, prune_threshold=0.6)
 SELECTION = dict(prompt_selector="pass_rate", max_train_prompts=12, max_steps=4)
 SHARDED_LORA = dict(lora_rank=4, generation_engine="slots", generation_micro_group=4)
 
@@ -144,6 +148,7 @@ def ddp(tmp_path_factory) -> SharedLaunch:
     for dynamic_sampling in (False, True):
         launch.add(f"partial_{dynamic_sampling}", folder / f"partial_{dynamic_sampling}", **PARTIAL,
                    dynamic_sampling=dynamic_sampling)
+    launch.add("pruning", folder / "pruning", **PRUNING)
     for spread_on in ("1", "none"):
         launch.add(f"signal_{spread_on}", folder / f"signal_{spread_on}", max_steps=1,
                    reward_funcs=f"{folder / f'spread_on_one_rank_{spread_on}.py'}:spread_on_one_rank")
@@ -323,6 +328,19 @@ def test_partial_rollouts_over_two_processes_stay_in_sync(ddp, dynamic_sampling)
     assert "decodes with the model's own forward" not in done.stderr  # DDP's replica runs podsrl's decode step
     if dynamic_sampling:
         assert all(r["prompts_generated"] >= 4 for r in records)
+
+
+@pytest.mark.slow
+def test_pruning_over_two_processes_stays_in_sync(ddp):
+    """The head's sums are added over processes in rank order, so both hold one head (a head that
+    differed would prune differently without breaking a collective: prune_head_spread measures it)."""
+    done = ddp.result("pruning")
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = steps(ddp.folder / "pruning")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["rank_param_spread"] == 0.0 and r["prune_head_spread"] == 0.0 for r in records)
+    assert all("pruned_samples" in r and "prune_auc_0" in r for r in records)
+    assert records[0]["pruned_samples"] == 0  # the warm-up step
 
 
 @pytest.mark.slow

@@ -57,6 +57,19 @@ def test_the_bolder_rule_keeps_only_the_sure_samples_it_needs():
     assert len(named) == 2 and {s for _, s in named} & {0, 1} and {s for _, s in named} & {2, 3}
 
 
+def test_the_bolder_rule_names_a_settled_groups_other_samples_so_the_unstarted_never_start():
+    # group 0: one finished high, runners 1 (sure low) and 2 (unsure) of 5; m = 2 is settled by
+    # the finished high and the sure low: the samples not running (0, 3, 4) are named, (0, 2) runs on
+    stopper = SimpleNamespace(bounds=(0.0, 1.0), rewards=[[1.0], []])
+    pruner = QuotaPruner(skilled_head(), stopper, (4,), m=2, threshold=0.8, rule="sure", samples=5)
+    running = [(0, 1), (0, 2), (1, 0)]
+    features = torch.stack([feature(-1), feature(0), feature(1)])
+    named = pruner(running, [4, 4, 4], features, running)
+    assert sorted(named) == [(0, 0), (0, 3), (0, 4)] and pruner.pruned == []
+    finished_rule = QuotaPruner(skilled_head(), stopper, (4,), m=2, threshold=0.8, samples=5)
+    assert finished_rule(running, [4, 4, 4], features, running) == []  # it settles nothing
+
+
 def test_it_learns_from_and_scores_only_the_samples_whose_class_is_known():
     stopper = SimpleNamespace(bounds=(0.0, 1.0), rewards=[[], []])
     head = skilled_head()

@@ -59,6 +59,43 @@ def test_a_watcher_of_running_samples_sees_their_states_and_stops_the_ones_it_na
     assert torch.allclose(features, hidden.float().mean(0), atol=1e-4)
 
 
+class StopUnstartedOfPromptOne:
+    """At the first sample shown, names every sample of prompt 1 (a finished one stays as it is)."""
+
+    kind = PRUNE_RUNNING
+
+    def __init__(self):
+        self.running_then: set | None = None
+
+    def lengths(self, prompt: int) -> tuple[int, ...]:
+        return (2,)
+
+    def __call__(self, samples, lengths, features, running):
+        if self.running_then is not None:
+            return []
+        self.running_then = set(running)
+        return [(1, s) for s in range(8)]
+
+
+def test_named_samples_that_have_not_started_never_start(tiny):
+    prompts = [render_prompt(tiny.tokenizer, ex) for ex in build_task(TaskOptions(task_level=3)).train[:4]]
+    watcher = StopUnstartedOfPromptOne()
+    torch.manual_seed(0)
+    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 8,
+                                 SlotsOptions(max_completion_length=12, micro_group=6, schedule="round_robin"),
+                                 watchers=(watcher,))
+    # round robin over 4 prompts in 6 slots: at the first check prompt 1 has samples running and most pending
+    running = {s for p, s in watcher.running_then if p == 1}
+    assert running and len(running) < 8
+    generated = set(rollouts.generated[1].nonzero()[:, 0].tolist())
+    assert not generated & running  # the running ones stopped
+    lengths = rollouts.completion_mask[1].sum(-1)
+    assert all(int(lengths[s]) == 0 for s in range(8) if s not in generated)
+    # what was generated of prompt 1 had finished before the check, on its first token
+    assert all(int(lengths[s]) < 2 for s in generated)
+    assert rollouts.generated[[0, 2, 3]].all()
+
+
 def test_engines_and_options_that_cannot_run_it_refuse_it_in_one_line():
     with pytest.raises(ValueError, match=r"^generation_engine hf runs no watcher of kind prune_running \(it declares "
                                          r"none\)$"):

@@ -174,13 +174,15 @@ def arm_name(config: dict) -> str:
 
 def arm_variants(fields: dict) -> list[str]:
     """What sets an arm apart beyond method, n, m and rule (adaptive n shows as n = 'auto'):
-    the slots engine, early stop, partial rollouts, dynamic sampling, and a prompt selector other than the
-    shuffled pass (by its name; a module's by the object's; with its arguments, if any)."""
+    the slots engine, early stop, partial rollouts, pruning of running samples (with its rule), dynamic
+    sampling, and a prompt selector other than the shuffled pass (by its name; a module's by the object's;
+    with its arguments, if any)."""
     selector = component_label(fields.get("prompt_selector", "shuffled"), short=True)
     engine = spec_parts(fields.get("generation_engine", "hf"), "generation_engine")[0]  # a name, or a mapping's
     partial = f"partial-{fields.get('partial_extra_prompts', 2)}"  # with its over-provisioning
     return [label for label, on in (("slots", engine == "slots"),
                                     ("early-stop", fields.get("group_early_stop")),
                                     (partial, fields.get("partial_rollouts")),
+                                    (f"prune-{fields.get('prune_rule', 'finished')}", fields.get("prune_running")),
                                     ("dynamic_sampling", fields.get("dynamic_sampling")),
                                     (selector, selector != "shuffled")) if on]

@@ -43,7 +43,8 @@ class Watcher(Protocol):
     Kind ``prune_running`` (#72; at most one a call): ``lengths(prompt)`` gives the completion
     lengths at which it is shown a running sample of that prompt, and it is called with the
     samples that reached one, their lengths and pooled hidden states and every running sample,
-    returning running samples to stop (:mod:`podsrl.rollout.running_watch`)."""
+    returning samples to stop: running ones stop at once, unstarted ones never start
+    (:mod:`podsrl.rollout.running_watch`)."""
 
     kind: ClassVar[str]
 

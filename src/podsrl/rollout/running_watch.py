@@ -8,9 +8,10 @@ ascending, the completion lengths at which it is shown a running sample of that 
 this step, (prompt, sample) each, with their completion lengths and their pooled states [S, D]
 (the mean last hidden state over the tokens fed in this call: a sample resumed from an earlier
 step pools from its resumption), and every sample running after the step (``running``, pairs),
-and returns running samples, any of the call's, to stop. The
-decoder stops them at once: their tokens are dropped, they count as not generated
-(``Rollouts.generated``), and their slots go to pending samples.
+and returns samples, any of the call's, to stop. The
+decoder stops running ones at once: their tokens are dropped, they count as not generated
+(``Rollouts.generated``), and their slots go to pending samples. Named samples that have not
+started never start (not generated either); a finished one named is left as it is.
 """
 
 from __future__ import annotations

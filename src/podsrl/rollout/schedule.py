@@ -176,6 +176,14 @@ class PendingSamples:
         self.left -= len(dropped)
         return dropped
 
+    def drop(self, prompt: int, sample: int) -> bool:
+        """Drop one sample if it has not started; whether it was dropped."""
+        if sample not in self.remaining[prompt]:
+            return False
+        self.remaining[prompt].remove(sample)
+        self.left -= 1
+        return True
+
     def record(self, prompt: int, sample: int, length: int) -> None:
         self.finished_lengths[prompt].append(length)
 

@@ -329,9 +329,14 @@ class SlotDecoder:
 
     def _watch_running(self, running: torch.Tensor) -> list[int]:
         """Show the ``prune_running`` watcher the running rows [B] that reached a length it asked
-        for; stop the samples it names (tokens dropped, not generated). -> the rows freed."""
+        for; stop the samples it names (tokens dropped, not generated): running ones at once, and
+        unstarted ones never start (a finished one named stays as it is). -> the rows freed."""
         named = set(self.watch.after_step(self.rows.hidden, running, self.length, self.row_sample))
         rows = [row for row, owner in enumerate(self.row_sample) if owner in named and bool(running[row])]
+        for prompt, sample in sorted(named - {self.row_sample[row] for row in rows}):
+            if self.pending.drop(prompt, sample):
+                self.skipped.add((prompt, sample))
+                self._complete(prompt)
         for row in rows:
             prompt, sample = self.row_sample[row]
             drawn = len(self.completions[prompt][sample]) + int(self.length[row]) - self.row_base[row]

@@ -71,16 +71,18 @@ def detection_lengths(points: tuple[float, ...], expected_length: float) -> tupl
 class QuotaPruner:
     """One generation call's pruning: shown running samples (:data:`PRUNE_RUNNING`), it scores
     them with ``head`` and names those the rule prunes; ``stopper`` holds the call's finished
-    rewards per prompt; ``active`` False: it only watches (the head's warm-up)."""
+    rewards per prompt; ``active`` False: it only watches (the head's warm-up). Under
+    ``rule='sure'`` a settled group's samples that are neither running nor among those kept are
+    named too, so the ones that have not started never start (``samples``: a group's size)."""
 
     kind = PRUNE_RUNNING
 
     def __init__(self, head: QualityHead, stopper, lengths: tuple[int, ...], m: int, threshold: float,
-                 rule: str = "finished", active: bool = True) -> None:
+                 rule: str = "finished", active: bool = True, samples: int = 0) -> None:
         if len(lengths) != head.points:
             raise ValueError(f"quality head: {head.points} detection points, {len(lengths)} lengths")
         self.head, self.stopper, self.at, self.m, self.threshold = head, stopper, lengths, m, threshold
-        self.rule, self.active = rule, active
+        self.rule, self.active, self.samples = rule, active, samples
         self.latest: dict[tuple[int, int], float] = {}  # the calibrated probability at a sample's last point
         # per point: the samples shown there, their features [D], the head's raw score and calibrated probability then
         self.observed: list[list[tuple[tuple[int, int], torch.Tensor, float, float]]] = [[] for _ in lengths]
@@ -103,19 +105,21 @@ class QuotaPruner:
                 self.latest[samples[i]] = probability
         if not self.active:
             return []
-        named = []
+        named, settling = [], []
         for group in sorted({prompt for prompt, _ in samples}):
             runners = [sample for sample in running if sample[0] == group]
             probability = torch.tensor([self.latest.get(sample, 0.5) for sample in runners], dtype=torch.float64)
             at_group = torch.zeros(len(runners), dtype=torch.long)
             finished = self.finished(group)[None]  # [1, 2]
             if self.rule == "sure":
-                flags, _ = prune_trusting_sure(finished, at_group, probability, self.m, self.threshold)
+                flags, settled = prune_trusting_sure(finished, at_group, probability, self.m, self.threshold)
+                if bool(settled[0]):  # its unstarted samples need not start (finished ones named stay)
+                    settling += [(group, s) for s in range(self.samples) if (group, s) not in runners]
             else:
                 flags = prune_running(finished, at_group, probability, self.m, self.threshold)
             named += [sample for sample, flag in zip(runners, flags.tolist()) if flag]
         self.pruned += named
-        return named
+        return named + settling
 
     def finished(self, prompt: int) -> torch.Tensor:
         """[2]: the prompt's finished samples at the reward's low and high bound (early stop's scores)."""
@@ -173,12 +177,13 @@ class RunPruning:
         self.expected = max_completion_length / 2  # until a step has finished samples
         self.calls: list[tuple[QuotaPruner, dict[tuple[int, int], bool]]] = []
 
-    def pruner(self, stopper) -> QuotaPruner:
-        """A generation call's pruner, pruning once the head has learned from the warm-up's steps."""
+    def pruner(self, stopper, samples: int) -> QuotaPruner:
+        """A generation call's pruner (``samples`` a prompt), pruning once the head has learned from
+        the warm-up's steps."""
         options = self.options
         return QuotaPruner(self.head, stopper, detection_lengths(options.points(), self.expected), self.m,
                            options.prune_threshold, options.prune_rule,
-                           active=self.head.steps >= options.prune_warmup_steps)
+                           active=self.head.steps >= options.prune_warmup_steps, samples=samples)
 
     def called(self, pruner: QuotaPruner, high: dict[tuple[int, int], bool]) -> None:
         """A call's pruner and, by (prompt, sample), which of its samples ended at the high bound."""
@@ -214,6 +219,11 @@ class RunPruning:
         record = {"pruned_samples": totals[0]}
         for name, total, count in zip(names, totals[1:1 + len(names)], totals[1 + len(names):]):
             record[name] = total / count if count else float("nan")
+        if procs.world_size > 1:  # every process must hold one head (0 = in sync), as rank_param_spread for the policy
+            state = self.head.state_dict()
+            flat = torch.cat([state[name].double().flatten() for name in STATE_KEYS if name != "steps"])[None]
+            gathered = procs.gather(flat)  # [W, L]
+            record["prune_head_spread"] = float((gathered.amax(0) - gathered.amin(0)).max())
         return record
 
     def state_dict(self) -> dict:

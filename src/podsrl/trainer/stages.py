@@ -213,12 +213,13 @@ class RolloutGenerator:
     early_stop: StopperFactory | None
     watchers: tuple[WatcherFactory, ...] = ()
 
-    def watching(self, prompts: PreparedSplit, step: int, early: bool) -> tuple[SaturationStopper | None, tuple]:
+    def watching(self, prompts: PreparedSplit, step: int, early: bool,
+                 per_prompt: int) -> tuple[SaturationStopper | None, tuple]:
         """This call's early-stop watcher (when ``early``) and all its watchers, early stop's first,
-        then its pruner (prune_running), then the user's."""
+        then its pruner (prune_running; ``per_prompt`` samples a prompt), then the user's."""
         stopper = self.early_stop(prompts, step) if self.early_stop and early else None
         pruning = self.early_stop.pruning if stopper is not None else None
-        pruner = pruning.pruner(stopper) if pruning is not None else None
+        pruner = pruning.pruner(stopper, per_prompt) if pruning is not None else None
         users = tuple(make(prompts, self.tokenizer, step) for make in self.watchers)
         return stopper, tuple(w for w in (stopper, pruner) if w is not None) + users
 
@@ -245,7 +246,7 @@ class RolloutGenerator:
         with self.procs.whole_weights(self.policy):
             for start in range(0, total, chunk_size):
                 chunk = split.at_prompts(list(range(start, min(start + chunk_size, total))))
-                stopper, watchers = self.watching(chunk, step, early=failure is None)
+                stopper, watchers = self.watching(chunk, step, early=failure is None, per_prompt=per_prompt)
                 # in the step
                 first_prompt = round_index * self.prompts_per_step + self.procs.rank * total + start
                 torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
@@ -268,7 +269,7 @@ class RolloutGenerator:
         (dynamic sampling's round where this process has its share): no engine call, every
         group carried on, and the collectives of a call joined."""
         per_prompt = self.keeping.generated_per_prompt(n)
-        stopper, watchers = self.watching(split, step, early=True) if quota else (None, ())
+        stopper, watchers = self.watching(split, step, early=True, per_prompt=per_prompt) if quota else (None, ())
         with self.procs.whole_weights(self.policy):  # its all-gathers, when sharded, need every process
             first_prompt = (round_index * self.procs.world_size + self.procs.rank) * self.prompts_per_step
             torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
