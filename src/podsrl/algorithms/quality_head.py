@@ -69,15 +69,19 @@ class QualityHead:
         self.bin_count = torch.zeros(points, bins, dtype=torch.float64)  # [K, B]
         self.bin_high = torch.zeros(points, bins, dtype=torch.float64)  # [K, B]
         self.steps = 0  # steps absorbed
+        # per point, the regression's weights [F] solved from the sums (None: not yet since they
+        # changed): a running sample is scored nearly every decode step, the sums change once a step
+        self.solved: list[torch.Tensor | None] = [None] * points
 
     def scores(self, point: int, features: torch.Tensor) -> torch.Tensor:
         """features [S, d] at detection point ``point`` -> raw scores [S] (0.5 before any sample)."""
         if not self.xtx[point, 0, 0]:
             return torch.full((features.shape[0],), 0.5, dtype=torch.float64)
-        penalty = self.ridge * torch.eye(self.dim + 1, dtype=torch.float64)
-        penalty[0, 0] = 0.0  # the intercept is not shrunk
-        weights = torch.linalg.solve(self.xtx[point] + penalty, self.xty[point])  # [F]
-        return with_bias(features) @ weights
+        if self.solved[point] is None:
+            penalty = self.ridge * torch.eye(self.dim + 1, dtype=torch.float64)
+            penalty[0, 0] = 0.0  # the intercept is not shrunk
+            self.solved[point] = torch.linalg.solve(self.xtx[point] + penalty, self.xty[point])  # [F]
+        return with_bias(features) @ self.solved[point]
 
     def calibrated(self, point: int, scores: torch.Tensor) -> torch.Tensor:
         """raw scores [S] -> the probability [S] of ending high, from the point's bins."""
@@ -94,6 +98,7 @@ class QualityHead:
             total *= self.decay
             total += torch.stack([part[name] for part in added])
         self.steps += 1
+        self.solved = [None] * self.points
 
     def state_dict(self) -> dict:
         return {"xtx": self.xtx.clone(), "xty": self.xty.clone(), "bin_count": self.bin_count.clone(),
@@ -110,6 +115,7 @@ class QualityHead:
         self.xtx, self.xty = state["xtx"].clone(), state["xty"].clone()
         self.bin_count, self.bin_high = state["bin_count"].clone(), state["bin_high"].clone()
         self.steps = int(state["steps"])
+        self.solved = [None] * self.points
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:

@@ -105,19 +105,26 @@ class QuotaPruner:
                 self.latest[samples[i]] = probability
         if not self.active:
             return []
-        named, settling = [], []
-        for group in sorted({prompt for prompt, _ in samples}):
-            runners = [sample for sample in running if sample[0] == group]
-            probability = torch.tensor([self.latest.get(sample, 0.5) for sample in runners], dtype=torch.float64)
-            at_group = torch.zeros(len(runners), dtype=torch.long)
-            finished = self.finished(group)[None]  # [1, 2]
-            if self.rule == "sure":
-                flags, settled = prune_trusting_sure(finished, at_group, probability, self.m, self.threshold)
-                if bool(settled[0]):  # its unstarted samples need not start (finished ones named stay)
-                    settling += [(group, s) for s in range(self.samples) if (group, s) not in runners]
-            else:
-                flags = prune_running(finished, at_group, probability, self.m, self.threshold)
-            named += [sample for sample, flag in zip(runners, flags.tolist()) if flag]
+        # the groups of the samples shown, each with its running samples, in one call of the rule
+        groups = sorted({prompt for prompt, _ in samples})
+        by_group: dict[int, list[tuple[int, int]]] = {group: [] for group in groups}
+        for sample in running:
+            if sample[0] in by_group:
+                by_group[sample[0]].append(sample)
+        runners = [sample for group in groups for sample in by_group[group]]
+        probability = torch.tensor([self.latest.get(sample, 0.5) for sample in runners], dtype=torch.float64)  # [S]
+        at_group = torch.tensor([i for i, group in enumerate(groups) for _ in by_group[group]],
+                                dtype=torch.long)  # [S]
+        finished = torch.stack([self.finished(group) for group in groups])  # [G, 2]
+        settling = []
+        if self.rule == "sure":
+            flags, settled = prune_trusting_sure(finished, at_group, probability, self.m, self.threshold)
+            for group in (groups[i] for i in settled.nonzero()[:, 0].tolist()):
+                # its unstarted samples need not start (finished ones named stay as they are)
+                settling += [(group, s) for s in range(self.samples) if (group, s) not in by_group[group]]
+        else:
+            flags = prune_running(finished, at_group, probability, self.m, self.threshold)
+        named = [sample for sample, flag in zip(runners, flags.tolist()) if flag]
         self.pruned += named
         return named + settling
 
