@@ -62,7 +62,7 @@ PRUNING_ARGS = ["--generation_engine", "slots", "--generation_schedule", "round_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_a_pruning_run_killed_at_a_random_step_resumes_to_the_uninterrupted_run(tmp_path, seed):
     """SIGKILL once the head has learned (its sums in the checkpoint's parts), at a step drawn from
     the seed; the resumed run's records and weights are the uninterrupted run's."""
