@@ -34,11 +34,12 @@ def records(folder) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("partial", [dict(), dict(partial_rollouts=True, partial_extra_prompts=2, prune_threshold=0.6)],
-                         ids=["whole-steps", "partial-rollouts"])
+@pytest.mark.parametrize("partial", [dict(), dict(partial_rollouts=True, partial_extra_prompts=2, prune_threshold=0.6),
+                                     dict(dynamic_sampling=True, dynamic_sampling_rounds=2, prune_threshold=0.6)],
+                         ids=["whole-steps", "partial-rollouts", "dynamic-sampling"])
 def test_a_run_prunes_logs_it_and_resumes_to_the_same_steps(tmp_path, partial):
-    """With partial rollouts too: a pruned carried sample is dropped, and the head learns the
-    complete groups' judged samples."""
+    """With partial rollouts and with dynamic sampling too (a pruned carried sample is dropped; a
+    refill round gets its own pruner); the head learns the complete groups' judged samples."""
     cfg = Config(**PRUNING, **partial, max_steps=6, output_dir=str(tmp_path / "run"))
     train(cfg)
     steps = [r for r in records(tmp_path / "run") if "rollouts_generated" in r]
