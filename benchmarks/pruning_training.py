@@ -54,6 +54,7 @@ COLUMNS = (  # (header, per-step value from a record)
     ("kept reward std", lambda r: r["kept_reward_std"]),
     ("kept constant groups", lambda r: r["kept_reward_zero_var_frac"]),
 )
+VALUE = dict(COLUMNS)
 POINT_METRICS = (("AUC", "prune_auc"), ("sure and wrong", "prune_sure_wrong"))
 
 
@@ -74,12 +75,12 @@ def mean_over(rows: list[dict], value) -> float:
 
 
 def per_arm_table(arms: dict[str, list[Path]]) -> str:
-    points = sorted({int(k.rsplit("_", 1)[1]) for paths in arms.values() for p in paths for r in step_rows(p)
+    rows_of = {name: [r for p in paths for r in step_rows(p)] for name, paths in arms.items()}  # each file read once
+    points = sorted({int(k.rsplit("_", 1)[1]) for rows in rows_of.values() for r in rows
                      for k in r if k.startswith("prune_auc_")})
     headers = [h for h, _ in COLUMNS] + [f"{h} at point {j}" for j in points for h, _ in POINT_METRICS]
     lines = ["| arm | " + " | ".join(headers) + " |", "| --- " * (len(headers) + 1) + "|"]
-    for name, paths in arms.items():
-        rows = [r for p in paths for r in step_rows(p)]
+    for name, rows in rows_of.items():
         cells = [f"{mean_over(rows, value):.3f}" for _, value in COLUMNS]
         for j in points:
             cells += [f"{mean_over(rows, lambda r, k=f'{key}_{j}': r.get(k)):.3f}" for _, key in POINT_METRICS]
@@ -125,8 +126,8 @@ def main() -> int:
     by_arm: dict[str, list[Path]] = {}
     for path in run_dirs:
         by_arm.setdefault(arm_name(json.loads((path / "config.json").read_text())), []).append(path)
-    paired = [f"- {name}: kept length {paired_ratio(by_arm[name], by_arm[names[0]], COLUMNS[5][1])}; "
-              f"generation s / step {paired_ratio(by_arm[name], by_arm[names[0]], COLUMNS[1][1])}"
+    paired = [f"- {name}: kept length {paired_ratio(by_arm[name], by_arm[names[0]], VALUE['kept length'])}; "
+              f"generation s / step {paired_ratio(by_arm[name], by_arm[names[0]], VALUE['generation s / step'])}"
               for name in names[1:-1]]
     body = ("\n\n".join(sections) + f"\n\nPer step (means over every step of every seed):\n\n{per_arm_table(by_arm)}"
             + f"\n\nPaired by seed against {names[0]} (geometric mean [95% interval]):\n" + "\n".join(paired))
