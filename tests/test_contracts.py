@@ -354,10 +354,23 @@ KINDS = {
             def __call__(self, prompt_index, completion_ids):
                 return []
     """, ":Component"),
+    "generation_watchers (lengths)": ("""
+        class Component:  # built once per engine call: lengths misbehaves on its first call of the call
+            kind = "prune_running"
+            def __init__(self, prompts, tokenizer, step):
+                self.first = True
+            def lengths(self, prompt):
+                if self.first:
+                    self.first = False
+                    misbehave()
+                return (2,)
+            def __call__(self, samples, lengths, features, running):
+                return []
+    """, ":Component"),
 }
-# what a kind needs besides its field: a watcher of kind stop_groups runs on the slots engine
-NEEDS = {"generation_watchers": dict(generation_engine="slots", generation_schedule="round_robin",
-                                     generation_micro_group=4)}
+# what a kind needs besides its field: a watcher runs on the slots engine
+SLOTS = dict(generation_engine="slots", generation_schedule="round_robin", generation_micro_group=4)
+NEEDS = {"generation_watchers": SLOTS, "generation_watchers (lengths)": SLOTS}
 MISBEHAVE = """
 import os, signal, time
 calls = [0]
@@ -367,14 +380,15 @@ def misbehave(trainer=None):
         if {hang}:
             os.kill(trainer or os.getpid(), signal.SIGTERM)  # as a scheduler does, while it hangs
             time.sleep(600)
-        raise RuntimeError("broken on purpose")
+        raise {error}("broken on purpose")
 """
 
 
-def misbehaving_run(tmp_path, random_model_dir, kind, hang):
+def misbehaving_run(tmp_path, random_model_dir, kind, hang, error="RuntimeError"):
     source, attr = KINDS[kind]
     field = kind.split()[0]  # "downsampling_rule (groups)": the field, and which form
-    spec = user_file(tmp_path, MISBEHAVE.format(hang=hang) + textwrap.dedent(source), f"{field}_component.py") + attr
+    spec = user_file(tmp_path, MISBEHAVE.format(hang=hang, error=error) + textwrap.dedent(source),
+                     f"{field}_component.py") + attr
     values = dict(model=random_model_dir, task="parity", max_steps=3, prompts_per_step=4, num_generations=4,
                   num_kept=2, max_completion_length=6, eval_prompts=4, eval_samples=1, eval_steps=0, save_steps=1,
                   progress=False, output_dir=str(tmp_path / "run"), **{field: spec}, **NEEDS.get(kind, {}))
@@ -392,6 +406,20 @@ def test_user_code_that_raises_stops_the_run_naming_it_with_the_last_step_checkp
     assert kind == "reward_funcs" or f"{kind.split()[0]}: {spec} failed: RuntimeError" in message
     assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_0000001"]
     assert [r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+
+
+@pytest.mark.parametrize("kind", ["generation_watchers", "generation_watchers (lengths)", "loss_type"])
+def test_a_keyboard_interrupt_user_code_raises_is_its_failure_not_a_signal(tmp_path, random_model_dir, kind):
+    """No signal was sent: the run stops as on any failure of that code, naming it, with the last
+    finished step checkpointed (it was reported as 'stopped by SIGINT; the run had not begun')."""
+    cfg, spec = misbehaving_run(tmp_path, random_model_dir, kind, hang=False, error="KeyboardInterrupt")
+    with pytest.raises(TrainingStopped) as stopped:
+        train(cfg)
+    assert stopped.value.signum is None
+    assert str(stopped.value).startswith(f"stopped in step 2: {kind.split()[0]}: {spec} failed: KeyboardInterrupt: "
+                                         f"broken on purpose (raised by the code, no signal was sent), at ")
+    assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_0000001"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run's handler is gone
 
 
 def test_a_loss_that_fails_before_the_first_checkpoint_says_to_run_the_command_again_not_to_resume(

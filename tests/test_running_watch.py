@@ -157,6 +157,129 @@ def test_a_carried_sample_stopped_after_it_resumes_is_dropped_and_counted(tiny):
     assert second.rollouts.stats["pruned_tokens"] == sum(watcher.stopped.values())
 
 
+# --- a user's watcher held to the kind's contract where it is called (#80) ---------------------------
+LENGTHS = """
+class Lengths:
+    kind = "prune_running"
+
+    def __init__(self, prompts, tokenizer, step, *, value=(2,), raises=False):
+        self.value = (2.5, float("nan")) if value == "2.5, nan" else value  # a spec's arguments are JSON
+        self.raises = raises
+
+    def lengths(self, prompt):
+        if self.raises:
+            raise OSError("lengths broke")
+        return self.value
+
+    def __call__(self, samples, lengths, features, running):  # pairs come as JSON lists
+        return [tuple(pair) for pair in self.value] if isinstance(self.value, list) else self.value
+
+class Lengthless:
+    kind = "prune_running"
+
+    def __init__(self, prompts, tokenizer, step):
+        pass
+
+    def __call__(self, samples, lengths, features, running):
+        return []
+
+def lengthless(prompts, tokenizer, step):  # a factory function: what it builds is known only then
+    return Lengthless(prompts, tokenizer, step)
+lengthless.kind = "prune_running"
+"""
+
+
+@pytest.fixture
+def lengths_file(tmp_path):
+    path = tmp_path / "lengths.py"
+    path.write_text(LENGTHS)
+    return path
+
+
+def checked(path, tiny, name="Lengths", **kwargs):
+    """A user's watcher as a run's call of 2 prompts x 4 samples gets it."""
+    from podsrl.rollout import WatcherFactory
+    from podsrl.tasks import prepare_split
+
+    split = prepare_split(build_task(TaskOptions()).train[:2], tiny.tokenizer, system_prompt="",
+                          use_chat_template=False, max_prompt_tokens=512)
+    return WatcherFactory({"name": f"{path}:{name}", **kwargs})(split, tiny.tokenizer, 0, 4)
+
+
+@pytest.mark.parametrize("value, shown", [(None, "None"), ("24", "'24'"), ("2.5, nan", r"\(2.5, nan\)"),
+                                          ([4, 2], r"\[4, 2\]"), ([2, 2], r"\[2, 2\]"), ([0, 3], r"\[0, 3\]"),
+                                          ([True], r"\[True\]")])
+def test_a_watchers_lengths_must_be_ascending_ints_of_one_or_more(lengths_file, tiny, value, shown):
+    from podsrl.contracts import UserCodeError
+
+    watcher = checked(lengths_file, tiny, value=value)
+    with pytest.raises(UserCodeError, match=rf"^generation_watchers: .*:Lengths\(.*\) returned {shown} from "
+                                            rf"lengths\(1\), expected strictly ascending completion lengths, "
+                                            rf"ints >= 1$"):
+        watcher.lengths(1)
+
+
+def test_a_watchers_lengths_that_raise_fail_in_one_line_naming_it(lengths_file, tiny):
+    from podsrl.contracts import UserCodeError
+
+    assert checked(lengths_file, tiny, value=[3, 9]).lengths(0) == (3, 9)
+    with pytest.raises(UserCodeError, match=r"^generation_watchers: .*:Lengths\(.*\) failed: OSError: lengths "
+                                            r"broke, at "):
+        checked(lengths_file, tiny, value=[2], raises=True).lengths(0)
+
+
+@pytest.mark.parametrize("value, shown", [([[0, 4]], r"\[\(0, 4\)\]"), ([[0, 999]], r"\[\(0, 999\)\]"),
+                                          ([[0, -1]], r"\[\(0, -1\)\]"), ([[2, 0]], r"\[\(2, 0\)\]"),
+                                          ([[0, 1.0]], r"\[\(0, 1.0\)\]"), ([[0, 1, 2]], r"\[\(0, 1, 2\)\]"),
+                                          ("pairs", "'pairs'")])
+def test_a_watcher_may_name_only_the_calls_samples(lengths_file, tiny, value, shown):
+    from podsrl.contracts import UserCodeError
+
+    watcher = checked(lengths_file, tiny, value=value)
+    with pytest.raises(UserCodeError, match=rf"^generation_watchers: .*:Lengths\(.*\) returned {shown}, expected "
+                                            rf"a list of \(prompt, sample\) pairs of the call, prompt in \[0, 2\) "
+                                            rf"and sample in \[0, 4\)$"):
+        watcher([(0, 0)], [2], torch.zeros(1, 4), [(0, 0)])
+    assert checked(lengths_file, tiny, value=[[1, 3]])([(0, 0)], [2], torch.zeros(1, 4), [(0, 0)]) == [(1, 3)]
+
+
+def test_a_watcher_without_the_method_its_kind_calls_is_refused_at_validation_or_when_built(lengths_file, tiny):
+    from podsrl.contracts import UserCodeError
+    from podsrl.trainer.config import Config, validate
+
+    with pytest.raises(ValueError, match=r"^generation_watchers: .*:Lengthless is a watcher of kind 'prune_running' "
+                                         r"without the method lengths\(\) its kind calls"):
+        validate(Config(**{**RUN, "generation_watchers": f"{lengths_file}:Lengthless"}))
+    validate(Config(**{**RUN, "generation_watchers": f"{lengths_file}:lengthless"}))  # a function: known when called
+    with pytest.raises(UserCodeError, match=r"^generation_watchers: .*:lengthless returned a watcher of kind "
+                                            r"'prune_running' without the method lengths\(\) its kind calls"):
+        checked(lengths_file, tiny, name="lengthless")
+
+
+class StopEverything:
+    """Stops every running sample at its first check, and every sample not yet started."""
+
+    kind = PRUNE_RUNNING
+
+    def lengths(self, prompt: int) -> tuple[int, ...]:
+        return (2,)
+
+    def __call__(self, samples, lengths, features, running):
+        return [(p, s) for p in range(3) for s in range(4)]
+
+
+def test_a_watcher_that_stops_every_sample_leaves_rollouts_with_none_generated(tiny):
+    """(It ended in 'cannot reshape tensor of 0 elements'; the run's check of m then says it in one line.)"""
+    prompts = [render_prompt(tiny.tokenizer, ex) for ex in build_task(TaskOptions(task_level=3)).train[:3]]
+    torch.manual_seed(0)
+    rollouts = generate_in_slots(tiny.model, tiny.tokenizer, prompts, 4,
+                                 SlotsOptions(max_completion_length=12, micro_group=4, schedule="round_robin"),
+                                 watchers=(StopEverything(),))
+    finished_early = rollouts.generated.sum()  # those that ended on their first token, before any check
+    assert rollouts.completion_mask.sum() == finished_early
+    assert rollouts.stats["pruned_samples"] == 12 - finished_early > 0
+
+
 # A user's own watcher of running samples: every sample past the first m of its group stops at
 # 2 tokens, so every group keeps m generated samples.
 PAST_M = """
@@ -175,6 +298,10 @@ class PastM:
 class Garbage(PastM):
     def __call__(self, samples, lengths, features, running):
         return [prompt for prompt, _ in samples]
+
+class Everything(PastM):
+    def __call__(self, samples, lengths, features, running):
+        return list(running)
 """
 RUN = dict(method="pods", generation_engine="slots", generation_schedule="round_robin", generation_micro_group=8,
            num_generations=8, num_kept=4, prompts_per_step=4, max_steps=2, eval_steps=0, eval_prompts=4,
@@ -201,8 +328,17 @@ def test_a_users_watcher_of_running_samples_is_configured_checked_and_acted_on_i
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     generated = [r["rollouts_generated"] for r in steps if "rollouts_generated" in r]
     assert len(generated) == 2 and all(4 * 4 <= g < 4 * 8 for g in generated)  # stopped some, kept m each
+    # what it stopped is logged as podsrl's own pruning logs it: every sample not generated, 2 tokens each
+    pruned = [(r["pruned_samples"], r["pruned_tokens"]) for r in steps if "rollouts_generated" in r]
+    assert pruned == [(4 * 8 - g, 2 * (4 * 8 - g)) for g in generated]
     bad = make_config(overrides={**{k: str(v) for k, v in RUN.items()}, "generation_watchers": f"{path}:Garbage",
                                  "output_dir": str(tmp_path / "bad")})
     with pytest.raises(TrainingStopped, match=r"stopped in step 1: generation_watchers: .*:Garbage returned "
                                               r"\[0, 1, .*\], expected a list of \(prompt, sample\) pairs"):
         train(bad)
+    everything = make_config(overrides={**{k: str(v) for k, v in RUN.items()}, "output_dir": str(tmp_path / "all"),
+                                        "generation_watchers": f"{path}:Everything"})
+    with pytest.raises(TrainingStopped, match=r"stopped in step 1: generation_watchers: .*:Everything stopped a group "
+                                              r"with \d samples generated, fewer than num_kept = 4; a watcher must "
+                                              r"leave each group at least m samples"):
+        train(everything)

@@ -143,7 +143,7 @@ def test_a_watcher_that_returns_garbage_fails_in_one_line_naming_it(tmp_path, ti
     path = user_file(tmp_path, "watch.py", WATCHER)
     split = prepare_split(build_task(TaskOptions()).train[:2], tiny.tokenizer, system_prompt="",
                           use_chat_template=False, max_prompt_tokens=512)
-    watcher = WatcherFactory(f"{path}:Wrong")(split, tiny.tokenizer, 0)
+    watcher = WatcherFactory(f"{path}:Wrong")(split, tiny.tokenizer, 0, 4)
     assert watcher.kind == STOP_GROUPS
     with pytest.raises(UserCodeError, match=r"^generation_watchers: .*:Wrong returned \[2\], expected a list of "
                                             r"prompt indices in \[0, 2\)$"):

@@ -26,6 +26,7 @@ from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rollout import (
     ENGINES,
     FLAT_OPTIONS,
+    KIND_METHODS,
     PRUNE_RUNNING,
     SCHEDULES,
     STOP_GROUPS,
@@ -223,6 +224,11 @@ def _check_watcher(cfg, spec) -> None:
                                       f"generation_engine {engine_label} runs none of that kind (it declares "
                                       f"{declared.declared_kinds()})")
     _require_watch_allowed(cfg, kind, f"generation_watchers: {label}")
+    factory = WATCHERS.resolve(spec)
+    if isinstance(factory, type):  # a class is its watchers' type: it has the methods its kind calls
+        missing = [name for name in KIND_METHODS.get(kind, ()) if not callable(getattr(factory, name, None))]
+        require(not missing, f"generation_watchers: {label} is a watcher of kind {kind!r} without the "
+                             f"method {''.join(missing[:1])}() its kind calls (podsrl.rollout.Watcher)")
     stops = {STOP_GROUPS: "stops groups early", PRUNE_RUNNING: "stops running samples"}
     require(kind not in stops or METHODS[cfg.method].selects,
             f"generation_watchers: {label} {stops.get(kind)}, and method {cfg.method} trains on every sample it "

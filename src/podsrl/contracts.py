@@ -146,7 +146,8 @@ def check_reward_signature(fn: Any, field: str, spec: str) -> None:
 @contextmanager
 def calling(field: str, spec: str):
     """Run a user's component: a stop can end it (:mod:`podsrl.interrupts`), and whatever it
-    raises (``SystemExit`` included) becomes a :class:`UserCodeError` naming it. (podsrl's own
+    raises (``SystemExit`` included, and a ``KeyboardInterrupt`` no signal caused) becomes a
+    :class:`UserCodeError` naming it. (podsrl's own
     components are not run through this: their errors are already podsrl's one-line errors,
     and their calls end.)"""
     with interrupts.interruptible(f"{field} {spec}"):
@@ -156,6 +157,11 @@ def calling(field: str, spec: str):
             raise
         except (Exception, SystemExit) as err:
             raise UserCodeError(f"{field}: {spec} failed: {error_line(err)}{_user_line(err)}") from err
+        except KeyboardInterrupt as err:  # a signal's stop goes on; one the code raised is its failure
+            if not interrupts.raised_by_code(err):
+                raise
+            raise UserCodeError(f"{field}: {spec} failed: {error_line(err)} (raised by the code, no signal "
+                                f"was sent){_user_line(err)}") from err
 
 
 def podsrl_own(value: Any) -> bool:

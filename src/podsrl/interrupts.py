@@ -40,6 +40,9 @@ class _SignalState:
     # a label of the code running now ('advantage_estimator my.py:adv', 'evaluation')
     inside: str | None = None
     pending: int | None = None  # the signal of a stop asked for and not yet done
+    # a run's handler owns SIGINT / SIGTERM (podsrl.trainer.stops.Stops): a signal then raises
+    # StopNow or nothing, so a bare KeyboardInterrupt is code raising it
+    owned: bool = False
 
 
 _signal_state = _SignalState()
@@ -94,7 +97,15 @@ def stop_now(signum: int) -> None:
     raise StopNow(signum, _signal_state.inside or "")
 
 
-def clear() -> None:
-    """The run is over (or a new one starts): no stop pending, no timer left."""
-    _signal_state.pending, _signal_state.inside = None, None
+def clear(owned: bool = False) -> None:
+    """A run starts (``owned``: its handler now owns the signals) or is over: no stop pending, no
+    timer left."""
+    _signal_state.pending, _signal_state.inside, _signal_state.owned = None, None, owned
     _disarm()
+
+
+def raised_by_code(err: KeyboardInterrupt) -> bool:
+    """Whether ``err`` came from code raising it (a user's function that raises KeyboardInterrupt:
+    that function's failure), not from a signal: a run's handler owns the signals, under which a
+    signal raises :class:`StopNow` or nothing."""
+    return _signal_state.owned and not isinstance(err, StopNow)

@@ -139,7 +139,7 @@ class Rollouts:
 
         # those every chunk has (a prune_running watcher's counters, when each chunk ran one)
         summed = ("generated_tokens", "decode_steps", "slot_steps", "live_slot_steps", "watched_samples",
-                  "pruned_tokens")
+                  "pruned_samples", "pruned_tokens")
         stats = {k: sum(r.stats[k] for r in chunks) for k in summed if all(k in r.stats for r in chunks)}
         generated = None if all(r.generated is None for r in chunks) else torch.cat([r.generated_mask for r in chunks])
         sampling_logp = None if any(r.sampling_logp is None for r in chunks) else torch.cat(

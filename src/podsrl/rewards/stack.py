@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
+from podsrl import interrupts
 from podsrl.rewards.functions import checked_bounds
 from podsrl.rewards.worker import (
     CallFailed,
@@ -233,7 +234,11 @@ def declared_bounds(fn: RewardFn) -> tuple[float, float] | None:
 def _in_trainer(fn, prompts, completions, kwargs, expected) -> list[float | None]:
     try:
         return checked_values(fn, fn(prompts=prompts, completions=completions, **kwargs), expected)
-    except (Exception, SystemExit) as err:  # not KeyboardInterrupt: here it may be the user's Ctrl-C
+    except (Exception, SystemExit) as err:
         raise CallFailed(error_line(err)) from err
+    except KeyboardInterrupt as err:  # a signal's goes on; one the function raised itself is its failure
+        if not interrupts.raised_by_code(err):
+            raise
+        raise CallFailed(f"{error_line(err)} (raised by the function, no signal was sent)") from err
 
 

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from podsrl.rollout.base import (
+    KIND_METHODS,
     PRUNE_RUNNING,
     STOP_GROUPS,
     Capabilities,
@@ -91,8 +92,9 @@ def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> E
 
 
 __all__ = ["Capabilities", "CheckedEngine", "CheckedWatcher", "ENGINES", "EngineOptions", "FLAT_OPTIONS",
-           "GenerationCopy", "GenerationEngine", "HFEngine", "HFOptions", "LengthPredictor", "MemoryCapOptions",
-           "PRUNE_RUNNING", "PrefixLengthPredictor", "REFILLS", "SCHEDULES", "STOP_GROUPS", "Sampling", "Schedule",
+           "GenerationCopy", "GenerationEngine", "HFEngine", "HFOptions", "KIND_METHODS", "LengthPredictor",
+           "MemoryCapOptions", "PRUNE_RUNNING", "PrefixLengthPredictor", "REFILLS", "SCHEDULES",
+           "STOP_GROUPS", "Sampling", "Schedule",
            "SlotsEngine", "SlotsOptions", "VLLMEngine", "VLLMOptions", "WATCHERS", "Watcher", "WatcherFactory",
            "capabilities", "engine_options", "generate", "generate_in_slots", "generation_memory_bytes",
            "options_class", "reads_option", "to_rollouts", "watcher_kind"]

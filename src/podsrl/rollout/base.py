@@ -25,6 +25,9 @@ STOP_GROUPS = "stop_groups"  # shown samples as they finish; names groups whose 
 # shown running samples at the lengths it asks for, with their pooled hidden states; names running samples to stop
 # (podsrl.rollout.running_watch)
 PRUNE_RUNNING = "prune_running"
+# the methods each kind's watcher has besides __call__, which the engine calls (a user's watcher is
+# held to them: podsrl.rollout.registries.CheckedWatcher)
+KIND_METHODS = {STOP_GROUPS: (), PRUNE_RUNNING: ("lengths",)}
 
 
 class Watcher(Protocol):
@@ -256,7 +259,9 @@ def to_rollouts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     completion_mask = completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)
     if generated is not None:
         completion_mask = completion_mask * generated.unsqueeze(-1)  # [P, n, Lc]
-    rows = zip(completion_ids.view(-1, width).tolist(), completion_mask.view(-1, width).tolist())
+    # [P * n, Lc]; Lc may be 0 (every sample stopped before its first token was kept)
+    rows = zip(completion_ids.reshape(num_prompts * num_samples, width).tolist(),
+               completion_mask.reshape(num_prompts * num_samples, width).tolist())
     decoded = tokenizer.batch_decode([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows],
                                      skip_special_tokens=True)
     texts = [decoded[p * num_samples:(p + 1) * num_samples] for p in range(num_prompts)]

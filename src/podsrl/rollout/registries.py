@@ -6,9 +6,11 @@ stopped, fails in one line naming it, and its output is checked)."""
 
 from __future__ import annotations
 
-from podsrl.contracts import broken, calling, podsrl_own
+import numbers
+
+from podsrl.contracts import UserCodeError, broken, calling, podsrl_own
 from podsrl.registry import Registry, bind_options, component_label
-from podsrl.rollout.base import PRUNE_RUNNING, STOP_GROUPS, Watcher, capabilities
+from podsrl.rollout.base import KIND_METHODS, PRUNE_RUNNING, STOP_GROUPS, Watcher, capabilities
 from podsrl.rollout.partial import PartialGeneration
 from podsrl.types import Rollouts
 
@@ -78,17 +80,26 @@ def checked_engine(value, args: tuple, field: str, spec: str):
 
 
 class CheckedWatcher:
-    """A user's watcher (``generation_watchers``) held to its contract: its kind is the one its
-    factory declared (what the config checked); each call can be stopped and fails in one line
-    naming it; a ``stop_groups`` watcher must return prompt indices among the call's
-    ``prompts``, a ``prune_running`` one (prompt, sample) pairs. Another kind's contract is its
-    engine's: the rest of the watcher is its own."""
+    """A user's watcher (``generation_watchers``) held to its kind's contract where the engine calls
+    it: its kind is the one its factory declared (what the config checked), it has every method the
+    kind calls (:data:`~podsrl.rollout.base.KIND_METHODS`), each call can be stopped and fails in one
+    line naming it, and what it returns is checked: a ``stop_groups`` watcher's prompt indices among
+    the call's ``prompts``, a ``prune_running`` one's (prompt, sample) pairs of the call's samples
+    (``samples`` a prompt) and its ``lengths(prompt)`` ascending completion lengths. (That a group
+    keeps ``num_kept`` generated samples is checked after the call, where the engine's
+    :class:`~podsrl.types.Rollouts` tell it: :meth:`podsrl.trainer.stages.RolloutGenerator.check_kept`.)
+    Another kind's contract is its engine's: the rest of the watcher is its own."""
 
-    def __init__(self, inner, kind: str, prompts: int, field: str, spec: str) -> None:
-        if getattr(inner, "kind", None) != kind:
-            raise broken(field, spec, f"a watcher of kind {getattr(inner, 'kind', None)!r}, and it declares "
-                                      f"kind {kind!r}")
-        self.inner, self.kind, self.prompts, self.field, self.spec = inner, kind, prompts, field, spec
+    def __init__(self, inner, kind: str, prompts: int, field: str, spec: str, samples: int) -> None:
+        declared = getattr(inner, "kind", None)
+        if declared != kind:
+            raise broken(field, spec, f"a watcher of kind {declared!r}, and it declares kind {kind!r}")
+        missing = [name for name in KIND_METHODS.get(kind, ()) if not callable(getattr(inner, name, None))]
+        if missing:
+            raise broken(field, spec, f"a watcher of kind {kind!r} without the method {missing[0]}() its "
+                                      f"kind calls (podsrl.rollout.Watcher)")
+        self.inner, self.kind, self.prompts, self.samples = inner, kind, prompts, samples
+        self.field, self.spec = field, spec
 
     def __call__(self, *shown):
         """``stop_groups``: (prompt_index, completion_ids) -> prompt indices; ``prune_running``:
@@ -96,23 +107,50 @@ class CheckedWatcher:
         with calling(self.field, self.spec):
             named = self.inner(*shown)
         if self.kind == STOP_GROUPS:
-            if not isinstance(named, (list, tuple)) or any(type(p) is not int or not 0 <= p < self.prompts
-                                                           for p in named):
-                raise broken(self.field, self.spec, f"{named!r}, expected a list of prompt indices in [0, "
-                                                    f"{self.prompts})")
-            return list(named)
+            if not isinstance(named, (list, tuple)) or not all(_index(p, self.prompts) for p in named):
+                raise self.broken(f"{_shown(named)}, expected a list of prompt indices in "
+                                  f"[0, {self.prompts})")
+            return [int(p) for p in named]
         if self.kind == PRUNE_RUNNING:
-            pairs = named if isinstance(named, (list, tuple)) else None
-            if pairs is None or any(not isinstance(pair, tuple) or len(pair) != 2 or type(pair[0]) is not int
-                                    or not 0 <= pair[0] < self.prompts or type(pair[1]) is not int
-                                    for pair in pairs):
-                raise broken(self.field, self.spec, f"{named!r}, expected a list of (prompt, sample) pairs, "
-                                                    f"prompt in [0, {self.prompts})")
-            return list(pairs)
+            if not isinstance(named, (list, tuple)) or not all(self.sample(pair) for pair in named):
+                raise self.broken(f"{_shown(named)}, expected a list of (prompt, sample) pairs of the call, "
+                                  f"prompt in [0, {self.prompts}) and sample in [0, {self.samples})")
+            return [(int(prompt), int(sample)) for prompt, sample in named]
         return named
+
+    def lengths(self, prompt: int) -> tuple[int, ...]:
+        """``prune_running``: the completion lengths at which samples of ``prompt`` are shown,
+        checked: ints >= 1, strictly ascending."""
+        with calling(self.field, self.spec):
+            lengths = self.inner.lengths(prompt)
+        ints = isinstance(lengths, (list, tuple, range)) and all(_index(k, 1 << 62) and k >= 1
+                                                                  for k in lengths)
+        if not ints or any(a >= b for a, b in zip(lengths, lengths[1:])):
+            raise self.broken(f"{_shown(lengths)} from lengths({prompt}), expected strictly ascending "
+                              f"completion lengths, ints >= 1")
+        return tuple(int(k) for k in lengths)
+
+    def sample(self, pair) -> bool:
+        """Whether ``pair`` names a sample of the call: a tuple (prompt, sample)."""
+        return (isinstance(pair, tuple) and len(pair) == 2 and _index(pair[0], self.prompts)
+                and _index(pair[1], self.samples))
+
+    def broken(self, what: str) -> UserCodeError:
+        return broken(self.field, self.spec, what)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
+
+
+def _index(value, size: int) -> bool:
+    """Whether ``value`` is an integer (a bool is not) in [0, size)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < size
+
+
+def _shown(value) -> str:
+    """``value`` as a refusal shows it: its repr, cut to one readable line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def watcher_kind(spec) -> str:
@@ -132,9 +170,10 @@ class WatcherFactory:
     def __init__(self, spec) -> None:
         self.make, self.kind, self.spec = WATCHERS.checked(spec), watcher_kind(spec), component_label(spec)
 
-    def __call__(self, prompts, tokenizer, step: int) -> CheckedWatcher:
+    def __call__(self, prompts, tokenizer, step: int, samples: int) -> CheckedWatcher:
+        """The watcher of a call on ``prompts`` generating ``samples`` a prompt."""
         return CheckedWatcher(self.make(prompts, tokenizer, step), self.kind, len(prompts.prompts),
-                              WATCHERS.field, self.spec)
+                              WATCHERS.field, self.spec, samples)
 
 
 # What watches a generation call's samples, by the user's rule: factories called per call as

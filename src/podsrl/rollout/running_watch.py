@@ -28,6 +28,7 @@ class RunningWatch:
         self.fed = torch.zeros(0, dtype=torch.long, device=device)  # [B] states summed
         self.check = torch.zeros(0, dtype=torch.long, device=device)  # [B] next length to show (0: none)
         self.shown = 0  # samples shown, over the call
+        self.pruned_samples = 0  # samples it stopped, running or not yet started
         self.pruned_tokens = 0  # tokens the stopped samples had drawn
 
     def open(self, count: int) -> None:

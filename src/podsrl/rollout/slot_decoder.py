@@ -337,6 +337,8 @@ class SlotDecoder:
             if self.pending.drop(prompt, sample):
                 self.skipped.add((prompt, sample))
                 self._complete(prompt)
+                self.watch.pruned_samples += 1
+        self.watch.pruned_samples += len(rows)
         for row in rows:
             prompt, sample = self.row_sample[row]
             drawn = len(self.completions[prompt][sample]) + int(self.length[row]) - self.row_base[row]

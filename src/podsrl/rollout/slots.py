@@ -274,7 +274,9 @@ class SlotRun:
                               slot_steps=self.slots * decoder.decode_steps, live_slot_steps=decoder.live_slot_steps,
                               **self.stats)
         if decoder.watch is not None:  # what a prune_running watcher was shown and stopped
-            rollouts.stats.update(watched_samples=decoder.watch.shown, pruned_tokens=decoder.watch.pruned_tokens)
+            watch = decoder.watch
+            rollouts.stats.update(watched_samples=watch.shown, pruned_samples=watch.pruned_samples,
+                                  pruned_tokens=watch.pruned_tokens)
         if decoder.rows.reports_compile:  # graphs captured or the step compiled in this call (in its generation time)
             rollouts.stats["compile_seconds"] = decoder.rows.compile_seconds
         return rollouts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.distributed import Processes
+from podsrl.rollout import PRUNE_RUNNING, watcher_kind
 from podsrl.trainer.components import Components, StepHook
 from podsrl.trainer.config import Config
 from podsrl.trainer.stages import StepOutcome
@@ -57,6 +58,17 @@ class PruningFeedback:
             record["pruned_tokens"] = procs.sum([float(rollouts.stats["pruned_tokens"])])[0]
 
 
+class WatcherPruning:
+    """A user's ``prune_running`` watcher (``generation_watchers``): the samples it stopped and the
+    tokens they had drawn, summed over processes, named as podsrl's own pruning names them."""
+
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer,
+                   record: dict) -> None:
+        stats = outcome.rollouts.stats
+        pruned = [float(stats.get(name, 0)) for name in ("pruned_samples", "pruned_tokens")]
+        record["pruned_samples"], record["pruned_tokens"] = components.procs.sum(pruned)
+
+
 def step_hooks(cfg: Config, procs: Processes, engine=None, group_size: GroupSizePolicy | None = None) -> list[StepHook]:
     """The hooks a run with ``cfg`` over ``procs`` needs, in the order they run."""
     hooks: list[StepHook] = []
@@ -68,4 +80,6 @@ def step_hooks(cfg: Config, procs: Processes, engine=None, group_size: GroupSize
         hooks.append(GroupSizeFeedback(group_size))
     if cfg.prune_running:
         hooks.append(PruningFeedback())
+    if any(watcher_kind(spec) == PRUNE_RUNNING for spec in cfg.watcher_specs):
+        hooks.append(WatcherPruning())
     return hooks

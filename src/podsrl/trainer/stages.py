@@ -220,7 +220,7 @@ class RolloutGenerator:
         stopper = self.early_stop(prompts, step) if self.early_stop and early else None
         pruning = self.early_stop.pruning if stopper is not None else None
         pruner = pruning.pruner(stopper, per_prompt) if pruning is not None else None
-        users = tuple(make(prompts, self.tokenizer, step) for make in self.watchers)
+        users = tuple(make(prompts, self.tokenizer, step, per_prompt) for make in self.watchers)
         return stopper, tuple(w for w in (stopper, pruner) if w is not None) + users
 
     def check_kept(self, rollouts: Rollouts) -> None:
@@ -234,9 +234,9 @@ class RolloutGenerator:
         fewest = -int(self.procs.max([-float(fewest)])[0])  # the fewest on any process
         if fewest < self.keeping.m:
             names = ", ".join(make.spec for make in self.watchers)
-            raise UserCodeError(f"generation_watchers: {names} stopped a group with {fewest} samples generated, "
-                                f"fewer than num_kept = {self.keeping.m}; a stop_groups watcher must let each group "
-                                f"reach m")
+            raise UserCodeError(f"generation_watchers: {names} stopped a group with {fewest} samples "
+                                f"generated, fewer than num_kept = {self.keeping.m}; a watcher must leave "
+                                f"each group at least m samples to select from")
 
     def __call__(self, split: PreparedSplit, n: int, step: int, round_index: int) -> Rollouts:
         per_prompt = self.keeping.generated_per_prompt(n)

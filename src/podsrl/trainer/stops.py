@@ -59,8 +59,9 @@ class Stops:
 
     # --- the signals ---------------------------------------------------------------------------
     def __enter__(self) -> "Stops":
-        interrupts.clear()
-        if threading.current_thread() is threading.main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        interrupts.clear(owned=main)
+        if main:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
                 self._previous[sig] = signal.getsignal(sig)
             for sig in (signal.SIGINT, signal.SIGTERM):
