@@ -251,6 +251,8 @@ def test_a_key_given_twice_in_a_yaml_flow_mapping_is_an_error_too(tmp_path):
     assert make_config(path).advantage_estimator == {"name": "group", "eps": 1e-3}
 
 
+PRUNING = {"generation_engine": "slots", "generation_micro_group": "8", "generation_schedule": "round_robin",
+           "group_early_stop": "true", "prune_running": "true", "correct_weight": "1", "format_weight": "0"}
 IGNORED = [  # (overrides, the warning's lines): #57, options an engine does not read were accepted in silence
     ({"vllm_enforce_eager": "true", "vllm_max_model_length": "64"},
      ["generation_engine hf does not read vllm_max_model_length = 64 (read by vllm), vllm_enforce_eager = true (read "
@@ -265,6 +267,16 @@ IGNORED = [  # (overrides, the warning's lines): #57, options an engine does not
     ({"dynamic_sampling_rounds": "5", "dynamic_sampling": "true"}, []),
     ({"generation_engine": "slots", "generation_micro_group": "8", "generation_schedule": "round_robin"}, []),
     ({"vllm_enforce_eager": "false", "generation_micro_group": "0", "dynamic_sampling_rounds": "3"}, []),  # defaults
+    # #80: pruning that can never act, or may not (a reward of several terms)
+    ({**PRUNING, "prune_warmup_steps": "20", "max_steps": "20"},
+     ["prune_warmup_steps = 20: the head only watches for that many steps, and the run has max_steps = 20: "
+      "prune_running prunes nothing in it"]),
+    ({**PRUNING, "prune_warmup_steps": "19", "max_steps": "20"}, []),
+    ({**PRUNING, "format_weight": "0.1"},
+     ["prune_running: the reward sums 2 terms (correct_weight 1, format_weight 0.1), so it takes values strictly "
+      "between its bounds, and pruning counts only finished samples at a bound (a wrong answer scored for its "
+      "format fills neither class): it may prune nothing; give one term weight (correct_weight, format_weight)"]),
+    ({**PRUNING, "reward_funcs": "arithmetic_correct,arithmetic_format", "reward_weights": "1,0"}, []),
 ]
 
 

@@ -306,6 +306,28 @@ def test_the_compiled_step_traces_whole_once_and_gives_the_eager_logits_for_new_
     assert paid == [True, False, False]  # the first call in the process pays the compile, and says so
 
 
+def test_a_runs_compile_is_recorded_in_the_evaluation_that_paid_it_and_said_once(monkeypatch, capsys,
+                                                                                  random_model_dir, tmp_path):
+    """#80: step 0's evaluation pays the process's compile (about 2 minutes on CPU with inductor),
+    and generate_compile_seconds was 0.0 in every step: the compile was recorded nowhere."""
+    import json
+
+    from podsrl.trainer import train
+    from tests.conftest import quick
+
+    monkeypatch.setattr(decode_step, "BACKEND", "eager")  # dynamo's tracing, no code generation
+    monkeypatch.setattr(decode_step, "COMPILED", [])
+    torch._dynamo.reset()
+    train(quick(random_model_dir, tmp_path / "run", generation_engine="slots", generation_decode_path="compiled",
+                max_steps=1, eval_greedy="false"))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and records[0]["eval_compile_seconds"] > 0  # the first evaluation paid
+    assert records[1]["generate_compile_seconds"] == 0.0 and records[1]["eval_compile_seconds"] == 0.0
+    err = capsys.readouterr().err
+    assert err.count("compiling the decode step took ") == 1
+    assert "s, in this evaluation (metrics: eval_compile_seconds; a training step's: generate_compile_seconds)" in err
+
+
 def test_a_compile_that_fails_runs_the_eager_step_with_one_note(monkeypatch, capsys):
     from podsrl.rollout import kv_rows
 

@@ -275,8 +275,8 @@ def test_a_pass_rate_pool_smaller_than_prompts_per_step_is_refused_before_the_ru
     rows = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(10)]
     for name, part in (("train", rows[:2]), ("test", rows[2:])):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in part))
-    with pytest.raises(ValueError, match=r"^prompt_selector: pass_rate draws prompts_per_step = 4 different prompts "
-                                         r"per step, more than the 2 usable train prompts$"):
+    with pytest.raises(ValueError, match=r"^prompts_per_step: 4 prompts a step, and the train split has 2 usable "
+                                         r"prompts; use at most 2$"):  # any selector's (#80), checked first
         run(random_model_dir, tmp_path / "run", prompt_selector="pass_rate", task="jsonl",
             train_data=tmp_path / "train.jsonl", test_data=tmp_path / "test.jsonl")
     assert not (tmp_path / "run").exists()

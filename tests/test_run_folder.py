@@ -450,6 +450,40 @@ def test_resume_may_change_the_budget_and_config_json_records_it(random_model_di
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
+def test_a_run_written_by_the_previous_config_layout_resumes_with_its_own_command_or_todays(
+        random_model_dir, tmp_path, capfd):
+    """#80: a run made before 46aaa97 with generation_engine {name: hf, batch_size: N} was refused
+    with its own command (batch_size no longer an option) and with today's spelling (a changed
+    config): advice in a circle. Its config.json is written here as 3353d05 wrote it (checked
+    against a run of 3353d05: the engine spec with batch_size, generation_batch_size 0)."""
+    from podsrl.trainer.config import Config, validate
+
+    made = tmp_path / "made"
+    train(quick(random_model_dir, made, max_steps=2, generation_batch_size=12))  # 2 groups of 6 a call
+    config = json.loads((made / "config.json").read_text())
+    config.update(generation_engine={"name": "hf", "batch_size": 12}, generation_batch_size=0)
+    (made / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    capfd.readouterr()
+    own, today = copy_of(made, tmp_path / "own"), copy_of(made, tmp_path / "today")
+    old_spec = json.dumps({"name": "hf", "batch_size": 12})
+    assert train(quick(random_model_dir, own, max_steps=3, resume=True, generation_engine=old_spec)).steps == 3
+    assert ('note: generation_engine {"name": "hf", "batch_size": 12} is podsrl\'s spelling before 46aaa97 (the hf '
+            'engine\'s own batch_size went; generation_batch_size bounds what a call decodes): read as '
+            'generation_engine "hf", generation_batch_size 12\n') in capfd.readouterr().err
+    assert train(quick(random_model_dir, today, max_steps=3, resume=True, generation_batch_size=12)).steps == 3
+    for run in (own, today):
+        assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]
+        resumed = json.loads((run / "config.json").read_text())  # rewritten in today's spelling
+        assert (resumed["generation_engine"], resumed["generation_batch_size"]) == ("hf", 12)
+    with pytest.raises(RunDirError, match=r"in generation_batch_size: run 12, now 18"):  # a change is still one
+        train(quick(random_model_dir, copy_of(made, tmp_path / "other"), max_steps=3, resume=True,
+                    generation_batch_size=18))
+    with pytest.raises(ValueError, match=r'^generation_engine {"name": "hf", "batch_size": 12} is podsrl\'s spelling '
+                                         r'before 46aaa97 .*: read as generation_engine "hf", generation_batch_size '
+                                         r'16; set that instead'):
+        validate(Config(generation_engine={"name": "hf", "batch_size": 12}))  # in Python: named, not mapped
+
+
 def test_resuming_a_finished_run_changes_nothing(random_model_dir, finished_run, tmp_path, capfd):
     run = copy_of(finished_run, tmp_path)
     before = snapshot(run)

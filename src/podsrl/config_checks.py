@@ -16,6 +16,7 @@ from podsrl.algorithms.advantages import ADVANTAGES
 from podsrl.algorithms.importance import SAMPLER_CORRECTION_MODES
 from podsrl.algorithms.loss import LOSSES
 from podsrl.algorithms.select import RULES
+from podsrl.config_layouts import former_layout_refusal
 from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
@@ -66,6 +67,10 @@ def validate(cfg) -> None:
     """Reject invalid values and combinations before any work, naming the field: numbers
     first (types, finiteness and ranges: podsrl.options, each field's range), then names, data and
     combinations."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    refusal = former_layout_refusal({name: getattr(cfg, name) for name, default in defaults.items()
+                                     if getattr(cfg, name) != default}, defaults)
+    require(not refusal, refusal)
     check_numbers(cfg)
     _check_owners(cfg)
     _check_names(cfg)
@@ -292,9 +297,35 @@ def ignored_fields(cfg) -> list[str]:
                                  "prune_head_decay") if name in changed]
     if pruning and not cfg.prune_running:
         warnings.append(f"{', '.join(pruning)}: read only with prune_running true; no effect in this run")
+    if cfg.prune_running:
+        warnings += _pruning_warnings(cfg)
     if "dynamic_sampling_rounds" in changed and not cfg.dynamic_sampling:
         warnings.append(f"dynamic_sampling_rounds = {cfg.dynamic_sampling_rounds}: read only with dynamic_sampling "
                         f"true; it has no effect in this run")
+    return warnings
+
+
+def _pruning_warnings(cfg) -> list[str]:
+    """prune_running set where it may never act: a warm-up that lasts the whole run, or a reward of
+    several terms, which takes values strictly between its bounds (the rule counts only finished
+    samples at a bound: on the chain task's correct + format reward it pruned nothing in any step)."""
+    warnings = []
+    if cfg.prune_warmup_steps >= cfg.max_steps:
+        warnings.append(f"prune_warmup_steps = {cfg.prune_warmup_steps}: the head only watches for that many "
+                        f"steps, and the run has max_steps = {cfg.max_steps}: prune_running prunes nothing in it")
+    if cfg.reward_specs:
+        terms = [f"{component_label(spec)} x {weight:g}"
+                 for spec, weight in zip(cfg.reward_specs, cfg.reward_weight_values) if weight]
+        fields = "reward_funcs, reward_weights"
+    else:
+        terms = [f"{name} {weight:g}" for name, weight in (("correct_weight", cfg.correct_weight),
+                                                            ("format_weight", cfg.format_weight)) if weight]
+        fields = "correct_weight, format_weight"
+    if len(terms) > 1:
+        warnings.append(f"prune_running: the reward sums {len(terms)} terms ({', '.join(terms)}), so it takes "
+                        f"values strictly between its bounds, and pruning counts only finished samples at a "
+                        f"bound (a wrong answer scored for its format fills neither class): it may prune "
+                        f"nothing; give one term weight ({fields})")
     return warnings
 
 

@@ -12,12 +12,14 @@ import dataclasses
 import difflib
 import os
 import re
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from podsrl.algorithms.select import RULES
 from podsrl.config_checks import parse_component, require, validate
+from podsrl.config_layouts import current_layout
 from podsrl.config_yaml import as_text, check_reward_weights, read_yaml, split_list
 from podsrl.methods import METHODS
 from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, flat_option, option
@@ -340,6 +342,11 @@ def make_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
     for key, raw in (overrides or {}).items():
         values[key] = parse_value(key, raw, "")
         sources.pop(key, None)
+    # a former spelling (an old run's own command) is today's
+    values, notes = current_layout(values, {name: field.default for name, field in FIELDS.items()})
+    for note in notes:  # with the YAML file and line that set it, as errors get theirs
+        where = sources.get(re.match(r"\w*", note).group(), "")
+        print(f"note: {where}{note}", file=sys.stderr, flush=True)
     cfg = Config(**values)
     try:
         validate(cfg)

@@ -42,6 +42,9 @@ class Evaluation:
     # eval_accuracy (sampled), eval_greedy_accuracy, and each one's standard error over prompts (*_se)
     accuracies: dict[str, float]
     records: list[dict] = field(default_factory=list)  # one per sampled completion (this process's)
+    # seconds its decoding spent compiling the decode step or capturing CUDA graphs (a process's
+    # first compiled call pays them); None where the sampler compiles nothing
+    compile_seconds: float | None = None
 
 
 def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperature: float, max_completion_length: int,
@@ -146,17 +149,26 @@ def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: Eva
     if options.eval_greedy:
         modes["eval_greedy_accuracy"] = (1, 0.0)
     result = Evaluation({})
+    stats: list[dict] = []  # each call's Rollouts.stats, for what its sampler paid to compile
+
+    def generating(*args) -> Rollouts:
+        rollouts = generate_fn(*args)
+        stats.append(rollouts.stats)
+        return rollouts
+
     for name, (samples, temperature) in modes.items():
         with procs.whole_weights(bundle.model):
             records = generate_and_grade(bundle, split, samples=samples, temperature=temperature,
                                          max_completion_length=max_completion_length, seed=seed,
                                          correct_fn=task.correct_fn, extract_fn=task.extract_fn,
-                                         batch_size=options.eval_batch_size, generate_fn=generate_fn)
+                                         batch_size=options.eval_batch_size, generate_fn=generating)
         correct, count, *prompt_sums = procs.sum([float(sum(r["correct"] for r in records)),
                                                   float(len(records)), *prompt_moments(records)])
         result.accuracies[name] = correct / max(1.0, count)
         result.accuracies[f"{name}_se"] = clustered_standard_error(*prompt_sums)
         result.records = result.records or records
+    if any("compile_seconds" in stat for stat in stats):  # from the settings: on every process alike
+        result.compile_seconds = procs.max([sum(stat.get("compile_seconds", 0.0) for stat in stats)])[0]
     return result
 
 
@@ -183,6 +195,7 @@ class Evaluator:
     procs: Processes
     generate_fn: Callable[..., Rollouts] = generate  # transformers, or the engine's own sampler
     warned: bool = False  # said that the budget cuts most completions (once a run)
+    compiled: bool = False  # said what compiling the decode step cost (once a process)
 
     @property
     def prompts(self) -> int:
@@ -200,4 +213,11 @@ class Evaluator:
         if warning and self.procs.is_main:
             self.warned = True
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-        return evaluation.accuracies
+        if evaluation.compile_seconds is None:
+            return evaluation.accuracies
+        if evaluation.compile_seconds and not self.compiled and self.procs.is_main:
+            self.compiled = True
+            print(f"compiling the decode step took {evaluation.compile_seconds:.1f} s, in this evaluation "
+                  f"(metrics: eval_compile_seconds; a training step's: generate_compile_seconds)",
+                  file=sys.stderr, flush=True)
+        return {**evaluation.accuracies, "eval_compile_seconds": evaluation.compile_seconds}

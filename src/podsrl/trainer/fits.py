@@ -51,9 +51,23 @@ class Decoding:
     field: str
     why: str
     prompt_len: int = 0
+    prompts_field: str = ""  # the field that sets ``prompts``, named where their prefills take most
 
     def bytes(self, model_config) -> int:
         return generation_memory_bytes(model_config, self.rows, self.seq_len, self.prompts, self.prompt_len)
+
+    def refusal(self, model_config, need: int, available: int, field: str) -> str:
+        """The one line refusing it: it names ``field`` (the rows' setting, or another the caller
+        found), or :attr:`prompts_field` where the stored prefills take most of ``need``."""
+        stored = generation_memory_bytes(model_config, 0, self.seq_len, self.prompts, self.prompt_len)
+        memory = (f"an estimated {need / GIB:.1f} GiB of KV cache and logits at full length, more than the "
+                  f"{available / GIB:.1f} GiB available")
+        if self.prompts_field and 2 * stored > need:
+            return (f"{self.prompts_field}: {self.prompts} prompts' prefills of up to {self.prompt_len} tokens "
+                    f"would be stored at once beside {self.rows} decoding sequences ({self.why}), {memory}; "
+                    f"lower {self.prompts_field}")
+        return (f"{field}: {self.rows} sequences of up to {self.seq_len} tokens would decode at once "
+                f"({self.why}), {memory}; lower {field}, or cap the memory with generation_memory_mb")
 
 
 def agreed(procs, check):
@@ -74,6 +88,9 @@ def check_fits(cfg, engine_options, model_config, longest_prompt: int, train_pro
     """Refuse (ValueError naming the field) a run whose settings exceed what the data, the model or
     ``available`` bytes of memory hold; return warnings for settings past what the model was
     trained on (the run goes on)."""
+    if cfg.prompts_per_step > train_prompts:  # a step takes distinct prompts: more repeat some, to no end
+        raise ValueError(f"prompts_per_step: {cfg.prompts_per_step} prompts a step, and the train split has "
+                         f"{train_prompts} usable prompts; use at most {train_prompts}")
     share = max(1, cfg.prompts_per_step // world_size)  # this process's prompt groups a step
     extra = cfg.partial_extra_prompts if cfg.partial_rollouts else 0
     if extra and share + extra > train_prompts:
@@ -94,10 +111,7 @@ def check_fits(cfg, engine_options, model_config, longest_prompt: int, train_pro
         at_budget = dataclasses.replace(decoding, seq_len=longest_prompt + budget)
         if cfg.max_completion_length > budget and at_budget.bytes(model_config) <= available:
             field = "max_completion_length"  # the task's own budget would fit: the length is what does not
-        raise ValueError(f"{field}: {decoding.rows} sequences of up to {decoding.seq_len} tokens would decode at "
-                         f"once ({decoding.why}), an estimated {need / GIB:.1f} GiB of KV cache and logits at full "
-                         f"length, more than the {available / GIB:.1f} GiB available; lower {field}, or cap the "
-                         f"memory with generation_memory_mb")
+        raise ValueError(decoding.refusal(model_config, need, available, field))
     context = getattr(text, "max_position_embeddings", None)
     if context and longest_prompt + cfg.max_completion_length > context:
         return [f"max_completion_length: the longest prompt ({longest_prompt} tokens) plus max_completion_length "
@@ -119,12 +133,13 @@ def _decodings(cfg, options, longest_prompt: int, share: int, extra: int) -> lis
     slots = getattr(options, "micro_group", None)
     if slots is not None:  # the slots engine: g slots, or every sample in flight; its prefills stored
         lead = "partial_extra_prompts" if extra > share else lead
+        prompts = "partial_extra_prompts" if extra > share else "prompts_per_step"
         train = (Decoding(slots, seq_len, share + extra, "generation_micro_group", f"generation_micro_group {slots}",
-                          longest_prompt)
+                          longest_prompt, prompts)
                  if slots and slots < samples else
                  Decoding(samples, seq_len, share + extra, lead, f"generation_micro_group 0: every sample in flight, "
                           f"({share} prompts a step{f' + {extra} partial_extra_prompts' if extra else ''}) x {n}",
-                          longest_prompt))
+                          longest_prompt, prompts))
     else:  # whole prompt groups, generation_batch_size sequences a call (0 = all)
         rows = min(samples, max(n, cfg.generation_batch_size or samples))
         train = Decoding(rows, seq_len, 0, "generation_batch_size" if rows < samples else lead,

@@ -23,6 +23,7 @@ import os
 import socket
 from pathlib import Path
 
+from podsrl.config_layouts import current_layout
 from podsrl.distributed import Processes
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.config import BOOKKEEPING_FIELDS, RESUME_AUTO, Config
@@ -210,10 +211,12 @@ def _shown(names: list[str]) -> str:
 def check_resume_config(run_dir: Path, config: dict) -> list[str]:
     """Refuse a resume whose config differs from the run's config.json in a field that changes
     what the checkpoint means; return the safe fields that changed (they are allowed). A field
-    the run's config.json lacks was added by a later podsrl: it had its default's meaning then."""
+    the run's config.json lacks was added by a later podsrl: it had its default's meaning then; one
+    an earlier podsrl spelled otherwise is compared in today's spelling."""
     defaults = {field.name: field.default for field in dataclasses.fields(Config)}
     saved = json.loads((run_dir / "config.json").read_text())
-    saved = {**{name: defaults[name] for name in config if name in defaults}, **saved}
+    # today's spelling of what an earlier podsrl wrote (podsrl.config_layouts)
+    saved = current_layout(saved, {name: defaults[name] for name in config if name in defaults})[0]
     changed = sorted(name for name in set(saved) | set(config) if saved.get(name) != config.get(name))
     unsafe = [name for name in changed if name not in RESUME_SAFE_FIELDS]
     if unsafe:
