@@ -4,8 +4,12 @@ finished runs of grpo (m), pods (n -> m) and grpo-ga (n) with the same model and
 PODS pays for n - m extra rollouts per prompt at generation and trains on m; GRPO-GA trains
 on all n. So, per prompt group and per step (medians over steps, warm-up steps dropped):
 
-    extra generated rollout = (generate_s[pods] - generate_s[grpo]) / (P * (n - m))
+    extra generated rollout = (generate_s[pods] - generate_s[grpo]) / (generated[pods] - generated[grpo])
     extra trained rollout   = (update_s[grpo-ga] - update_s[pods])  / (P * (n - m))
+
+where generated is the rollouts a step generated as its metrics logged them (early stop cancels
+some of PODS's n, so fewer than P * n), else P * n and P * m: then the first denominator is P * (n - m).
+The table's "ms per generated rollout" divides by the same count.
 
 Without grpo-ga runs the marginal trained rollout is not measured: the table then gives the
 average one, update_s[grpo] / (P * m), which includes the update's fixed cost, so the ratio it
@@ -28,6 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from podsrl.experiments.runs import generated_per_step
 from podsrl.methods import METHODS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,24 +51,26 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
-def step_seconds(run: Path) -> tuple[dict, list[float], list[float], list[float]]:
-    """(config, generate, update and whole-step seconds per step) of a run, warm-up dropped; a
-    step's whole is the sum of its stages' times (generate, reward, select, advantages, update;
-    evaluation is not part of a step)."""
+def step_seconds(run: Path) -> tuple[dict, list[float], list[float], list[float], list[float]]:
+    """(config, generate, update and whole-step seconds per step, rollouts generated per step) of a
+    run, warm-up dropped; a step's whole is the sum of its stages' times (generate, reward, select,
+    advantages, update; evaluation is not part of a step); its rollouts generated as it logged them
+    (early stop, partial rollouts, dynamic sampling), else prompts x n (:func:`generated_per_step`)."""
     config = json.loads((run / "config.json").read_text())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in records if r.get("step", 0) > WARMUP_STEPS and "time_generate" in r]
     whole = [sum(v for k, v in r.items() if k.startswith("time_") and k != "time_eval") for r in steps]
-    return config, [r["time_generate"] for r in steps], [r["time_update"] for r in steps], whole
+    return (config, [r["time_generate"] for r in steps], [r["time_update"] for r in steps], whole,
+            [generated_per_step(config, r) for r in steps])
 
 
 def pooled(runs: list[Path]) -> dict[str, dict]:
     """Per method: the shared settings, and the median generate / update seconds per step."""
     by_method: dict[str, dict] = {}
     for run in runs:
-        config, generate, update, whole = step_seconds(run)
+        config, generate, update, whole, generated = step_seconds(run)
         entry = by_method.setdefault(config["method"], {"config": config, "generate": [], "update": [], "whole": [],
-                                                        "runs": 0})
+                                                        "generated": [], "runs": 0})
         for field in ("num_generations", "num_kept", "prompts_per_step", "model"):
             if entry["config"][field] != config[field]:
                 raise SystemExit(f"rollout_costs: {run} has {field}={config[field]!r}, another "
@@ -71,6 +78,7 @@ def pooled(runs: list[Path]) -> dict[str, dict]:
         entry["generate"] += generate
         entry["update"] += update
         entry["whole"] += whole
+        entry["generated"] += generated
         entry["runs"] += 1
         recorded = run / "environment.json"
         environment = json.loads(recorded.read_text())[0] if recorded.exists() else {}
@@ -89,10 +97,11 @@ def table(by_method: dict[str, dict]) -> str:
     n, m, prompts = pods["num_generations"], pods["num_kept"], pods["prompts_per_step"]
     median = {method: (statistics.median(e["generate"]), statistics.median(e["update"]))
               for method, e in by_method.items()}
-    extra = prompts * (n - m)
-    generated = (median["pods"][0] - median["grpo"][0]) / extra
+    rollouts = {method: statistics.median(e["generated"]) for method, e in by_method.items()}  # generated / step
+    generated = (median["pods"][0] - median["grpo"][0]) / (rollouts["pods"] - rollouts["grpo"])
     if "grpo-ga" in median:
-        trained, trained_label = (median["grpo-ga"][1] - median["pods"][1]) / extra, "one extra trained rollout"
+        trained = (median["grpo-ga"][1] - median["pods"][1]) / (prompts * (n - m))
+        trained_label = "one extra trained rollout"
     else:
         trained = median["grpo"][1] / (prompts * m)
         trained_label = "one trained rollout on average (no grpo-ga runs: an upper bound on the marginal cost)"
@@ -110,11 +119,9 @@ def table(by_method: dict[str, dict]) -> str:
         e, config = by_method[method], by_method[method]["config"]
         generate, update = median[method]
         share = statistics.median(g / w for g, w in zip(e["generate"], e["whole"]) if w > 0)
-        counts = METHODS[method], config["num_generations"], config["num_kept"]
-        generated_rows = prompts * counts[0].generated_per_prompt(*counts[1:])
-        trained_rows = prompts * counts[0].trained_per_prompt(*counts[1:])
+        trained_rows = prompts * METHODS[method].trained_per_prompt(config["num_generations"], config["num_kept"])
         lines.append(f"| {method} | {e['runs']} | {len(e['generate'])} | {generate:.3f} | {update:.3f} | "
-                     f"{statistics.median(e['whole']):.3f} | {share:.0%} | {1000 * generate / generated_rows:.1f} | "
+                     f"{statistics.median(e['whole']):.3f} | {share:.0%} | {1000 * generate / rollouts[method]:.1f} | "
                      f"{1000 * update / trained_rows:.1f} |")
     ratio = f"{trained / generated:.1f}x" if generated > 0 else "n/a (extra rollouts measured free)"
     lines += ["", "ms per generated / trained rollout: a step's generate / update seconds over the rollouts it "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from podsrl.experiments.compare import analyze, arm_configs, arm_dir_name, format_table, run_plan, write_report
+from podsrl.experiments.runs import load_run
 from podsrl.trainer.config import make_config
 
 
@@ -271,6 +272,33 @@ def test_partial_rollouts_numbers_are_reported_per_arm_only_for_runs_that_logged
     assert numbers["partial_samples_restarted"] == pytest.approx(0.5)
     assert ("off-policy tokens 25.0%, staleness 0.25 (max 2), 4.0 samples resumed and 0.5 restarted a step; "
             "idle slots 50.0%") in format_table(analyze(runs))
+
+
+def test_ms_per_generated_rollout_divides_by_the_rollouts_the_steps_generated(tmp_path):
+    """Early stop generates fewer than n x prompts: 196 of 256 here, so a generated rollout costs
+    the inference seconds over 196 (#80 item 7; it divided by 256); a trained one, the update seconds
+    over prompts x m. Dynamic sampling's rounds count their prompts x n; a run that logged neither
+    generated n x prompts."""
+    def run(name, logged):
+        folder = fake_run(tmp_path, name, "pods", 0, [(0, 0.1), (10, 0.2), (20, 0.3)], step_times=(1.0, 0.176, 0.64))
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "prompts_per_step": 16}))
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        for r, fields in zip(records[1:], logged):
+            r.update(fields)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return folder
+
+    early_stop = load_run(run("early-stop", [{"rollouts_generated": 190}, {"rollouts_generated": 202}]))
+    assert early_stop.rollout_milliseconds() == pytest.approx((1000 * 1.176 / 196, 1000 * 0.64 / 64))
+    rows = {r["arm"]: r for r in analyze([early_stop.path])["rows"]}
+    assert rows["pods 16->4 max_variance"]["rollout_ms"] == pytest.approx([1000 * 1.176 / 196, 10.0])
+    grpo = fake_run(tmp_path, "grpo", "grpo", 0, [(0, 0.1), (10, 0.15), (20, 0.2)])
+    assert "pods 16->4 max_variance 6.0 / 10.0" in format_table(analyze([grpo, early_stop.path]))  # 4.6 over 256
+    rounds = load_run(run("dynamic", [{"prompts_generated": 16, "rollouts_generated": 200},
+                                      {"prompts_generated": 32, "rollouts_generated": 190}]))
+    assert rounds.rollout_milliseconds()[0] == pytest.approx(1000 * 1.176 / (24 * 16))
+    assert load_run(run("plain", [{}, {}])).rollout_milliseconds()[0] == pytest.approx(1000 * 1.176 / 256)
 
 
 def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it(monkeypatch):

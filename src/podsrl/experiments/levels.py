@@ -342,4 +342,6 @@ def headline_lines(result: dict) -> list[str]:
     costs = "; ".join(f"{r['arm']} {r['rollout_ms'][0]:.1f} / {r['rollout_ms'][1]:.1f}" for r in result["rows"]
                       if r.get("rollout_ms"))
     return [*lines, "", *notes, f"- ms per generated / trained rollout (inference / update seconds per step over "
-                                f"the rollouts generated / trained per step, from each arm's n and m): {costs}"]
+                                f"the rollouts generated / trained per step; generated: as the steps logged them, "
+                                f"else prompts x the arm's n; trained: prompts x its m, or n for "
+                                f"grpo-ga): {costs}"]

@@ -38,6 +38,8 @@ class FinishedRun:
     # partial rollouts' and the slots engine's per-step numbers (OFF_POLICY_FIELDS; staleness_max: the
     # largest), over the steps that logged them; empty when none did
     off_policy: dict[str, float] = field(default_factory=dict)
+    # mean rollouts generated per step (:func:`generated_per_step`); None: read from the config's n (old callers)
+    rollouts_generated: float | None = None
 
     @property
     def arm(self) -> str:
@@ -60,12 +62,14 @@ class FinishedRun:
 
     def rollout_milliseconds(self) -> tuple[float, float]:
         """Mean cost of one generated rollout (inference seconds per step over the rollouts
-        generated per step) and of one trained rollout (update seconds over those trained on),
-        in ms, from the config's n and m: both factors of a speedup (docs/reproducing.md)."""
+        generated per step, as the steps logged them: :attr:`rollouts_generated`) and of one
+        trained rollout (update seconds per step over the prompts x m, or x n, trained on), in
+        ms: both factors of a speedup (docs/reproducing.md)."""
         c = self.config
         method, n, m = METHODS[c["method"]], c.get("num_generations", c.get("n")), c.get("num_kept", c.get("m"))
         prompts = c.get("prompts_per_step", 1)
-        return (1000 * self.inference_seconds / (prompts * method.generated_per_prompt(n, m)),
+        generated = self.rollouts_generated or prompts * method.generated_per_prompt(n, m)
+        return (1000 * self.inference_seconds / generated,
                 1000 * self.update_seconds / (prompts * method.trained_per_prompt(n, m)))
 
     def accuracy_at(self, seconds: float) -> float:
@@ -116,6 +120,28 @@ def off_policy_numbers(steps: list[dict]) -> dict[str, float]:
     return numbers
 
 
+def generated_per_step(config: dict, record: dict) -> float:
+    """The rollouts one step generated: where dynamic sampling logged its rounds' prompts
+    (prompts_generated), those x the rollouts per prompt (with early stop too, an upper bound: the
+    samples it cancelled are not subtracted); else where the step logged the samples its groups hold
+    (rollouts_generated: early stop, pruning, adaptive n, partial rollouts; cancelled and pruned samples
+    are not among them, though the tokens they decoded are in the generation seconds), those; else
+    prompts x the rollouts per prompt of the config's n and m (every sample generated whole)."""
+    if isinstance(record.get("rollouts_generated"), (int, float)) and "prompts_generated" not in record:
+        return float(record["rollouts_generated"])
+    method = METHODS[config["method"]]
+    per_prompt = method.generated_per_prompt(config.get("num_generations", config.get("n")),
+                                             config.get("num_kept", config.get("m")))
+    if isinstance(record.get("prompts_generated"), (int, float)):
+        return record["prompts_generated"] * per_prompt
+    return float(config.get("prompts_per_step", 1) * per_prompt)
+
+
+def logged_generation(steps: list[dict]) -> bool:
+    """Whether any step logged how many rollouts it generated (else the config's n and m say it)."""
+    return any(key in r for r in steps for key in ("rollouts_generated", "prompts_generated"))
+
+
 def evaluated_record(record: dict) -> bool:
     """Whether a metrics record holds an evaluation: a finite eval_accuracy (an evaluation that gave
     no number, NaN, is no point of the curve: it printed 'nan%' and broke the interpolation)."""
@@ -142,7 +168,9 @@ def load_run(path: Path) -> FinishedRun:
                        {key: largest_logged(r.get(key) for r in steps)
                         for key in ("update_activation_mb", "update_peak_cuda_mb")},
                        [r["step"] for r in evaluated], [r.get("eval_accuracy_se") for r in evaluated],
-                       any("eval_accuracy_se" in r for r in evaluated), off_policy_numbers(steps))
+                       any("eval_accuracy_se" in r for r in evaluated), off_policy_numbers(steps),
+                       statistics.fmean(generated_per_step(config, r) for r in steps)
+                       if logged_generation(steps) else None)
 
 
 def load_comparable(paths: list[Path], left_out: Callable[[str], None]) -> list[FinishedRun]:
