@@ -14,6 +14,7 @@ from pathlib import Path
 from podsrl.cli import FIELD_TABLE, field_rows
 from podsrl.rollout import ENGINES, FLAT_OPTIONS, options_class
 from podsrl.trainer.config import FIELDS, Config
+from podsrl.trainer.eval_command import EVAL_FIELDS
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """# Configuration
@@ -83,5 +84,5 @@ run knows (the policy's dtype, the seed, the processes) are the run's to set
 
 if __name__ == "__main__":
     PAGE.write_text(render())
-    FIELD_TABLE.write_text(json.dumps(field_rows(Config), indent=1) + "\n", encoding="utf-8")
+    FIELD_TABLE.write_text(json.dumps(field_rows(Config, EVAL_FIELDS), indent=1) + "\n", encoding="utf-8")
     print(f"{PAGE}, {FIELD_TABLE}: {len(FIELDS)} config fields")

@@ -170,6 +170,31 @@ def test_plot_of_one_run_under_two_names_counts_it_once_and_says_so(tmp_path, ca
     assert "| grpo 4/4 | 1 |" in captured.out
 
 
+def test_plot_tells_a_copied_run_folder_from_a_second_seed_by_the_runs_start(tmp_path, capsys):
+    """#80: a copy of a run folder (cp -r) was plotted as two seeds of its arm. A run is its first
+    start (environment.json: time and command line); a second run of the same config and seed is
+    another start, and counts."""
+    import shutil
+
+    start = [{"date": "2026-12-07T10:00:00+00:00", "unix_time": 1796637600.25, "argv": ["podsrl", "train"],
+              "commit": "05a6bca", "machine": "AMD EPYC (AVX2)", "torch": "2.13.0", "torch_threads": 2}]
+    again = [{**start[0], "date": "2026-12-07T10:05:00+00:00", "unix_time": 1796637900.5}]
+    first = fake_run(tmp_path / "runs", "grpo", "grpo", 0, EVALS, environment=start)
+    fake_run(tmp_path / "runs", "pods", "pods", 0, [(0, 0.5), (5, 0.8), (20, 0.9)])
+    shutil.copytree(first, tmp_path / "copied")
+    assert cli.main(["plot", str(tmp_path / "runs"), str(tmp_path / "copied"), "--output_dir",
+                     str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"podsrl plot: {tmp_path / 'copied'} is a copy of the run {first} (the same "
+                                    f"start in environment.json): counted once")
+    assert "| grpo 4/4 | 1 |" in captured.out
+    (tmp_path / "copied" / "environment.json").write_text(json.dumps(again))  # the same command, run again
+    assert cli.main(["plot", str(tmp_path / "runs"), str(tmp_path / "copied"), "--output_dir",
+                     str(tmp_path / "out2")]) == 0
+    captured = capsys.readouterr()
+    assert "copy" not in captured.err and "| grpo 4/4 | 2 |" in captured.out
+
+
 def test_compare_json_is_strict_and_the_tables_print_no_nan_or_inf(tmp_path):
     """A single seed (no interval) and a statistic that one dropped evaluation sends to infinity
     wrote bare NaN tokens into compare.json and 'nan%', '11.58x (inf%)' into compare.md (#57)."""

@@ -80,14 +80,38 @@ def test_a_runs_model_is_evaluated_on_the_runs_task_and_budget_unless_told_other
     captured = capsys.readouterr()
     summary = json.loads((tmp_path / "e" / "eval" / "parity-summary.json").read_text())
     assert summary["task"] == "parity" and summary["max_completion_length"] == 4
-    assert f"podsrl eval: {lora_run / 'model'} is run {lora_run}'s model: evaluating on the run's task parity" \
-        in captured.err
+    assert f"podsrl eval: {lora_run / 'model'} is run {lora_run}'s model; from its config.json " \
+           f"({lora_run / 'config.json'}): task \"parity\", " in captured.err
+    assert "max_completion_length 4" in captured.err and "from the command line" not in captured.err
     assert "cut at max_completion_length 4" in captured.out
     assert main(["eval", "--model", str(lora_run / "model"), "--eval_prompts", "4", "--eval_samples", "1",
                  "--task", "arithmetic", "--output_dir", str(tmp_path / "e")]) == 0
     summary = json.loads((tmp_path / "e" / "eval" / "arithmetic-summary.json").read_text())
     assert summary["max_completion_length"] == 8  # the arithmetic task's own budget, not the run's
     assert "is run" not in capsys.readouterr().err
+    # #80: a budget given on the command line was said to come from the run's config.json
+    assert main(["eval", "--model", str(lora_run / "model"), "--eval_prompts", "4", "--eval_samples", "1",
+                 "--max_completion_length", "3", "--output_dir", str(tmp_path / "e")]) == 0
+    err = capsys.readouterr().err
+    assert "; from the command line: max_completion_length 3" in err
+    assert err.split("; from the command line")[0].count("max_completion_length") == 0
+
+
+def test_eval_offers_only_what_evaluation_reads(tmp_path, capsys):
+    """#80: podsrl eval listed and accepted every training option (--learning_rate 5, --max_steps 99),
+    to no effect."""
+    from podsrl.cli import _offered
+
+    offered = {row["name"] for row in _offered("podsrl eval")}
+    assert {"model", "task", "eval_prompts", "eval_samples", "eval_temperature", "max_completion_length"} <= offered
+    assert not offered & {"learning_rate", "max_steps", "num_generations", "eval_steps", "eval_greedy", "resume"}
+    for option in (["--learning_rate", "5"], ["--max_steps=99"]):
+        assert main(["eval", *option, "--output_dir", str(tmp_path / "e")]) == 2
+        name = option[0][2:].split("=")[0]
+        assert capsys.readouterr().err.strip() == (f"podsrl eval: error: {name}: podsrl eval does not read it (a "
+                                                   f"setting of training); its options: podsrl eval --help")
+    assert main(["eval", "--learning_rat", "5"]) == 2  # not a field at all: the config's own refusal
+    assert "unknown config field" in capsys.readouterr().err
 
 
 def test_the_model_of_a_run_in_progress_is_named_as_such(lora_run, tmp_path, capsys):

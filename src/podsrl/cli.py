@@ -22,11 +22,13 @@ from pathlib import Path
 FIELD_TABLE = Path(__file__).with_name("config_fields.json")
 
 
-def field_rows(config_type) -> list[dict]:
+def field_rows(config_type, eval_fields: frozenset[str] = frozenset()) -> list[dict]:
     """What the command line shows of each field of ``config_type``: its name, metavar,
-    help and default, and whether it is a flag (a bool: ``--resume`` alone = true)."""
+    help and default, whether it is a flag (a bool: ``--resume`` alone = true), and whether
+    ``podsrl eval`` reads it (among ``eval_fields``: it offers only those)."""
     return [{"name": f.name, "metavar": type(f.default).__name__.upper(), "flag": isinstance(f.default, bool),
-             "help": f"{f.metadata['help']} (default: {f.default!r})"} for f in dataclasses.fields(config_type)]
+             "help": f"{f.metadata['help']} (default: {f.default!r})", "eval": f.name in eval_fields}
+            for f in dataclasses.fields(config_type)]
 
 
 def _lazy(module: str, name: str):
@@ -52,7 +54,7 @@ environment_report = _lazy("podsrl.provenance", "environment_report")
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of config fields (command-line values override it).")
-    for row in json.loads(FIELD_TABLE.read_text(encoding="utf-8")):
+    for row in _offered(prog):
         # Values stay strings here; podsrl.trainer.config.parse_value converts them and names the
         # field on error, the same way for YAML and the command line.
         flag = dict(nargs="?", const="true") if row["flag"] else {}  # `--resume` alone = true
@@ -61,18 +63,29 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _offered(prog: str) -> list[dict]:
+    """The field table's rows a command offers as options: every field for train and compare,
+    those evaluation reads for eval."""
+    rows = json.loads(FIELD_TABLE.read_text(encoding="utf-8"))
+    return [row for row in rows if row["eval"]] if prog == "podsrl eval" else rows
+
+
 def _parse_config(argv: list[str], prog: str, description: str, beneath: dict | None = None):
     """Config from ``--config FILE`` and ``--field value`` options, or None after printing
     the error (which names the field). ``beneath``: values for fields neither sets."""
     parser = _config_parser(prog, description)
     args, unknown = parser.parse_known_args(argv)  # --help ends here, before the config's imports
-    from podsrl.trainer.config import make_config, parse_value
+    from podsrl.trainer.config import FIELDS, make_config, parse_value
 
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     try:
         if unknown:
-            if unknown[0].startswith("--"):  # raises "unknown config field", with a suggestion
-                parse_value(unknown[0][2:].split("=")[0], None)
+            name = unknown[0][2:].split("=")[0] if unknown[0].startswith("--") else ""
+            if name in FIELDS:  # a field this command does not offer (eval: training's)
+                raise ValueError(f"{name}: {prog} does not read it (a setting of training); its options: "
+                                 f"{prog} --help")
+            if name:  # raises "unknown config field", with a suggestion
+                parse_value(name, None)
             raise ValueError(f"unexpected argument {unknown[0]!r}")
         return make_config(args.config, {**(beneath or {}), **overrides})
     except (ValueError, FileNotFoundError) as err:
@@ -147,33 +160,29 @@ EVAL_DESCRIPTION = ("Accuracy of a model or a run's model/ folder on a task's he
 
 def cmd_eval(argv: list[str]) -> int:
     args, _ = _config_parser("podsrl eval", EVAL_DESCRIPTION).parse_known_args(argv)  # --help ends here
-    from podsrl.trainer.eval_command import check_eval_model, default_eval_dir, run_of_model, run_terms
+    from podsrl.trainer import eval_command
     from podsrl.trainer.setup import task_options
 
     try:  # a run's folders that are not a model, before the config calls them unknown models
         if args.model:
-            check_eval_model(args.model)
+            eval_command.check_eval_model(args.model)
     except ValueError as err:
         print(f"podsrl eval: error: {err}", file=sys.stderr)
         return 2
     cfg = _parse_config(argv, "podsrl eval", EVAL_DESCRIPTION)
     if cfg is None:
         return 2
-
     given = _given_fields(args)
-    run = run_of_model(cfg.model)
-    if run is not None and (terms := run_terms(run, given)):
+    run = eval_command.run_of_model(cfg.model)
+    terms = eval_command.run_terms(run, given) if run is not None else {}
+    if terms:
         cfg = _parse_config(argv, "podsrl eval", EVAL_DESCRIPTION, beneath=terms)
         if cfg is None:
             return 2
-        print(f"podsrl eval: {cfg.model} is run {run}'s model: evaluating on the run's task {cfg.task}, its prompts "
-              f"and its max_completion_length {cfg.max_completion_length} ({run / 'config.json'}); --task and "
-              f"--max_completion_length choose others", file=sys.stderr)
-    # not the main job's runs/podsrl, which a later podsrl train would find taken
-    if "output_dir" not in given:
-        cfg = dataclasses.replace(cfg, output_dir=str(default_eval_dir(cfg.model, cfg.task)))
+    for line in eval_command.said_first(cfg, args.config, given, run, terms):
+        print(line, file=sys.stderr)
     try:
-        summary = run_eval(cfg, task_options(cfg))
+        summary = run_eval(eval_command.with_output_dir(cfg, given), task_options(cfg))
     except (ValueError, OSError) as err:
         print(f"podsrl eval: error: {err}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ import dataclasses
 import math
 import re
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,7 +32,15 @@ from podsrl.experiments.levels import headline
 from podsrl.experiments.noise import evaluation_noise
 from podsrl.experiments.report import BUDGET_FRACTIONS, format_table, write_report  # noqa: F401 (this module's API)
 from podsrl.experiments.reuse import NO_STEP_LIMIT, check_reusable, holds_a_run
-from podsrl.experiments.runs import FinishedRun, arm_name, arm_variants, largest_logged, load_comparable, load_run
+from podsrl.experiments.runs import (
+    FinishedRun,
+    arm_name,
+    arm_variants,
+    largest_logged,
+    load_comparable,
+    load_run,
+    once_each,
+)
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
 from podsrl.experiments.warmup import run_to_warm_up, warm_up
@@ -145,6 +154,7 @@ def analyze(run_dirs: list[Path], baseline: str | None = None,
     training step) is left out, and ``left_out`` told so in one line; without, it is an error.
     """
     runs = load_comparable(run_dirs, left_out) if left_out else [load_run(p) for p in run_dirs]
+    runs = once_each(runs, left_out or (lambda line: print(f"warning: {line}", file=sys.stderr)))
     if not runs:
         raise ValueError(f"none of the {len(run_dirs)} runs found has training steps "
                          "and evaluations to compare")

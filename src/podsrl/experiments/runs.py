@@ -185,6 +185,34 @@ def load_comparable(paths: list[Path], left_out: Callable[[str], None]) -> list[
     return runs
 
 
+def run_identity(run: FinishedRun) -> tuple | None:
+    """What makes a run itself, not its folder: its first start's time and command line
+    (environment.json), which a copy of the folder keeps and another run, of the same config and
+    seed included, does not; None where no start's time is recorded to the sub-second (podsrl
+    before 71b53c4 kept the date to the second only, as test fixtures do)."""
+    first = run.environment[0] if run.environment else {}
+    if not isinstance(first.get("unix_time"), (int, float)):
+        return None
+    return first["unix_time"], tuple(first.get("argv") or ())
+
+
+def once_each(runs: list[FinishedRun], told: Callable[[str], None]) -> list[FinishedRun]:
+    """``runs`` with each run once: a copied run folder is the same run, not a second seed
+    (``told`` says which folder was left out, one line each)."""
+    first: dict[tuple, FinishedRun] = {}
+    kept = []
+    for run in runs:
+        identity = run_identity(run)
+        if identity is not None and identity in first:
+            told(f"{run.path} is a copy of the run {first[identity].path} (the same start in environment.json): "
+                 f"counted once")
+            continue
+        if identity is not None:
+            first[identity] = run
+        kept.append(run)
+    return kept
+
+
 def largest_logged(values) -> float | None:
     """The largest of logged values, skipping those not logged (None) or not measured (NaN:
     metrics.jsonl's null); None when none is left."""

@@ -3,6 +3,7 @@ earlier eval's (:func:`run_eval`), and the refusals of folders that are not a mo
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -21,6 +22,12 @@ from podsrl.trainer.evaluate import EvalOptions, cut_share, cut_warning, eval_sh
 from podsrl.trainer.run_dir import RunLock, is_run_folder
 
 FINAL_MODEL = "model"  # a run's final model: RUN/model
+# the config fields podsrl eval reads, so the options it offers (the command line's field table marks
+# them: scripts/config_table.py): the task and its held-out split, the model and where it runs, how
+# prompts are rendered, how completions are sampled, and where the files go
+EVAL_FIELDS = frozenset({f.name for f in dataclasses.fields(TaskOptions)} | {
+    "eval_samples", "eval_temperature", "eval_batch_size", "model", "dtype", "device", "seed", "output_dir",
+    "system_prompt", "chat_template", "max_prompt_tokens", "max_completion_length"})
 # a run's fields that say what its model was trained to answer: podsrl eval --model RUN/model reads them
 RUN_TASK_FIELDS = ("task", "task_level", "data_seed", "train_data", "test_data", "prompt_column", "answer_column",
                    "reasoning_gym_size", "system_prompt", "chat_template", "max_prompt_tokens", "max_completion_length")
@@ -56,6 +63,32 @@ def run_of_model(model: str) -> Path | None:
     """The run folder whose final model ``model`` is (RUN/model), else None."""
     path = Path(model).expanduser()
     return path.parent if path.name == FINAL_MODEL and path.is_dir() and is_run_folder(path.parent) else None
+
+
+def said_first(cfg, config_file: str | None, given: set[str], run: Path | None, terms: dict) -> list[str]:
+    """The lines ``podsrl eval`` says before it evaluates: the settings of a ``--config`` file it
+    does not read (a training YAML reused: its task is read), and, for a run's model, where each
+    value that decides what it is judged on comes from: the run's config.json (``terms``) or the
+    command line (``given``)."""
+    def shown(names) -> str:
+        return ", ".join(f"{name} {json.dumps(getattr(cfg, name))}" for name in names)
+    lines, unread = [], sorted(given - EVAL_FIELDS)
+    if unread:
+        lines.append(f"warning: {config_file} sets {', '.join(unread)}, which podsrl eval does not read")
+    told = [name for name in RUN_TASK_FIELDS if name in given]
+    parts = [f"from its config.json ({run / 'config.json'}): {shown(terms)}"] if terms else []
+    parts += [f"from the command line: {shown(told)}"] if told else []
+    if terms:  # the run supplied some: say which, and which the command line did
+        lines.append(f"podsrl eval: {cfg.model} is run {run}'s model; {'; '.join(parts)}")
+    return lines
+
+
+def with_output_dir(cfg, given: set[str]):
+    """``cfg`` writing where it was told, else to :func:`default_eval_dir`: not the main job's
+    runs/podsrl, which a later podsrl train would find taken."""
+    if "output_dir" in given:
+        return cfg
+    return dataclasses.replace(cfg, output_dir=str(default_eval_dir(cfg.model, cfg.task)))
 
 
 def run_terms(run: Path, given: set[str]) -> dict:
