@@ -204,8 +204,8 @@ def once_each(runs: list[FinishedRun], told: Callable[[str], None]) -> list[Fini
     for run in runs:
         identity = run_identity(run)
         if identity is not None and identity in first:
-            told(f"{run.path} is a copy of the run {first[identity].path} (the same start in environment.json): "
-                 f"counted once")
+            told(f"{run.path} is a copy of the run {first[identity].path} (the same start in "
+                 f"environment.json): counted once")
             continue
         if identity is not None:
             first[identity] = run
