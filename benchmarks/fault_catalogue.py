@@ -62,7 +62,7 @@ class Case:
     file_size_limit: int = 0  # bytes any file may grow to (RLIMIT_FSIZE): a full disk as writes see it; 0 = none
     venv: str = ""  # the environment whose podsrl runs the case, in the repository ('' = this one's)
     after: Callable[[Path], str] = lambda work: ""  # what is wrong with what the case left, in words ('' = nothing)
-    says: str = ""  # text stderr must hold when the case succeeds (its warning), else it was silent
+    says: str = ""  # text stderr must hold (a handled case's warning, a refusal's cause), else silent / wrong
     # a program other than podsrl: its argv before args (scripts in the repository, run with the
     # case's Python; "accelerate" = that environment's launcher), and how its clean error begins
     program: tuple[str, ...] = ()
@@ -704,7 +704,7 @@ CASES = [
          says="warning: max_completion_length:"),
     Case("eval of a run's model/ without --task", "eval", "succeed",
          lambda w: ["--model", str(w / "run" / "model"), "--eval_prompts", "4", "--output_dir", str(w / "eval")],
-         finished_run, command="eval", says="evaluating on the run's task"),
+         finished_run, command="eval", says="'s model; from its config.json"),
     Case("eval of a running run's model/", "eval", "refuse",
          lambda w: ["--model", str(w / "run" / "model"), "--output_dir", str(w / "eval")], live_run, run_files,
          background=_lock_holder(), command="eval"),
@@ -726,6 +726,141 @@ CASES = [
          lambda w: ["--offline", "--use_vllm", "--max_steps", "2", "--output_dir", str(w / "trl")],
          program=("examples/trl_pods.py",), venv=".venv-vllm"),
 ]
+
+
+# #80: watchers of generation (#71's stop_groups, #72's prune_running) held to their kind's contract
+# at every method, settings that can never act, old runs' settings, eval's options, copied runs
+SLOTS = ["--generation_engine", "slots", "--generation_schedule", "round_robin", "--generation_micro_group", "4"]
+PRUNING = [*SLOTS, "--group_early_stop", "true", "--prune_running", "true"]
+PRUNE_WATCHER = """
+import os, signal, time
+calls = [0]
+def second():
+    calls[0] += 1
+    return calls[0] == 2
+def hang():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10**6)
+class Watch:
+    kind = "prune_running"
+    def __init__(self, prompts, tokenizer, step):
+        pass
+    def lengths(self, prompt):
+        {lengths}
+    def __call__(self, samples, lengths, features, running):
+        {call}
+"""
+
+
+BARE_WATCHER = """
+class Bare:
+    kind = "prune_running"
+    def __init__(self, prompts, tokenizer, step):
+        pass
+    def __call__(self, samples, lengths, features, running):
+        return []
+"""
+INTERRUPTING_WATCHER = """
+class Interrupting:
+    kind = "stop_groups"
+    def __init__(self, prompts, tokenizer, step):
+        pass
+    def __call__(self, prompt_index, completion_ids):
+        raise KeyboardInterrupt
+"""
+
+
+def watcher_case(name: str, lengths: str = "return (2,)", call: str = "return []", expect: str = "refuse",
+                 says: str = "", extra: tuple[str, ...] = (), after=lambda work: "") -> Case:
+    """A run with a user's prune_running watcher whose ``lengths`` and ``__call__`` bodies are given."""
+    return Case(name, "watcher", expect, lambda w: out(w, *SLOTS, "--generation_watchers", f"{w / 'watch.py'}:Watch",
+                                                       *extra),
+                reward_file(PRUNE_WATCHER.format(lengths=lengths, call=call), "watch.py"), says=says, after=after)
+
+
+def logged(*names: str) -> Callable[[Path], str]:
+    """What is wrong with work/run's step records: a name of ``names`` missing from one."""
+    def check(work: Path) -> str:
+        steps = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()][1:]
+        missing = sorted({name for r in steps for name in names if name not in r})
+        return f"steps without {', '.join(missing)}" if missing or not steps else ""
+    return check
+
+
+def run_in_former_layout(work: Path) -> None:
+    """A finished run whose config.json is as 3353d05 wrote it: the hf engine's own batch_size
+    (gone in 46aaa97), trained as generation_batch_size 8 trains today (2 groups of 4 a call)."""
+    _train(["--output_dir", str(work / "run"), "--generation_batch_size", "8"])
+    config = json.loads((work / "run" / "config.json").read_text())
+    config.update(generation_engine={"name": "hf", "batch_size": 8}, generation_batch_size=0)
+    (work / "run" / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+ROUND_SIX = [
+    watcher_case("prune watcher stops every running sample", call="return list(running)",
+                 says="stopped a group with"),
+    watcher_case("prune watcher's lengths() returns None", lengths="return None",
+                 says="returned None from lengths("),
+    watcher_case("prune watcher's lengths() returns a string", lengths="return '24'",
+                 says="returned '24' from lengths("),
+    watcher_case("prune watcher's lengths() raises", lengths="raise OSError('lengths broke')",
+                 says="failed: OSError: lengths broke"),
+    watcher_case("prune watcher's lengths() returns (2.5, nan)", lengths="return (2.5, float('nan'))",
+                 says="returned (2.5, nan) from lengths("),
+    watcher_case("prune watcher's lengths() hangs under a SIGTERM", lengths="if second():\n            hang()\n"
+                 "        return (2,)", says="by SIGTERM in generation_watchers"),
+    watcher_case("prune watcher names sample 999", call="return [(0, 999)]", says="returned [(0, 999)]"),
+    watcher_case("prune watcher names sample -1", call="return [(0, -1)]", says="returned [(0, -1)]"),
+    watcher_case("prune watcher names prompts, not pairs", call="return [p for p, _ in samples]",
+                 says="expected a list of (prompt, sample) pairs"),
+    Case("prune watcher class without lengths()", "watcher", "refuse",
+         lambda w: out(w, *SLOTS, "--generation_watchers", f"{w / 'watch.py'}:Bare"),
+         reward_file(BARE_WATCHER, "watch.py"), says="without the method lengths()"),
+    watcher_case("a user's prune watcher logs what it pruned", call="return [(p, s) for p, s in samples if s >= 2]",
+                 expect="succeed", after=logged("pruned_samples", "pruned_tokens")),
+    watcher_case("prune watcher with method grpo-ga", extra=("--method", "grpo-ga"),
+                 says="stops running samples, and method grpo-ga"),
+    watcher_case("prune watcher beside prune_running", extra=("--group_early_stop", "true", "--prune_running", "true",
+                                                              "--correct_weight", "1", "--format_weight", "0"),
+                 says="generation_watchers names one too"),
+    Case("stop_groups watcher raises KeyboardInterrupt", "watcher", "refuse",
+         lambda w: out(w, *SLOTS, "--generation_watchers", f"{w / 'watch.py'}:Interrupting"),
+         reward_file(INTERRUPTING_WATCHER, "watch.py"), says="failed: KeyboardInterrupt"),
+    Case("prune_running on the hf engine", "watcher", "refuse",
+         lambda w: out(w, "--group_early_stop", "true", "--prune_running", "true"), says="prune_running"),
+    Case("prune_running without group_early_stop", "watcher", "refuse",
+         lambda w: out(w, *SLOTS, "--prune_running", "true"), says="needs group_early_stop"),
+    Case("prune_running on a correct + format reward", "never acts", "succeed", lambda w: out(w, *PRUNING),
+         says="warning: prune_running: the reward sums 2 terms"),
+    Case("prune_warmup_steps at max_steps", "never acts", "succeed",
+         lambda w: out(w, *PRUNING, "--correct_weight", "1", "--format_weight", "0", "--prune_warmup_steps", "2"),
+         says="warning: prune_warmup_steps = 2: the head only watches"),
+    Case("prompts_per_step above the train split", "never acts", "refuse",
+         lambda w: [*train_file(w, "rows.jsonl"), "--prompts_per_step", "500"],
+         lambda w: shutil.copy(EXAMPLES / "sums_train.jsonl", w / "rows.jsonl"),
+         says="prompts_per_step: 500 prompts a step, and the train split has 400"),
+    Case("prompts_per_step 100000 on the slots engine", "never acts", "refuse",
+         lambda w: out(w, *SLOTS[:2], "--generation_micro_group", "16", "--prompts_per_step", "100000"),
+         says="podsrl train: error: prompts_per_step:"),
+    Case("resume of a run in the former config layout, its own command", "resume", "succeed",
+         lambda w: out(w, "--resume", "true", "--max_steps", "3", "--generation_engine",
+                       json.dumps({"name": "hf", "batch_size": 8})), run_in_former_layout,
+         says="is podsrl's spelling before 46aaa97"),
+    Case("resume of a run in the former config layout, today's spelling", "resume", "succeed",
+         lambda w: out(w, "--resume", "true", "--max_steps", "3", "--generation_batch_size", "8"),
+         run_in_former_layout),
+    Case("eval given a training option", "eval", "refuse", lambda w: [*EVAL, "--learning_rate", "5"],
+         command="eval", says="learning_rate: podsrl eval does not read it"),
+    Case("eval of a run's model/ with a budget on the command line", "eval", "succeed",
+         lambda w: ["--model", str(w / "run" / "model"), "--eval_prompts", "4", "--max_completion_length", "4",
+                    "--output_dir", str(w / "eval")], finished_run, command="eval",
+         says="from the command line: max_completion_length 4"),
+    Case("plot of a copied run folder", "compare", "succeed",
+         lambda w: [str(w / "run"), str(w / "copy"), "--output_dir", str(w / "plots")],
+         lambda w: (finished_run(w), shutil.copytree(w / "run", w / "copy")), command="plot",
+         says="is a copy of the run"),
+]
+CASES += ROUND_SIX
 
 
 def fingerprint(paths: list[Path]) -> dict[str, str]:
@@ -756,7 +891,9 @@ def judge(case: Case, code: int | None, stderr: str, lost: list[str], wrong: str
         return "traceback"
     if case.expect == "refuse":
         last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-        return "clean error" if code != 0 and last.startswith(case.clean_error_prefix()) else "silent"
+        if code == 0 or not last.startswith(case.clean_error_prefix()):
+            return "silent"
+        return "clean error" if case.says in stderr else f"wrong: it did not say {case.says!r}"
     if code == 0 and case.says not in stderr:
         return "silent"
     return "handled" if code == 0 else "traceback"

@@ -44,9 +44,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture(autouse=True)
-def _two_threads():
-    # the same thread count everywhere keeps float reductions, and so runs, reproducible
+def _two_threads(monkeypatch):
+    # the same thread count everywhere keeps float reductions, and so runs, reproducible: a run's
+    # own count follows the free cores unless fixed (podsrl.trainer.cores), so fix it for runs in
+    # this process and in the processes the tests start
     torch.set_num_threads(2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
 
 
 def crc_parity(prompts, completions, **_columns):

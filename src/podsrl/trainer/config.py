@@ -39,6 +39,7 @@ from podsrl.rollout import (
 )
 from podsrl.tasks import DEFAULT_COMPLETION_BUDGET, TaskOptions, completion_budget
 from podsrl.trainer.checkpoints import CheckpointOptions
+from podsrl.trainer.cores import ThreadOptions
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
 from podsrl.trainer.logging import LogOptions
@@ -189,12 +190,13 @@ class ConfigFields:
 
 
 @dataclass(frozen=True)
-class Config(PruningOptions, PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions, StopOptions,
-             OptimizerOptions, UpdateOptions, ScoringOptions, TaskOptions, ConfigFields):
+class Config(ThreadOptions, PruningOptions, PartialRolloutOptions, LogOptions, EvalOptions, CheckpointOptions,
+             StopOptions, OptimizerOptions, UpdateOptions, ScoringOptions, TaskOptions, ConfigFields):
     """The run's configuration: the stages' options (``TaskOptions``, ``ScoringOptions``,
     ``UpdateOptions``), :class:`ConfigFields`, then each job's options (``OptimizerOptions``,
     ``StopOptions``, ``CheckpointOptions``, ``EvalOptions``, ``LogOptions``,
-    ``PartialRolloutOptions``, ``PruningOptions``), each declared in the module that reads it, under the same names
+    ``PartialRolloutOptions``, ``PruningOptions``, ``ThreadOptions``), each declared in the module that
+    reads it, under the same names
     from the YAML file and the command line to their reader (podsrl.options.bind). Every setting
     is declared once (tests/test_structure.py)."""
 
@@ -273,7 +275,7 @@ RESUME_AUTO = "auto"  # resume where output_dir holds a checkpoint, else start a
 # change these (podsrl.trainer.run_dir), and seeds of one arm may differ in them
 # (podsrl.experiments.seeds)
 BOOKKEEPING_FIELDS = frozenset({"output_dir", "resume", "progress", "report_to", "log_rollouts", "save_steps",
-                                "checkpoint_minutes", "save_total_limit", "device"})
+                                "checkpoint_minutes", "save_total_limit", "device", "torch_threads"})
 
 
 def parse_value(name: str, raw: Any, source: str = "") -> Any:

@@ -4,11 +4,14 @@ checkpoints. Each sees the finished step and adds its numbers to the step's metr
 
 from __future__ import annotations
 
+import torch
+
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.distributed import Processes
 from podsrl.rollout import PRUNE_RUNNING, watcher_kind
 from podsrl.trainer.components import Components, StepHook
 from podsrl.trainer.config import Config
+from podsrl.trainer.cores import CoreShare
 from podsrl.trainer.stages import StepOutcome
 from podsrl.trainer.timer import StageTimer
 
@@ -69,9 +72,23 @@ class WatcherPruning:
         record["pruned_samples"], record["pruned_tokens"] = components.procs.sum(pruned)
 
 
-def step_hooks(cfg: Config, procs: Processes, engine=None, group_size: GroupSizePolicy | None = None) -> list[StepHook]:
+class ThreadCount:
+    """The threads the step ran on (``torch_threads`` in its record), then the count for what comes
+    next: the cores other processes left free over the step (:class:`CoreShare`)."""
+
+    def __init__(self, cores: CoreShare) -> None:
+        self.cores = cores
+
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer,
+                   record: dict) -> None:
+        record["torch_threads"] = torch.get_num_threads()
+        self.cores.follow()
+
+
+def step_hooks(cfg: Config, procs: Processes, engine=None, group_size: GroupSizePolicy | None = None,
+               cores: CoreShare | None = None) -> list[StepHook]:
     """The hooks a run with ``cfg`` over ``procs`` needs, in the order they run."""
-    hooks: list[StepHook] = []
+    hooks: list[StepHook] = [ThreadCount(cores)] if cores is not None else []
     if hasattr(engine, "step_record"):
         hooks.append(EngineRecord())
     if procs.world_size > 1 and not procs.sharded:

@@ -36,6 +36,7 @@ from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
 from podsrl.trainer.components import Components
 from podsrl.trainer.config import FIELDS, Config, validate
+from podsrl.trainer.cores import CoreShare
 from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
 from podsrl.trainer.fits import agreed, available_bytes, check_fits
 from podsrl.trainer.hooks import step_hooks
@@ -161,6 +162,7 @@ def _check_sharding(cfg: Config, procs: Processes) -> None:
 
 
 def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
+    cores = CoreShare.of(cfg)  # what other processes use of the cores, from here on
     _check_sharding(cfg, procs)
     engine_options = cfg.generation_options(procs.world_size, procs.sharded)
     engine_options.check()  # again, now that the processes are known (FSDP)
@@ -196,7 +198,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         trackers=log_options.trackers(run_dir, procs.is_main), log_options=log_options,
         recorded_config=cfg.to_dict(), forward_dtype="bfloat16" if cfg.bf16 else "",
         evaluator=evaluator(cfg, bundle, task, splits[1], procs, engine),
-        hooks=step_hooks(cfg, procs, engine, group_size),
+        hooks=step_hooks(cfg, procs, engine, group_size, cores),
         pruning=RunPruning.of(bind(PruningOptions, cfg), bundle.model.config.get_text_config().hidden_size,
                               keeping.m, cfg.max_completion_length))
     select = Selection(keeping, torch.Generator().manual_seed(cfg.seed + 1))  # the `random` rule's stream
@@ -208,6 +210,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     partial = bind(PartialRolloutOptions, cfg)  # bound once: the pool and the prompt source read it
     stages = step_stages(cfg, components, selector, group_size, select, bounds, partial,
                          carried_pool(partial, state))
+    cores.follow()  # the threads of the first evaluation and step: the cores left free during set-up
     return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
                CheckpointSchedule(bind(CheckpointOptions, cfg)), resume(cfg))
 
