@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)
 
 from podsrl.models.loading import TINY_DIR  # noqa: E402
+from podsrl.provenance import machine_description  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "data"
@@ -827,7 +828,8 @@ ROUND_SIX = [
          lambda w: out(w, *SLOTS, "--generation_watchers", f"{w / 'watch.py'}:Interrupting"),
          reward_file(INTERRUPTING_WATCHER, "watch.py"), says="failed: KeyboardInterrupt"),
     Case("prune_running on the hf engine", "watcher", "refuse",
-         lambda w: out(w, "--group_early_stop", "true", "--prune_running", "true"), says="prune_running"),
+         lambda w: out(w, "--group_early_stop", "true", "--prune_running", "true"),
+         says="generation_engine hf does not stop groups early"),  # what pruning builds on, refused first
     Case("prune_running without group_early_stop", "watcher", "refuse",
          lambda w: out(w, *SLOTS, "--prune_running", "true"), says="needs group_early_stop"),
     Case("prune_running on a correct + format reward", "never acts", "succeed", lambda w: out(w, *PRUNING),
@@ -947,7 +949,8 @@ def main() -> int:
     lines += [f"| {r['case']} | {r['class']} | {r['exit']} | {r['verdict']} | `{r['last line'].replace('|', '/')}` |"
               for r in rows]
     lines += ["", f"{good} of {len(rows) - skipped} cases run ended as a clean error or were handled; "
-                  f"{len(rows) - skipped - good} ended otherwise" + (f"; {skipped} not run." if skipped else ".")]
+                  f"{len(rows) - skipped - good} ended otherwise" + (f"; {skipped} not run" if skipped else "")
+              + f", on {machine_description()}."]
     body = "\n".join(lines)
     print(body)
     if args.record:

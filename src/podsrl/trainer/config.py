@@ -142,10 +142,11 @@ class ConfigFields:
     generation_watchers: str | list[Spec] = _f("", "Comma-separated watchers of generation by your own rule, "
                                                    "'module:Class' / 'file.py:Class': built per engine call as "
                                                    "Class(prompts, tokenizer, step), of a kind the engine's "
-                                                   "capabilities declare (kind 'stop_groups' on the slots engine: "
-                                                   "shown samples as they finish, it names groups whose unstarted "
-                                                   "samples are cancelled; podsrl.rollout.Watcher, "
-                                                   "docs/generation.md).")
+                                                   "capabilities declare (on the slots engine: 'stop_groups', "
+                                                   "shown samples as they finish, names groups whose unstarted "
+                                                   "samples are cancelled; 'prune_running', shown running samples "
+                                                   "at the lengths its lengths(prompt) gives, names samples to "
+                                                   "stop; podsrl.rollout.Watcher, docs/generation.md).")
     generation_memory_mb: float = flat_option(MemoryCapOptions, "memory_mb")
     share_prefill: bool = flat_option(HFOptions, "share_prefill")
     # --- vLLM engine (generation_engine vllm; TRL's names where TRL has the field) -------------
