@@ -134,12 +134,21 @@ def finished_comparison(work: Path) -> None:
                    timeout=600)
 
 
+def another_start(run: Path) -> None:
+    """A copied run folder made another run: its first start a second later (a copy is the same
+    run, which podsrl plot counts once)."""
+    entries = json.loads((run / "environment.json").read_text())
+    entries[0]["unix_time"] += 1.0
+    (run / "environment.json").write_text(json.dumps(entries, indent=2))
+
+
 def runs_one_without_evaluations(work: Path) -> None:
     """Two finished runs in work/runs, the second's log stripped of its evaluations."""
     finished_run(work)
     (work / "runs").mkdir()
     shutil.move(work / "run", work / "runs" / "a")
     shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    another_start(work / "runs" / "b")
     records = [json.loads(line) for line in (work / "runs" / "b" / "metrics.jsonl").read_text().splitlines()]
     (work / "runs" / "b" / "metrics.jsonl").write_text("".join(
         json.dumps({k: v for k, v in r.items() if not k.startswith("eval_")}) + "\n" for r in records))
@@ -152,6 +161,7 @@ def two_smollm2_conversions(work: Path) -> None:
     runs_one_without_evaluations(work)
     shutil.rmtree(work / "runs" / "b")
     shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    another_start(work / "runs" / "b")
     for name, eos in (("a", {}), ("b", {"eos_token_id": 2, "eos_token": "<|im_end|>"})):
         run = work / "runs" / name
         config = json.loads((run / "config.json").read_text())
@@ -325,6 +335,7 @@ def nan_evaluation(work: Path) -> None:
     (work / "runs").mkdir()
     shutil.move(work / "run", work / "runs" / "a")
     shutil.copytree(work / "runs" / "a", work / "runs" / "b")
+    another_start(work / "runs" / "b")
     metrics = work / "runs" / "b" / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     records = [{**r, "eval_accuracy": float("nan")} if "eval_accuracy" in r and r["step"] else r for r in records]

@@ -101,7 +101,7 @@ class CoreShare:
         self.fixed = fixed
         self.others = 0.0  # cores other processes kept busy over the last interval
         self.last = self._sample()
-        if fixed:
+        if fixed and fixed != torch.get_num_threads():
             torch.set_num_threads(fixed)
 
     def _sample(self) -> tuple[float, float, float] | None:
