@@ -116,7 +116,9 @@ def validate(words: list[str]) -> None:
     if command == "compare":
         known = {"--methods", "--rules", "--n_values", "--m_values", "--seeds", "--budget_minutes", "--baseline"}
         args = [a for i, a in enumerate(args) if a not in known and (i == 0 or args[i - 1] not in known)]
-    assert command in ("train", "eval", "compare"), command
+    if command == "plan":  # its own options, parsed before the config's
+        args = cli.plan_parser().parse_known_args(args)[1]
+    assert command in ("train", "eval", "compare", "plan"), command
     cfg = cli._parse_config(args, f"podsrl {command}", "")
     assert cfg is not None, f"podsrl {command} {shlex.join(args)} is rejected"
 

@@ -16,6 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
+from podsrl.command_options import compare_parser, plan_parser
+
 # The field table `podsrl train --help` prints, generated from podsrl.trainer.config.Config by
 # scripts/config_table.py (tests/test_cli.py fails when it is stale): the config's modules
 # import torch and transformers (seconds), and a command line must answer --help at once.
@@ -49,6 +51,7 @@ write_report = _lazy("podsrl.experiments.compare", "write_report")
 plot_accuracy = _lazy("podsrl.experiments.plots", "plot_accuracy")
 check_report_folder = _lazy("podsrl.experiments.report_files", "check_report_folder")
 environment_report = _lazy("podsrl.provenance", "environment_report")
+run_plan = _lazy("podsrl.experiments.plan", "run_plan")
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -205,41 +208,8 @@ def _ints(name: str, text: str, words: tuple[str, ...] = ()) -> list:
         raise ValueError(f"{name}: expected comma-separated integers{allowed}, got {text!r}") from None
 
 
-def _compare_parser() -> argparse.ArgumentParser:
-    """`podsrl compare`'s own options (the arms, seeds and budget); the rest set the shared config."""
-    parser = argparse.ArgumentParser(
-        prog="podsrl compare", allow_abbrev=False,
-        description="Run arms (methods x rules x n x m) x seeds with the same training-time budget, interleaved "
-                    "(seed by seed, the arms' order alternating) so machine drift is not confounded with an arm, "
-                    "then plot accuracy vs time (mean, 95% band), seconds per step (inference vs update) "
-                    "and a speedup table. Any `podsrl train` option (--config, --FIELD VALUE) sets the shared "
-                    "config; --output_dir is the comparison folder. Re-running reuses finished runs.")
-    parser.add_argument("--methods", default="grpo,grpo-ga,pods")
-    parser.add_argument("--rules", default="", help="downsampling rules of pods, comma-separated: names, or JSON "
-                                                    "mappings {\"name\": ..., ARGUMENT: VALUE} (default: the config's "
-                                                    "downsampling_rule)")
-    parser.add_argument("--n_values", default="", help="num_generations (n) values, comma-separated; 'auto' = "
-                                                        "adaptive_n starting at the config's n (default: the "
-                                                        "config's)")
-    parser.add_argument("--m_values", default="", help="num_kept (m) values, comma-separated (default: the config's)")
-    parser.add_argument("--prompt_selectors", default="", help="prompt selectors, comma-separated (names or JSON "
-                                                                "mappings): each arm runs once per selector "
-                                                                "(default: the config's)")
-    parser.add_argument("--dynamic_sampling", default="", help="'false,true': each arm runs without and with "
-                                                                "dynamic sampling (default: the config's)")
-    parser.add_argument("--partial_rollouts", default="", help="'false,true': each arm runs without and with "
-                                                                "partial rollouts (default: the config's)")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--budget_minutes", type=float, default=0.0, help="training time per run")
-    parser.add_argument("--budget_steps", type=int, default=0,
-                        help="optimizer steps per run instead (or as well: a run stops at whichever comes first); "
-                             "the paper's per-step comparison, where a slower arm still gets every step")
-    parser.add_argument("--baseline", default="", help="arm name or method of the speedup baseline")
-    return parser
-
-
 def cmd_compare(argv: list[str]) -> int:
-    args, rest = _compare_parser().parse_known_args(argv)
+    args, rest = compare_parser().parse_known_args(argv)
     if "--output_dir" not in rest:
         rest += ["--output_dir", "runs/compare"]
     cfg = _parse_config(rest, "podsrl compare", "")
@@ -277,6 +247,24 @@ def cmd_compare(argv: list[str]) -> int:
         print(f"podsrl compare: error: {err}", file=sys.stderr)
         return 2
     return _report(result, Path(cfg.output_dir), "compare")
+
+
+def cmd_plan(argv: list[str]) -> int:
+    args, rest = plan_parser().parse_known_args(argv)
+    cfg = _parse_config(rest, "podsrl plan", "")
+    if cfg is None:
+        return 2
+    from podsrl.trainer import TrainingStopped
+
+    try:
+        print(run_plan(cfg, args.json, args.probe_steps))
+    except TrainingStopped as stopped:  # a probe run stopped (a signal, a reward that failed): nothing is kept
+        print(f"podsrl plan: {stopped}; the probe's runs are not kept: run podsrl plan again", file=sys.stderr)
+        return 128 + stopped.signum if stopped.signum else 1
+    except (ValueError, OSError) as err:
+        print(f"podsrl plan: error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_plot(argv: list[str]) -> int:
@@ -356,17 +344,18 @@ def _report(result: dict, output_dir: Path, command: str) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "compare": cmd_compare, "plot": cmd_plot, "export": cmd_export,
-            "env": cmd_env}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "compare": cmd_compare, "plan": cmd_plan, "plot": cmd_plot,
+            "export": cmd_export, "env": cmd_env}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: podsrl {train,eval,compare,plot,export,env} [options]\n\n"
+        print("usage: podsrl {train,eval,compare,plan,plot,export,env} [options]\n\n"
               "  train   train a model (no options: the tiny demo run with PODS)\n"
               "  eval    accuracy of a model on a task's held-out split, with per-sample records\n"
               "  compare run methods x seeds with equal time budgets; curves, step times, speedups\n"
+              "  plan    what a step of each method costs here, and when PODS pays (a probe of minutes)\n"
               "  plot    the figures and table of `compare` from existing run directories\n"
               "  export  a run's model as a standalone Hugging Face folder with a model card\n"
               "  env     versions and machine, for bug reports\n\n"
@@ -387,6 +376,7 @@ INTERRUPTED = {
     "train": "the run had not begun, nothing was written: run the same command again",
     "eval": "its results are written only at its end: run the same command again",
     "compare": "finished runs are kept and a stopped one checkpointed: re-run the same command, which reuses them",
+    "plan": "the probe's runs are not kept: run the same command again",
     "plot": "figures are written only at its end: run the same command again",
     "export": "nothing was exported (an export is written beside its folder and renamed into place at the end)",
     "env": "nothing was written",
