@@ -65,14 +65,15 @@ def test_the_recorded_ratios_lie_in_their_intervals():
 
 def test_an_arms_seconds_drop_the_warm_up_and_count_what_it_generated():
     config = {"method": "pods", "num_generations": 16, "num_kept": 4, "prompts_per_step": 8}
-    records = [{"step": 0, "eval_accuracy": 0.5},
-               {"step": 1, "time_generate": 9.0, "time_reward": 1.0, "time_update": 9.0, "time_select": 0.1},
-               {"step": 2, "time_generate": 1.0, "time_reward": 0.1, "time_update": 0.5, "time_select": 0.01,
-                "time_advantages": 0.01, "rollouts_generated": 100, "update_activation_mb": 20.0},
-               {"step": 3, "time_generate": 1.2, "time_reward": 0.1, "time_update": 0.7, "time_logprobs": 0.2,
-                "rollouts_generated": 120, "update_activation_mb": 30.0}]
+    records = [{"step": 0, "train_seconds": 0.0, "eval_accuracy": 0.5},
+               {"step": 1, "train_seconds": 19.5, "time_generate": 9.0, "time_reward": 1.0, "time_update": 9.0,
+                "time_select": 0.1},
+               {"step": 2, "train_seconds": 21.2, "time_generate": 1.0, "time_reward": 0.1, "time_update": 0.5,
+                "time_select": 0.01, "time_advantages": 0.01, "rollouts_generated": 100, "update_activation_mb": 20.0},
+               {"step": 3, "train_seconds": 23.5, "time_generate": 1.2, "time_reward": 0.1, "time_update": 0.7,
+                "time_logprobs": 0.2, "rollouts_generated": 120, "update_activation_mb": 30.0}]
     got = arm_seconds(config, records, warmup=1)
-    assert got == pytest.approx({"generation": 1.2, "update": 0.7, "other": 0.01, "generated": 110.0,
+    assert got == pytest.approx({"step": 2.0, "generation": 1.2, "update": 0.7, "other": 0.01, "generated": 110.0,
                                  "trained": 32.0, "update_mb": 30.0})
     with pytest.raises(ValueError, match="logged no step after its 3 warm-up"):
         arm_seconds(config, records, warmup=3)

@@ -6,9 +6,10 @@ in a temporary folder, at the run's own shapes (prompts a step, lengths, engine,
 micro-batches), and reads each step's stage times from its metrics: the first steps are warm-up
 and are dropped. Generation seconds (generate + reward) against the rollouts generated, and
 update seconds (old log-probs + update) against the rollouts trained, each fitted by a line over
-the three arms: the slopes are g and t, the intercepts and the rest of a step (select,
-advantages) are f. PODS-only settings (early stop, pruning, adaptive n) stay with the PODS arm;
-PODS's rows are predicted at the share of its n the probe's PODS steps generated.
+the three arms: the slopes are g and t; f is what a whole step took on the training clock (the
+time-to-accuracy axis) beyond g and t times its rollouts, averaged over the arms. PODS-only
+settings (early stop, pruning, adaptive n) stay with the PODS arm; PODS's rows are predicted at
+the share of its n the probe's PODS steps generated.
 """
 
 from __future__ import annotations
@@ -67,15 +68,18 @@ def arm_config(cfg, method: str, steps: int, folder: Path):
 
 
 def arm_seconds(config: dict, records: list[dict], warmup: int) -> dict[str, float]:
-    """An arm's mean per step, warm-up dropped: generation, update and other seconds, rollouts
-    generated (as the steps logged them) and trained, update memory per micro-batch (MiB, largest)."""
+    """An arm's mean per step, warm-up dropped: the whole step on the training clock, its generation,
+    update and other seconds, rollouts generated (as the steps logged them) and trained, update
+    memory per micro-batch (MiB, largest)."""
     steps = [r for r in records if r["step"] > warmup]
     if not steps:
         raise ValueError(f"plan: the probe's {config['method']} run logged no step after its {warmup} warm-up")
+    start = next(r["train_seconds"] for r in records if r["step"] == warmup)  # the training clock then
     method = METHODS[config["method"]]
     trained = config["prompts_per_step"] * method.trained_per_prompt(config["num_generations"], config["num_kept"])
     memory = [r.get("update_peak_cuda_mb") or r.get("update_activation_mb") for r in steps]
-    return {"generation": statistics.fmean(r.get("time_generate", 0.0) + r.get("time_reward", 0.0) for r in steps),
+    return {"step": (steps[-1]["train_seconds"] - start) / len(steps),
+            "generation": statistics.fmean(r.get("time_generate", 0.0) + r.get("time_reward", 0.0) for r in steps),
             "update": statistics.fmean((r.get("time_logprobs") or 0.0) + r.get("time_update", 0.0) for r in steps),
             "other": statistics.fmean(r.get("time_select", 0.0) + r.get("time_advantages", 0.0) for r in steps),
             "generated": statistics.fmean(generated_per_step(config, r) for r in steps), "trained": float(trained),
@@ -98,11 +102,11 @@ def probe(cfg, steps: int = 2, warmup: int = 1) -> Probe:
             train(arm)  # a run that learned nothing in a few steps still timed them
             records = read_metrics(Path(arm.output_dir) / "metrics.jsonl")
             arms[method] = arm_seconds(arm.to_dict(), records, warmup)
-    generation = fit_line([(a["generated"], a["generation"]) for a in arms.values()])
-    update = fit_line([(a["trained"], a["update"]) for a in arms.values()])
-    other = statistics.fmean(a["other"] for a in arms.values())
-    costs = StepCosts(max(generation[1], 0.0), max(update[1], 0.0), max(generation[0] + update[0] + other, 0.0),
-                      cfg.prompts_per_step)
+    g = max(fit_line([(a["generated"], a["generation"]) for a in arms.values()])[1], 0.0)
+    t = max(fit_line([(a["trained"], a["update"]) for a in arms.values()])[1], 0.0)
+    # the fixed part: what a whole step took (the training clock, as time-to-accuracy counts it) beyond its rollouts
+    fixed = statistics.fmean(a["step"] - g * a["generated"] - t * a["trained"] for a in arms.values())
+    costs = StepCosts(g, t, max(fixed, 0.0), cfg.prompts_per_step)
     share = arms["pods"]["generated"] / (cfg.prompts_per_step * cfg.num_generations)
     memory = [a["update_mb"] for a in arms.values() if a["update_mb"] == a["update_mb"]]
     return Probe(costs, share, max(memory) if memory else None, arms, time.perf_counter() - start)
