@@ -15,7 +15,6 @@ within 15% of the measured one.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import tempfile
@@ -52,8 +51,7 @@ def regime_lines(name: str, cfg, steps: int, rounds: int) -> tuple[list[str], li
     found = probe(cfg)
     n, m = cfg.num_generations, cfg.num_kept
     costs = found.costs
-    pods_costs = dataclasses.replace(costs, generated=costs.generated * found.pods_generated_share)
-    predicted = {"pods": pods_costs.step_seconds("pods", n, m), "grpo": costs.step_seconds("grpo", n, m),
+    predicted = {"pods": found.pods_costs.step_seconds("pods", n, m), "grpo": costs.step_seconds("grpo", n, m),
                  "grpo-ga": costs.step_seconds("grpo-ga", n, m)}
     runs = measured_steps(cfg, steps, rounds)
     measured = {method: statistics.median(values) for method, values in runs.items()}

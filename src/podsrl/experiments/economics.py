@@ -52,10 +52,6 @@ class Recorded:
     high: float
     section: str  # where benchmarks/RESULTS.md records it
 
-    def label(self) -> str:
-        shown = f"grpo {self.m}/{self.m}" if self.baseline == "grpo" else f"grpo-ga {self.n}"
-        return f"PODS {self.n} -> {self.m} vs {shown}, {self.regime}"
-
 
 # The per-step learning ratios of podsrl's recorded comparisons (benchmarks/RESULTS.md, the
 # headline "in steps" column: mean curves, per seed [95% CI]); each is the section's number.
@@ -131,7 +127,7 @@ def recommendation(costs: StepCosts, n: int, m: int) -> str:
             verdict = f"unlikely to pay ({span}, none reaching it)"
         else:
             verdict = f"depends on your task ({span}): measure it with podsrl compare"
-        shown = f"grpo {m}/{m}" if row.baseline == "grpo" else f"grpo-ga {n}"
-        lines.append(f"against {shown} PODS {n} -> {m} needs per-step learning >= {row.for_1x:.2f}x to be as "
-                     f"soon ({row.for_1_5x:.2f}x for 1.5x): {verdict}")
+        baseline = METHODS[row.baseline].arm_name(n, m, None)  # 'grpo 4/4', 'grpo-ga 16'
+        lines.append(f"against {baseline} PODS {n} -> {m} needs per-step learning >= {row.for_1x:.2f}x to be "
+                     f"as soon ({row.for_1_5x:.2f}x for 1.5x): {verdict}")
     return "; ".join(lines)

@@ -54,6 +54,11 @@ class Probe:
     arms: dict[str, dict[str, float]]
     seconds: float  # the probe's wall time
 
+    @property
+    def pods_costs(self) -> StepCosts:
+        """The costs PODS's rows are predicted at: its generation at the share of n it generated."""
+        return dataclasses.replace(self.costs, generated=self.costs.generated * self.pods_generated_share)
+
 
 def arm_config(cfg, method: str, steps: int, folder: Path):
     """The run's config as a probe arm: ``method`` at the run's n and m (GRPO keeps n >= m), a few
@@ -115,8 +120,7 @@ def probe(cfg, steps: int = 2, warmup: int = 1) -> Probe:
 def plan_rows(probe_result: Probe, n: int, m: int) -> list[dict]:
     """Each method's predicted step over the grid around (n, m), and PODS's break-even per-step
     learning against each baseline (PODS's generation at its measured share of n)."""
-    costs, share = probe_result.costs, probe_result.pods_generated_share
-    pods_costs = dataclasses.replace(costs, generated=costs.generated * share)
+    costs, pods_costs = probe_result.costs, probe_result.pods_costs
     rows = []
     for a, b in grid(n, m):
         even = {row.baseline: row for row in break_even(pods_costs, a, b)}
@@ -133,7 +137,6 @@ def plan_rows(probe_result: Probe, n: int, m: int) -> list[dict]:
 def plan_report(cfg, probe_result: Probe) -> dict:
     """Everything `podsrl plan` says, as --json prints it."""
     costs, n, m = probe_result.costs, cfg.num_generations, cfg.num_kept
-    pods_costs = dataclasses.replace(costs, generated=costs.generated * probe_result.pods_generated_share)
     return {"machine": machine_description(), "model": cfg.model, "task": str(cfg.task),
             "prompts_per_step": cfg.prompts_per_step, "probe_seconds": round(probe_result.seconds, 1),
             "costs": {"generated_rollout_seconds": costs.generated, "trained_rollout_seconds": costs.trained,
@@ -141,7 +144,7 @@ def plan_report(cfg, probe_result: Probe) -> dict:
                       "update_peak_mb_per_micro_batch": probe_result.update_mb},
             "probe_arms": probe_result.arms, "methods": plan_rows(probe_result, n, m),
             "recorded_learning": [dataclasses.asdict(r) for r in RECORDED],
-            "recommendation": recommendation(pods_costs, n, m)}
+            "recommendation": recommendation(probe_result.pods_costs, n, m)}
 
 
 HEADER = ["| method | n | m | s/step (predicted) | GRPO m/m over PODS | GRPO-GA n over PODS | PODS needs "

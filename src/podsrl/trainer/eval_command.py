@@ -75,12 +75,12 @@ def said_first(cfg, config_file: str | None, given: set[str], run: Path | None, 
     lines, unread = [], sorted(given - EVAL_FIELDS)
     if unread:
         lines.append(f"warning: {config_file} sets {', '.join(unread)}, which podsrl eval does not read")
+    if not terms:  # not a run's model, or the command line chose another task
+        return lines
     told = [name for name in RUN_TASK_FIELDS if name in given]
-    parts = [f"from its config.json ({run / 'config.json'}): {shown(terms)}"] if terms else []
-    parts += [f"from the command line: {shown(told)}"] if told else []
-    if terms:  # the run supplied some: say which, and which the command line did
-        lines.append(f"podsrl eval: {cfg.model} is run {run}'s model; {'; '.join(parts)}")
-    return lines
+    said = f"from its config.json ({run / 'config.json'}): {shown(terms)}"
+    said += f"; from the command line: {shown(told)}" if told else ""
+    return [*lines, f"podsrl eval: {cfg.model} is run {run}'s model; {said}"]
 
 
 def with_output_dir(cfg, given: set[str]):
