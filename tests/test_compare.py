@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from podsrl.experiments.compare import analyze, arm_configs, arm_dir_name, format_table, run_plan, write_report
+from podsrl.experiments.compare import (
+    analyze,
+    arm_configs,
+    arm_dir_name,
+    format_table,
+    planned_arm_names,
+    run_plan,
+    write_report,
+)
 from podsrl.experiments.runs import load_run
 from podsrl.trainer.config import make_config
 
@@ -326,6 +334,46 @@ def test_each_arm_runs_once_per_prompt_selector_and_is_named_by_it(monkeypatch):
          "partial_rollouts": on} for on in (False, True)]
     with pytest.raises(ValueError, match="prompt_selector: unknown prompt selector 'oracle'"):
         arm_configs(base, ["pods"], ["max_variance"], [16], [4], ["oracle"])
+
+
+def test_a_learning_rate_sweep_runs_each_arm_once_per_rate_and_names_only_swept_arms_by_it(monkeypatch, tmp_path,
+                                                                                          capsys):
+    base = make_config()
+    arms = arm_configs(base, ["grpo", "pods"], ["max_variance"], [16], [4], learning_rates=[6e-5, 2e-4])
+    assert [(a["method"], a["learning_rate"]) for a in arms] == [
+        ("grpo", 6e-5), ("grpo", 2e-4), ("pods", 6e-5), ("pods", 2e-4)]
+    assert [arm_dir_name(a) for a in arms] == ["grpo-m4-lr6e_05", "grpo-m4-lr0.0002",
+                                               "pods-n16-m4-max_variance-lr6e_05", "pods-n16-m4-max_variance-lr0.0002"]
+    assert planned_arm_names(base, arms) == ["grpo 4/4 lr 6e-05", "grpo 4/4 lr 0.0002",
+                                             "pods 16->4 max_variance lr 6e-05", "pods 16->4 max_variance lr 0.0002"]
+    # one rate is no sweep: the arm keeps the name every earlier report gave it
+    assert planned_arm_names(base, arm_configs(base, ["pods"], ["max_variance"], [16], [4], learning_rates=[1e-3])) \
+        == ["pods 16->4 max_variance"]
+    runs = []
+    for seed in (0, 1):
+        for rate, curve in ((1e-4, [(0, 0.5), (10, 0.6), (20, 0.7)]), (1e-3, [(0, 0.5), (10, 0.7), (20, 0.8)])):
+            run = fake_run(tmp_path / f"lr{rate:g}", "pods", "pods", seed, curve)
+            config = json.loads((run / "config.json").read_text())
+            (run / "config.json").write_text(json.dumps({**config, "learning_rate": rate}))
+            runs.append(run)
+        runs.append(fake_run(tmp_path, "grpo", "grpo", seed, [(0, 0.5), (10, 0.6), (20, 0.7)]))
+    result = analyze(runs, baseline="pods 16->4 max_variance lr 0.0001")
+    rows = {r["arm"]: r for r in result["rows"]}
+    assert set(rows) == {"pods 16->4 max_variance lr 0.0001", "pods 16->4 max_variance lr 0.001", "grpo 4/4"}
+    assert rows["pods 16->4 max_variance lr 0.001"]["seeds"] == 2
+    assert rows["pods 16->4 max_variance lr 0.001"]["final_accuracy"] == pytest.approx(0.8)
+    assert rows["pods 16->4 max_variance lr 0.001"]["speedup_per_seed_mean"] > 1
+    assert compared_arms(monkeypatch, "--learning_rates", "1e-4,1e-3")[0] == [
+        {"method": "pods", "num_generations": 16, "num_kept": 4, "downsampling_rule": "max_variance",
+         "learning_rate": rate} for rate in (1e-4, 1e-3)]
+    from podsrl import cli
+
+    monkeypatch.undo()  # compared_arms's stand-in: the real comparison validates every arm before it runs
+    monkeypatch.setattr("podsrl.experiments.compare.train", lambda cfg: pytest.fail("a run started"))
+    for rates, error in (("1e-4,fast", "learning_rate: expected float, got 'fast'"), ("1e-4,0", "learning_rate")):
+        assert cli.main(["compare", "--budget_steps", "2", "--learning_rates", rates,
+                         "--output_dir", str(tmp_path / "cmp")]) == 2
+        assert error in capsys.readouterr().err
 
 
 def compared_arms(monkeypatch, *args):

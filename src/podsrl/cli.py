@@ -231,7 +231,8 @@ def cmd_compare(argv: list[str]) -> int:
         arms = arm_configs(cfg, split_list(args.methods), rules, n_values, m_values,
                            arm_specs("prompt_selector", args.prompt_selectors),
                            arm_specs("dynamic_sampling", args.dynamic_sampling),
-                           arm_specs("partial_rollouts", args.partial_rollouts))
+                           arm_specs("partial_rollouts", args.partial_rollouts),
+                           arm_specs("learning_rate", args.learning_rates))
         # a baseline that names no arm: refused now
         baseline_name(planned_arm_names(cfg, arms), args.baseline)
         # before any run: the report must not overwrite a user's file

@@ -31,6 +31,9 @@ def compare_parser() -> argparse.ArgumentParser:
                                                                 "dynamic sampling (default: the config's)")
     parser.add_argument("--partial_rollouts", default="", help="'false,true': each arm runs without and with "
                                                                 "partial rollouts (default: the config's)")
+    parser.add_argument("--learning_rates", default="", help="learning rates, comma-separated: each arm runs once "
+                                                              "per rate, a sweep whose reports name each arm with "
+                                                              "its rate (default: the config's)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget_minutes", type=float, default=0.0, help="training time per run")
     parser.add_argument("--budget_steps", type=int, default=0,

@@ -39,7 +39,9 @@ from podsrl.experiments.runs import (
     largest_logged,
     load_comparable,
     load_run,
+    name_swept_rates,
     once_each,
+    swept_rates,
 )
 from podsrl.experiments.seeds import warn_unlike_seeds
 from podsrl.experiments.stats import mean_ci
@@ -142,7 +144,8 @@ def baseline_name(names: list[str], baseline: str | None) -> str:
 
 def planned_arm_names(base, arms: list[dict]) -> list[str]:
     """The names reports will give the arms of ``arm_configs``, before any of them runs."""
-    return list(dict.fromkeys(arm_name({**base.to_dict(), **arm}) for arm in arms))
+    configs = [{**base.to_dict(), **arm} for arm in arms]
+    return list(dict.fromkeys(arm_name(c, named) for c, named in zip(configs, swept_rates(configs))))
 
 
 def analyze(run_dirs: list[Path], baseline: str | None = None,
@@ -154,7 +157,7 @@ def analyze(run_dirs: list[Path], baseline: str | None = None,
     training step) is left out, and ``left_out`` told so in one line; without, it is an error.
     """
     runs = load_comparable(run_dirs, left_out) if left_out else [load_run(p) for p in run_dirs]
-    runs = once_each(runs, left_out or (lambda line: print(f"warning: {line}", file=sys.stderr)))
+    runs = name_swept_rates(once_each(runs, left_out or (lambda line: print(f"warning: {line}", file=sys.stderr))))
     if not runs:
         raise ValueError(f"none of the {len(run_dirs)} runs found has training steps "
                          "and evaluations to compare")
@@ -221,17 +224,18 @@ def arm_specs(field: str, text: str) -> list:
 
 def arm_configs(base, methods: list[str], rules: list[str], n_values: list, m_values: list[int],
                 selectors: list[str] = (), dynamic_sampling: list[bool] = (),
-                partial_rollouts: list[bool] = ()) -> list[dict]:
+                partial_rollouts: list[bool] = (), learning_rates: list[float] = ()) -> list[dict]:
     """Config overrides of every arm: a method that generates m sweeps m; one that trains on
     all n sweeps n; one that selects sweeps n x m x rules (m < n). An n of 'auto' is an
     adaptive_n arm of pods starting at the config's n. With ``selectors``, each of those
-    arms runs once per prompt selector; with ``dynamic_sampling`` and ``partial_rollouts``,
-    once per value of each."""
+    arms runs once per prompt selector; with ``dynamic_sampling``, ``partial_rollouts`` and
+    ``learning_rates``, once per value of each."""
     arms = _method_arms(base, methods, rules, n_values, m_values)
     for name in selectors:
         PROMPT_SELECTORS.resolve(name)  # an unknown one fails before any run
     arms = [{**arm, "prompt_selector": name} for arm in arms for name in selectors] if selectors else arms
-    for setting, values in (("dynamic_sampling", dynamic_sampling), ("partial_rollouts", partial_rollouts)):
+    for setting, values in (("dynamic_sampling", dynamic_sampling), ("partial_rollouts", partial_rollouts),
+                            ("learning_rate", learning_rates)):
         arms = [{**arm, setting: on} for arm in arms for on in values] if values else arms
     return arms
 
@@ -260,7 +264,8 @@ def _method_arms(base, methods: list[str], rules: list[str], n_values: list,
 def arm_dir_name(overrides: dict) -> str:
     n = "auto" if overrides.get("adaptive_n") else overrides["num_generations"]
     name = METHODS[overrides["method"]].dir_name(n, overrides["num_kept"], overrides.get("downsampling_rule", ""))
-    return "-".join([name, *(re.sub(r"[^A-Za-z0-9_.]", "_", v) for v in arm_variants(overrides))])
+    rate = [f"lr{overrides['learning_rate']:g}"] if "learning_rate" in overrides else []  # an arm of a sweep
+    return "-".join([name, *(re.sub(r"[^A-Za-z0-9_.]", "_", v) for v in [*arm_variants(overrides), *rate])])
 
 
 def run_plan(arms: list[dict], seeds: list[int]) -> list[tuple[dict, int]]:

@@ -40,10 +40,11 @@ class FinishedRun:
     off_policy: dict[str, float] = field(default_factory=dict)
     # mean rollouts generated per step (:func:`generated_per_step`); None: read from the config's n (old callers)
     rollouts_generated: float | None = None
+    rate_named: bool = False  # the arm's name carries the learning rate (:func:`name_swept_rates`)
 
     @property
     def arm(self) -> str:
-        return arm_name(self.config)
+        return arm_name(self.config, self.rate_named)
 
     @property
     def seed(self) -> int | None:
@@ -220,12 +221,33 @@ def largest_logged(values) -> float | None:
     return max(logged) if logged else None
 
 
-def arm_name(config: dict) -> str:
-    """The arm a run's config belongs to, as reports name it: method, n, m, rule and variants."""
+def arm_name(config: dict, rate_named: bool = False) -> str:
+    """The arm a run's config belongs to, as reports name it: method, n, m, rule and variants, and
+    with ``rate_named`` its learning rate (an arm of a learning-rate sweep)."""
     # (runs written before the rename of n / m / rule still read)
     n = "auto" if config.get("adaptive_n") else config.get("num_generations", config.get("n"))
     m, rule = config.get("num_kept", config.get("m")), config.get("downsampling_rule", config.get("rule"))
-    return " ".join([METHODS[config["method"]].arm_name(n, m, rule), *arm_variants(config)])
+    rate = [f"lr {config['learning_rate']:g}"] if rate_named else []
+    return " ".join([METHODS[config["method"]].arm_name(n, m, rule), *arm_variants(config), *rate])
+
+
+def swept_rates(configs: list[dict]) -> list[bool]:
+    """Whether each config's arm is named with its learning rate: where one seed of the arm was
+    trained at several rates (a learning-rate sweep). An arm trained at one rate keeps its name, so
+    a comparison without a sweep reads as it always has; seeds that each ran at a rate of their own
+    are one arm mixed by mistake, which :func:`~podsrl.experiments.seeds.warn_unlike_seeds` names."""
+    rates: dict[tuple, set] = {}
+    for config in configs:
+        rates.setdefault((arm_name(config), config.get("seed")), set()).add(config.get("learning_rate"))
+    swept = {arm for (arm, _), seen in rates.items() if len(seen) > 1}
+    return [arm_name(config) in swept for config in configs]
+
+
+def name_swept_rates(runs: list[FinishedRun]) -> list[FinishedRun]:
+    """``runs``, each arm of a learning-rate sweep named with its rate (:func:`swept_rates`)."""
+    for run, named in zip(runs, swept_rates([run.config for run in runs])):
+        run.rate_named = named
+    return runs
 
 
 def arm_variants(fields: dict) -> list[str]:
