@@ -4,7 +4,8 @@ machine in the same run; its measured seconds per step (the training clock, as t
 counts it) beside the planner's prediction, and each baseline's step over PODS's, predicted
 against measured.
 
-    python benchmarks/plan_check.py [--regimes main,tiny-chain] [--steps 12] [--rounds 2] [--record NAME]
+    python benchmarks/plan_check.py [--regimes main,tiny-chain,smollm2-full] [--steps 12] [--rounds 2]
+        [--probe_steps 2] [--record NAME]
 
 The measured runs are the probe's arms (`podsrl.experiments.plan.arm_config`: evaluation at its
 cheapest, untimed) with more steps; rounds interleave the methods, the order reversed every
@@ -29,7 +30,9 @@ from podsrl.trainer import train  # noqa: E402
 from podsrl.trainer.config import make_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-REGIMES = {"main": (None, {}), "tiny-chain": (REPO / "configs" / "tiny-chain.yaml", {})}
+# smollm2-full: #81 item 3's regime (its model from benchmarks/format_warmup.py, in runs/smollm2-format)
+REGIMES = {"main": (None, {}), "tiny-chain": (REPO / "configs" / "tiny-chain.yaml", {}),
+           "smollm2-full": (REPO / "configs" / "smollm2-full.yaml", {})}
 TARGET = 0.15  # a predicted ratio within 15% of the measured one
 
 
@@ -46,9 +49,10 @@ def measured_steps(cfg, steps: int, rounds: int) -> dict[str, list[float]]:
     return seconds
 
 
-def regime_lines(name: str, cfg, steps: int, rounds: int) -> tuple[list[str], list[float], str]:
+def regime_lines(name: str, cfg, steps: int, rounds: int,
+                 probe_steps: int = 2) -> tuple[list[str], list[float], str]:
     """The regime's rows, each predicted ratio's error against the measured one, and what the probe found."""
-    found = probe(cfg)
+    found = probe(cfg, probe_steps)
     n, m = cfg.num_generations, cfg.num_kept
     costs = found.costs
     predicted = {"pods": found.pods_costs.step_seconds("pods", n, m), "grpo": costs.step_seconds("grpo", n, m),
@@ -74,6 +78,8 @@ def main() -> int:
     parser.add_argument("--regimes", default="main,tiny-chain", help=f"comma-separated, of {', '.join(REGIMES)}")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--probe_steps", type=int, default=2, help="the probe's timed steps a method (podsrl plan's "
+                                                                   "--probe_steps)")
     parser.add_argument("--record", default="", help="write the table into RESULTS.md as block NAME")
     args = parser.parse_args()
     lines = ["| regime | method, or ratio | predicted (s/step or ratio) | measured (median; rounds) | predicted / "
@@ -84,7 +90,7 @@ def main() -> int:
             raise SystemExit(f"--regimes: unknown {name!r}; use {', '.join(REGIMES)}")
         config, overrides = REGIMES[name]
         cfg = make_config(str(config) if config else None, {"progress": "false", **overrides})
-        rows, found, note = regime_lines(name, cfg, args.steps, args.rounds)
+        rows, found, note = regime_lines(name, cfg, args.steps, args.rounds, args.probe_steps)
         lines += rows
         notes.append(note)
         errors += found
