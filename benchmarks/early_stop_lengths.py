@@ -34,9 +34,9 @@ from podsrl.algorithms.select import max_variance
 from podsrl.experiments.stats import mean_ci
 from podsrl.models import load_model
 from podsrl.rewards import bounded, completion_text
-from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import SlotsOptions, generate_in_slots
 from podsrl.rollout.schedule import PrefixLengthPredictor
+from podsrl.scoring import Scorer, ScoringOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.saturation import SaturationStopper, reward_bounds
 

@@ -46,8 +46,8 @@ from podsrl.algorithms.quality_head import statistics as head_statistics
 from podsrl.algorithms.select import Groups, max_variance, select
 from podsrl.experiments.stats import mean_ci
 from podsrl.models import load_model
-from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import SlotsOptions, generate_in_slots
+from podsrl.scoring import Scorer, ScoringOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -14,8 +14,8 @@ import torch
 from podsrl.algorithms.early_stop import fill_skipped, max_kept_variance, saturated
 from podsrl.algorithms.select import max_variance
 from podsrl.rewards import RewardError, bounded, in_process
-from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rollout import ENGINES, STOP_GROUPS, HFOptions, SlotsOptions, generate_in_slots
+from podsrl.scoring import Scorer, ScoringOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer import train
 from podsrl.trainer.config import Config, validate

@@ -16,7 +16,7 @@ import torch
 import podsrl
 from podsrl.metrics import read_metrics
 from podsrl.rewards import in_process
-from podsrl.rewards.scorer import Scorer, ScoringOptions, TrainerProgress, reward_inputs
+from podsrl.scoring import Scorer, ScoringOptions, TrainerProgress, reward_inputs
 from podsrl.tasks import Example, PreparedSplit, Task
 from podsrl.tasks.jsonl import build_jsonl
 from podsrl.trainer import train

@@ -27,8 +27,8 @@ import torch
 from podsrl.rewards import DEFAULT_REWARD_TIMEOUT, REWARDS, RewardError, RewardStack, in_process, load_reward_fn
 from podsrl.rewards import stack as stack_module
 from podsrl.rewards import worker as worker_module
-from podsrl.rewards.scorer import TrainerProgress, _not_recorded
 from podsrl.rewards.stack import runs_in_worker
+from podsrl.scoring import TrainerProgress, _not_recorded
 from podsrl.tasks.jsonl import build_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

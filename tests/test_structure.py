@@ -90,7 +90,8 @@ ALLOWED = {
     "podsrl.models": {"podsrl.build"} | BOTTOM,  # a cache miss converts SmolLM2 (podsrl.build.smollm2)
     "podsrl.rollout": {"podsrl.types"} | BOTTOM,
     "podsrl.tasks": {"podsrl.rewards", "podsrl.types"} | BOTTOM,
-    "podsrl.rewards": {"podsrl.tasks", "podsrl.types"} | BOTTOM,  # the scorer reads a task's examples
+    "podsrl.rewards": {"podsrl.types"} | BOTTOM,
+    "podsrl.scoring": {"podsrl.tasks", "podsrl.rewards", "podsrl.types"} | BOTTOM,  # reads a task's examples
     "podsrl.methods": {"podsrl.algorithms"} | BOTTOM,  # labels show a rule's arguments (podsrl.registry)
     "podsrl.prompt_selection": {"podsrl.algorithms"} | BOTTOM,  # a stage: which prompts to generate for
     "podsrl.update": LOWER | {"podsrl.models"},
@@ -295,7 +296,7 @@ def test_each_setting_is_declared_once():
     composed = set(Config.__mro__)
     flat = {f.metadata["flat_of"] for f in dataclasses.fields(Config) if "flat_of" in f.metadata}
     bound = _bound_from_config()
-    assert {"podsrl.tasks.TaskOptions", "podsrl.rewards.scorer.ScoringOptions",
+    assert {"podsrl.tasks.TaskOptions", "podsrl.scoring.ScoringOptions",
             "podsrl.update.UpdateOptions"} <= set(bound), sorted(bound)  # the scan sees the stages' options
     again = []
     for label, kind in sorted(bound.items()):

@@ -1,6 +1,6 @@
-"""The reward stage: built-in reward functions (TRL's signature), graders, loading user
-functions by name, the weighted reward stack, and the run's :class:`Scorer`
-(rollouts [P, n] -> :class:`podsrl.types.Scores` [P, n]).
+"""The reward functions: built-ins (TRL's signature), graders, loading user functions by name,
+and the weighted reward stack. The run's scorer, which applies them to a task's rollouts, sits
+above both tasks and rewards (:mod:`podsrl.scoring`).
 
 Built-ins are registered by name in ``REWARDS``; user functions load from
 ``module:function`` or ``path/to/file.py:function`` (:func:`load_reward_fn`). User

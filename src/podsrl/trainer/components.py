@@ -19,8 +19,8 @@ import torch
 from podsrl.distributed import Processes
 from podsrl.metrics import MetricsLog
 from podsrl.models import ModelBundle
-from podsrl.rewards.scorer import Scorer
 from podsrl.rollout import GenerationEngine
+from podsrl.scoring import Scorer
 from podsrl.tasks import PreparedSplit, Task
 from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import Evaluator

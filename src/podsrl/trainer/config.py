@@ -26,7 +26,6 @@ from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, 
 from podsrl.prompt_selection import FLAT_OPTIONS as SELECTION_FLAT_OPTIONS
 from podsrl.prompt_selection import PromptSelectionOptions
 from podsrl.registry import Spec
-from podsrl.rewards.scorer import ScoringOptions
 from podsrl.rollout import (
     ENGINES,
     FLAT_OPTIONS,
@@ -37,6 +36,7 @@ from podsrl.rollout import (
     VLLMOptions,
     engine_options,
 )
+from podsrl.scoring import ScoringOptions
 from podsrl.tasks import DEFAULT_COMPLETION_BUDGET, TaskOptions, completion_budget
 from podsrl.trainer.checkpoints import CheckpointOptions
 from podsrl.trainer.cores import ThreadOptions
@@ -56,7 +56,7 @@ _f = option  # the ~100 fields below: default, help, range
 @dataclass(frozen=True)
 class ConfigFields:
     """The fields of :class:`Config` that no stage or job declares in its own module (yet): the
-    task (podsrl.tasks.TaskOptions), the scoring (podsrl.rewards.scorer.ScoringOptions) and the
+    task (podsrl.tasks.TaskOptions), the scoring (podsrl.scoring.ScoringOptions) and the
     update step (podsrl.update.UpdateOptions) declare theirs beside the code that reads them."""
 
     # --- what to train -------------------------------------------------------------------

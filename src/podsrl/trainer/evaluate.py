@@ -17,8 +17,8 @@ import torch
 from podsrl.distributed import Processes
 from podsrl.models import ModelBundle
 from podsrl.options import NON_NEGATIVE, POSITIVE, Range, option
-from podsrl.rewards.scorer import reward_inputs
 from podsrl.rollout import Sampling, generate
+from podsrl.scoring import reward_inputs
 from podsrl.tasks import HeldOutOptions, PreparedSplit, Task
 from podsrl.types import Rollouts
 

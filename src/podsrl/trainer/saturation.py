@@ -14,8 +14,8 @@ import torch
 
 from podsrl.algorithms.early_stop import saturated
 from podsrl.rewards import RewardError
-from podsrl.rewards.scorer import Scorer, unscored
 from podsrl.rollout.base import STOP_GROUPS
+from podsrl.scoring import Scorer, unscored
 from podsrl.tasks.base import PreparedSplit
 from podsrl.types import Rollouts, Scores
 

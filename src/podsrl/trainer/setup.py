@@ -29,9 +29,9 @@ from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelector
 from podsrl.provenance import record_environment
 from podsrl.registry import component_label
 from podsrl.rewards import RewardFn, load_reward_fn
-from podsrl.rewards.scorer import Scorer, ScoringOptions
 from podsrl.rewards.worker import reward_name
 from podsrl.rollout import ENGINES, WatcherFactory, capabilities, generate
+from podsrl.scoring import Scorer, ScoringOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
 from podsrl.trainer.components import Components

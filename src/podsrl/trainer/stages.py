@@ -28,9 +28,9 @@ from podsrl.contracts import UserCodeError
 from podsrl.distributed import Processes
 from podsrl.methods import Keeping
 from podsrl.rewards import RewardError
-from podsrl.rewards.scorer import Scorer, TrainerProgress
 from podsrl.rollout import GenerationEngine, WatcherFactory
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
+from podsrl.scoring import Scorer, TrainerProgress
 from podsrl.tasks.base import Example, PreparedSplit
 from podsrl.trainer.prompt_source import PromptSource
 from podsrl.trainer.pruning import QuotaPruner, RunPruning
