@@ -61,7 +61,8 @@ def _hf_batch_size(values: Values) -> dict:
 
 
 LAYOUT_CHANGES = (
-    LayoutChange("46aaa97", "the hf engine's own batch_size went; generation_batch_size bounds what a call decodes",
+    LayoutChange("46aaa97",
+                 "the hf engine's own batch_size went; generation_batch_size bounds what a call decodes",
                  lambda values: "batch_size" in _engine_arguments(values, "hf"), _hf_batch_size),
 )
 
@@ -81,8 +82,8 @@ def current_layout(values: Values, defaults: Values) -> tuple[dict, list[str]]:
             before, mapped = mapped, change.mapped(mapped)
             was = [name for name in values if mapped.get(name) != before[name]]  # as the config set them
             now = [name for name in mapped if before.get(name) != mapped[name]]
-            notes.append(f"{_shown(before, was)} is podsrl's spelling before {change.commit} ({change.what}): "
-                         f"read as {_shown(mapped, now)}")
+            notes.append(f"{_shown(before, was)} is podsrl's spelling before {change.commit} "
+                         f"({change.what}): read as {_shown(mapped, now)}")
     return mapped, notes
 
 
@@ -92,4 +93,5 @@ def former_layout_refusal(values: Values, defaults: Values) -> str:
     notes = current_layout(values, defaults)[1]
     if not notes:
         return ""
-    return f"{notes[0]}; set that instead (podsrl train and make_config map it, a Config built in Python does not)"
+    return (f"{notes[0]}; set that instead (podsrl train and make_config map it, a Config built in Python "
+            "does not)")

@@ -47,13 +47,13 @@ def read_yaml(path: Path) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:  # Python's message names neither the file nor the line
         line = raw[:err.start].count(b"\n") + 1
-        raise ValueError(f"{path} line {line}: not valid UTF-8 (byte {raw[err.start:err.start + 1]!r}); save it as "
-                         f"UTF-8") from None
+        raise ValueError(f"{path} line {line}: not valid UTF-8 (byte {raw[err.start:err.start + 1]!r}); save "
+                         "it as UTF-8") from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader) or {}
     except _DuplicateKey as err:  # an error, not a warning: which value was meant is unknown
-        raise ValueError(f"{path} line {err.line}: duplicate key {err.key!r} (first set on line {err.first}); "
-                         f"YAML keeps only the last: remove one") from None
+        raise ValueError(f"{path} line {err.line}: duplicate key {err.key!r} (first set on line "
+                         f"{err.first}); YAML keeps only the last: remove one") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -79,7 +79,8 @@ def check_signature(obj: Any, field: str, spec: str, takes: str, arity: int) -> 
         signature = inspect.signature(obj)
     except (TypeError, ValueError):  # a builtin without a signature: the first call tells
         return
-    unset = [p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    unset = [p.name for p in signature.parameters.values()
+             if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
     try:
         signature.bind(*([None] * arity), **dict.fromkeys(unset))
     except TypeError:
@@ -87,8 +88,8 @@ def check_signature(obj: Any, field: str, spec: str, takes: str, arity: int) -> 
     if unset:
         names = ", ".join(map(repr, unset))
         raise ValueError(f"{field}: {spec}: keyword-only argument{'s' if len(unset) > 1 else ''} {names} "
-                         f"{'have' if len(unset) > 1 else 'has'} no default and no value in the config: set it "
-                         f"({{\"name\": {json.dumps(spec)}, \"{unset[0]}\": ...}}) or give it a default")
+                         f"{'have' if len(unset) > 1 else 'has'} no default and no value in the config: set "
+                         f"it ({{\"name\": {json.dumps(spec)}, \"{unset[0]}\": ...}}) or give it a default")
 
 
 # --- the ranges of components' keyword arguments, checked when a spec binds them at set-up
@@ -137,10 +138,11 @@ def check_reward_signature(fn: Any, field: str, spec: str) -> None:
     parameters = signature.parameters.values()
     takes_columns = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
     # named parameters are columns it reads (answer, ...), passed as keywords: none may be positional-only
-    by_keyword = all(p.kind is not inspect.Parameter.POSITIONAL_ONLY or p.default is not p.empty for p in parameters)
+    by_keyword = all(p.kind is not inspect.Parameter.POSITIONAL_ONLY or p.default is not p.empty
+                     for p in parameters)
     if not (takes_columns and by_keyword):
-        raise ValueError(f"{field}: {spec} must accept (prompts, completions, **kwargs), TRL's reward signature "
-                         f"(the other columns come as keywords); it takes {signature}")
+        raise ValueError(f"{field}: {spec} must accept (prompts, completions, **kwargs), TRL's reward "
+                         f"signature (the other columns come as keywords); it takes {signature}")
 
 
 @contextmanager
@@ -206,7 +208,8 @@ def index_list(value: Any, field: str, spec: str, count: int, size: int) -> list
     try:
         items = list(value)
     except TypeError:
-        raise broken(field, spec, f"a {type(value).__name__}, expected a list of {count} prompt indices") from None
+        raise broken(field, spec,
+                     f"a {type(value).__name__}, expected a list of {count} prompt indices") from None
     if len(items) != count:
         raise broken(field, spec, f"{len(items)} prompt indices, expected {count}")
     out = []

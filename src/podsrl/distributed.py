@@ -74,12 +74,12 @@ class Processes:
         accelerator = Accelerator(cpu=not torch.cuda.is_available())
         if accelerator.num_processes != world_size:
             raise LaunchRefused(f"WORLD_SIZE={world_size} but accelerate formed {accelerator.num_processes} "
-                               f"process(es) ({accelerator.distributed_type}); launch with `accelerate launch "
-                               f"--config_file configs/accelerate/ddp.yaml` or torchrun")
+                                f"process(es) ({accelerator.distributed_type}); launch with `accelerate "
+                                "launch --config_file configs/accelerate/ddp.yaml` or torchrun")
         if "DEEPSPEED" in str(accelerator.distributed_type):  # its engine steps the optimizer in backward
-            raise LaunchRefused("DeepSpeed: not supported; for ZeRO-2's memory layout (sharded gradients "
-                                      "and optimizer state) use configs/accelerate/fsdp-zero2.yaml, for ZeRO-3's "
-                                      "configs/accelerate/fsdp.yaml")
+            raise LaunchRefused("DeepSpeed: not supported; for ZeRO-2's memory layout (sharded gradients and "
+                                "optimizer state) use configs/accelerate/fsdp-zero2.yaml, for ZeRO-3's "
+                                "configs/accelerate/fsdp.yaml")
         if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
             return cls(accelerator)
         version = os.environ.get("FSDP_VERSION", "1")
@@ -89,8 +89,8 @@ class Processes:
         found = transformers_version()
         if Version(found) < Version(SHARDING_MIN_TRANSFORMERS):
             raise LaunchRefused(f"FSDP: sharded training needs transformers >= {SHARDING_MIN_TRANSFORMERS} "
-                                      f"(found {found}: its sharded decoding differs from the whole model's); "
-                                      f"upgrade transformers, or replicate with configs/accelerate/ddp.yaml")
+                                f"(found {found}: its sharded decoding differs from the whole model's); "
+                                "upgrade transformers, or replicate with configs/accelerate/ddp.yaml")
         if os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true":
             raise LaunchRefused("fsdp_offload_params: true is not supported; set it to false")
         reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
@@ -109,8 +109,8 @@ class Processes:
         if requested == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if requested.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device: {requested!r}, but torch sees no CUDA GPU (torch {torch.__version__}); "
-                             f"use device: cpu or auto")
+            raise ValueError(f"device: {requested!r}, but torch sees no CUDA GPU (torch "
+                             f"{torch.__version__}); use device: cpu or auto")
         return torch.device(requested)
 
     # --- splitting work ---------------------------------------------------------------------
@@ -157,7 +157,8 @@ class Processes:
         for param, values in optimizer.state.items():
             sharded = new[id(param)]
             state[sharded] = {k: distribute_tensor(v, mesh, sharded.placements)
-                              if torch.is_tensor(v) and v.shape == sharded.shape else v for k, v in values.items()}
+                              if torch.is_tensor(v) and v.shape == sharded.shape else v
+                              for k, v in values.items()}
         for group in optimizer.param_groups:
             group["params"] = [new[id(p)] for p in group["params"]]
         optimizer.state = state
@@ -183,7 +184,8 @@ class Processes:
         finally:
             for unit in units:
                 unit.reshard()
-                unit.set_reshard_after_forward(self.reshard_after_forward and unit is not model, recurse=False)
+                unit.set_reshard_after_forward(self.reshard_after_forward and unit is not model,
+                                               recurse=False)
 
     def full_state(self, model, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
         """Whole copies of the trainable parameters and the optimizer state, as one process

@@ -8,8 +8,8 @@ import signal
 import sys
 
 # distributions of the `train` extra, by import name
-TRAIN_STACK = {"transformers", "tokenizers", "peft", "accelerate", "safetensors", "yaml", "tqdm", "matplotlib",
-               "math_verify", "datasets", "pyarrow"}
+TRAIN_STACK = {"transformers", "tokenizers", "peft", "accelerate", "safetensors", "yaml", "tqdm",
+               "matplotlib", "math_verify", "datasets", "pyarrow"}
 
 
 def take_sigint() -> None:
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as err:
         if (err.name or "").split(".")[0] not in TRAIN_STACK:
             raise
-        print(f"podsrl: the command line needs podsrl's trainer dependencies, and {err.name} is not installed: "
-              f"pip install '.[train]' in a podsrl clone", file=sys.stderr)
+        print(f"podsrl: the command line needs podsrl's trainer dependencies, and {err.name} is not "
+              "installed: pip install '.[train]' in a podsrl clone", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a Ctrl-C while podsrl.cli imports (a command's own: podsrl.cli.INTERRUPTED)
         args = sys.argv[1:] if argv is None else argv

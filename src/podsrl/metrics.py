@@ -62,8 +62,8 @@ class MetricsLog:
         except OSError as err:
             with contextlib.suppress(OSError):  # truncating frees space: it works on a full disk
                 os.truncate(self.path, size)
-            raise OSError(f"{self.path.stem}: could not append to {self.path} ({type(err).__name__}: {err}); cut "
-                          f"back to its last complete record") from None
+            raise OSError(f"{self.path.stem}: could not append to {self.path} ({type(err).__name__}: {err}); "
+                          "cut back to its last complete record") from None
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -63,7 +63,8 @@ def cpu_kind() -> str:
 def machine_description() -> str:
     """One line: CPU model and kind, cores, GPU if any, OS and architecture."""
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return f"{cpu_model()} ({cpu_kind()}), {os.cpu_count()} cores{gpu}, {platform.system()} {platform.machine()}"
+    return (f"{cpu_model()} ({cpu_kind()}), {os.cpu_count()} cores{gpu}, {platform.system()} "
+            f"{platform.machine()}")
 
 
 def installed(name: str) -> str:
@@ -107,8 +108,8 @@ def read_environment(run_dir: Path) -> list[dict]:
 
 
 # what `podsrl env` reports besides torch: podsrl's dependencies and optional extras
-REPORTED_PACKAGES = ("transformers", "accelerate", "peft", "trl", "datasets", "vllm", "deepspeed", "tensorboard",
-                     "wandb", "trackio", "math-verify", "reasoning-gym")
+REPORTED_PACKAGES = ("transformers", "accelerate", "peft", "trl", "datasets", "vllm", "deepspeed",
+                     "tensorboard", "wandb", "trackio", "math-verify", "reasoning-gym")
 
 
 def _torch_lines() -> list[str]:

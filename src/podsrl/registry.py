@@ -43,8 +43,8 @@ from podsrl.contracts import (
 from podsrl.options import check_option
 
 __all__ = ["NAME_KEY", "Bound", "Checked", "OptionsBound", "Range", "Registry", "Spec", "argument_ranges",
-           "bind_kwargs", "bind_options", "component_label", "error_line", "load_object", "non_negative", "positive",
-           "probability", "spec_parts", "split_specs"]
+           "bind_kwargs", "bind_options", "component_label", "error_line", "load_object", "non_negative",
+           "positive", "probability", "spec_parts", "split_specs"]
 
 NAME_KEY = "name"  # the component's key in a mapping spec: {name: my.py:rule, temperature: 0.5}
 Spec = Union[str, Mapping[str, Any]]  # a name / module:function, or a mapping of one and keyword arguments
@@ -81,10 +81,9 @@ class Registry(dict):
         return add
 
     def resolve(self, spec: Spec):
-        """The registered object named ``spec``, else the object ``module:attr`` /
-        ``file.py:attr`` names, its signature checked against the kind's; a one-line
-        ValueError naming the field otherwise. A mapping spec's keyword arguments are bound
-        (:meth:`bind`)."""
+        """The registered object named ``spec``, else the object ``module:attr`` / ``file.py:attr``
+        names, its signature checked against the kind's; a one-line ValueError naming the field
+        otherwise. A mapping spec's keyword arguments are bound (:meth:`bind`)."""
         if not isinstance(spec, str):
             name, kwargs = spec_parts(spec, self.field)
             # with arguments, the signature is checked once they are bound: a keyword-only one
@@ -136,8 +135,8 @@ class Registry(dict):
         try:
             return json.loads(text, object_pairs_hook=_unique_keys)
         except _KeyTwice as err:  # json keeps the last silently: which one was meant is unknown
-            raise ValueError(f"{source}{self.field}: key {err.key!r} given twice in {text!r}; JSON keeps only the "
-                             f"last: remove one") from None
+            raise ValueError(f"{source}{self.field}: key {err.key!r} given twice in {text!r}; JSON keeps "
+                             "only the last: remove one") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"{source}{self.field}: not valid JSON ({err}): {text!r}") from None
 
@@ -148,8 +147,8 @@ class Registry(dict):
             if isinstance(item, str) and "," in item:
                 raise ValueError(f"{source}{self.field}: list items may not contain commas, got {item!r}")
             if not isinstance(item, (str, Mapping)):
-                raise ValueError(f"{source}{self.field}: expected names or mappings {{{NAME_KEY}: ..., argument: "
-                                 f"value}}, got {item!r}")
+                raise ValueError(f"{source}{self.field}: expected names or mappings {{{NAME_KEY}: ..., "
+                                 f"argument: value}}, got {item!r}")
             spec = item.strip() if isinstance(item, str) else stored_spec(item, self.field, source)
             specs += [spec] if spec else []
         return ",".join(specs) if all(isinstance(spec, str) for spec in specs) else specs
@@ -159,11 +158,11 @@ class Registry(dict):
         the object itself) as a callable that keeps the kind's contract on every call."""
         if isinstance(spec, Checked) and spec.field == self.field:  # bound at set-up already
             return spec
-        if isinstance(spec, (str, Mapping)):  # resolved and checked once, not at every call (select's per step)
+        if isinstance(spec, (str, Mapping)):  # resolved and checked once, not at every call (select's)
             key = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=repr)
             name = spec_parts(spec, self.field)[0]
             cached = self._checked.get(key)
-            if cached is None or (name in self and self[name] is not cached.target):  # an entry replaced since
+            if cached is None or (name in self and self[name] is not cached.target):  # replaced since
                 cached = self._checked[key] = Checked(self.resolve(spec), self, component_label(spec))
             return cached
         if self.arity is not None:
@@ -179,7 +178,7 @@ class Checked:
         self.fn, self.field, self.spec, self.check_output = fn, registry.field, spec, registry.check_output
         self.target = fn.func if isinstance(fn, Bound) else fn  # what the spec names, its arguments unbound
         self.takes_groups = getattr(fn, "takes_groups", False)  # a selection rule's form
-        self.users = getattr(self.target, "__module__", "").split(".")[0] != "podsrl"  # a user's, registered or not
+        self.users = getattr(self.target, "__module__", "").split(".")[0] != "podsrl"  # a user's code
 
     def __call__(self, *args):
         with calling(self.field, self.spec) if self.users else nullcontext():
@@ -246,14 +245,15 @@ def bind_options(options_type, run_fields: frozenset[str], field: str, takes: st
     def binds(obj, kwargs: dict[str, Any], name: str):
         kind = options_type or getattr(obj, "options_type", None)
         skip = run_fields | getattr(kind, "run_fields", frozenset())
-        fields = {f.name: f for f in dataclasses.fields(kind) if f.init and f.name not in skip} if kind else {}
+        fields = {f.name: f for f in dataclasses.fields(kind)
+                  if f.init and f.name not in skip} if kind else {}
         try:
             own = {p.name for p in inspect.signature(obj).parameters.values() if p.kind in _SETTABLE}
         except (TypeError, ValueError):
             own = set()
         mine = {key: value for key, value in kwargs.items() if key in own}
         options = {key: value for key, value in kwargs.items() if key not in own}
-        settable = set(getattr(obj, "option_fields", fields)) & set(fields)  # the fields it reads, where declared
+        settable = set(getattr(obj, "option_fields", fields)) & set(fields)  # what it reads, where declared
         for key, value in options.items():
             if key not in settable:
                 takes_too = sorted((own - {"options", "size"}) | settable) or ["none"]
@@ -275,7 +275,7 @@ class _KeyTwice(Exception):
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's pairs as a dict (``json.loads``'s ``object_pairs_hook``), refusing a key given twice."""
+    """A JSON object's pairs as a dict (``json.loads``'s object_pairs_hook), refusing a key given twice."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
@@ -296,8 +296,8 @@ def spec_parts(spec: Spec, field: str = "component") -> tuple[str, dict[str, Any
     kwargs = dict(spec)
     name = kwargs.pop(NAME_KEY, None)
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"{field}: a mapping needs {NAME_KEY!r}, the registered name or 'module:function' of the "
-                         f"component, next to its arguments; got {dict(spec)!r}")
+        raise ValueError(f"{field}: a mapping needs {NAME_KEY!r}, the registered name or 'module:function' "
+                         f"of the component, next to its arguments; got {dict(spec)!r}")
     for key, value in kwargs.items():
         if not isinstance(key, str) or not key.isidentifier():
             raise ValueError(f"{field}: {name}: {key!r} is not an argument name")
@@ -393,8 +393,8 @@ def bind_kwargs(obj, kwargs: dict[str, Any], field: str, name: str, takes: str =
 def _check_type(default: Any, value: Any, where: str) -> None:
     """A value of the kind of the parameter's default (true/false, a number, text), where it has one."""
     expected = next((kinds for kinds in ((bool,), (int, float), (str,)) if isinstance(default, kinds)), None)
-    if expected is None or (isinstance(value, expected) and (bool in expected or not isinstance(value, bool))):
+    if expected is None or isinstance(value, expected) and (bool in expected or not isinstance(value, bool)):
         return
     hint = " (YAML reads 1e-6 as text: write 1.0e-6)" if float in expected and isinstance(value, str) else ""
-    raise ValueError(f"{where}: expected {'a number' if float in expected else type(default).__name__} like its "
-                     f"default {default!r}, got {value!r}{hint}")
+    raise ValueError(f"{where}: expected {'a number' if float in expected else type(default).__name__} like "
+                     f"its default {default!r}, got {value!r}{hint}")

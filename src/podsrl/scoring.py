@@ -98,25 +98,27 @@ class ScoringOptions:
     comma-separated numbers); the scorer is given them resolved: the functions and one float
     weight each (podsrl.trainer.setup.scoring_options), which replace the task's reward."""
 
-    correct_weight: float = option(0.8, "Weight of the correctness reward (the PODS authors' slides weight answer / "
-                                        "format 80 / 20).", NON_NEGATIVE)
+    correct_weight: float = option(0.8, "Weight of the correctness reward (the PODS authors' slides weight "
+                                        "answer / format 80 / 20).", NON_NEGATIVE)
     format_weight: float = option(0.2, "Weight of the format reward.", NON_NEGATIVE)
     reward_funcs: str | list[Spec] | tuple[RewardFn, ...] = option(
-        "", "Comma-separated reward functions replacing the task's default: built-in names (podsrl.rewards.REWARDS) "
-            "or 'module:function' / 'file.py:function' with TRL's signature fn(prompts, completions, "
-            "completion_ids, trainer_state, **columns) (e.g. trl.rewards:accuracy_reward). Python callables go to "
-            "train(cfg, reward_funcs=[...]) instead.")
+        "", "Comma-separated reward functions replacing the task's default: built-in names "
+            "(podsrl.rewards.REWARDS) or 'module:function' / 'file.py:function' with TRL's signature "
+            "fn(prompts, completions, completion_ids, trainer_state, **columns) (e.g. "
+            "trl.rewards:accuracy_reward). Python callables go to train(cfg, reward_funcs=[...]) instead.")
     reward_weights: str | tuple[float, ...] = option("", "Comma-separated weights of the reward functions "
-                                                         "(reward_funcs, or those passed to train()), finite numbers; "
-                                                         "empty = 1 each.")
+                                                         "(reward_funcs, or those passed to train()), finite "
+                                                         "numbers; empty = 1 each.")
     reward_error_policy: str = option("raise", "A reward function that raises, times out or returns a bad "
-                                               "value: 'raise' stops the run naming it; 'zero' scores 0, counted.")
+                                               "value: 'raise' stops the run naming it; 'zero' scores 0, "
+                                               "counted.")
     reward_timeout: float = option(DEFAULT_REWARD_TIMEOUT,
-                                   "Seconds a call of a user reward function may take; past it, its worker process "
-                                   "is killed and reward_error_policy applies (0 = the default, 300 s). podsrl's "
-                                   "built-in reward functions run in the trainer, without a limit.",
-                                   Range(0, 86400, why="0 = the default (300 s); at most a day, so that a hung "
-                                                       "reward function cannot hold the run forever"))
+                                   "Seconds a call of a user reward function may take; past it, its worker "
+                                   "process is killed and reward_error_policy applies (0 = the default, 300 "
+                                   "s). podsrl's built-in reward functions run in the trainer, without a "
+                                   "limit.",
+                                   Range(0, 86400, why="0 = the default (300 s); at most a day, so that a "
+                                                       "hung reward function cannot hold the run forever"))
 
 
 @dataclass
@@ -201,7 +203,8 @@ class Scorer:
         correct = self.correct(*args)  # [N], NaN where not verifiable
         if self.custom is None:
             formatted = self.format(*args)
-            total = self.correct_weight * correct.nan_to_num(0.0) + self.format_weight * formatted.nan_to_num(0.0)
+            total = (self.correct_weight * correct.nan_to_num(0.0)
+                     + self.format_weight * formatted.nan_to_num(0.0))
             unverifiable = correct.isnan() & formatted.isnan()
         else:
             formatted = torch.full_like(correct, float("nan"))

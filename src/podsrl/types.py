@@ -78,7 +78,8 @@ class Rollouts:
         """[P*n] each completion's token ids without padding (up to and including its first
         EOS), prompt-major: TRL's ``completion_ids`` argument of reward functions."""
         width = self.completion_ids.shape[-1]
-        rows = zip(self.completion_ids.reshape(-1, width).tolist(), self.completion_mask.reshape(-1, width).tolist())
+        rows = zip(self.completion_ids.reshape(-1, width).tolist(),
+                   self.completion_mask.reshape(-1, width).tolist())
         return [[token for token, keep in zip(ids, mask) if keep] for ids, mask in rows]
 
     def kept(self, keep: torch.Tensor) -> "Rollouts":
@@ -103,10 +104,12 @@ class Rollouts:
         whole batch's (what generating it cost)."""
         rows = torch.tensor(indices, dtype=torch.long)
         return dataclasses.replace(self, prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
-                                   completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
+                                   completion_ids=self.completion_ids[rows],
+                                   completion_mask=self.completion_mask[rows],
                                    texts=[self.texts[i] for i in indices],
                                    generated=None if self.generated is None else self.generated[rows],
-                                   sampling_logp=None if self.sampling_logp is None else self.sampling_logp[rows],
+                                   sampling_logp=None if self.sampling_logp is None
+                                   else self.sampling_logp[rows],
                                    early_scores=None if self.early_scores is None
                                    else self.early_scores.at_prompts(indices),
                                    token_versions=None if self.token_versions is None
@@ -141,7 +144,8 @@ class Rollouts:
         summed = ("generated_tokens", "decode_steps", "slot_steps", "live_slot_steps", "watched_samples",
                   "pruned_samples", "pruned_tokens")
         stats = {k: sum(r.stats[k] for r in chunks) for k in summed if all(k in r.stats for r in chunks)}
-        generated = None if all(r.generated is None for r in chunks) else torch.cat([r.generated_mask for r in chunks])
+        generated = (None if all(r.generated is None for r in chunks)
+                     else torch.cat([r.generated_mask for r in chunks]))
         sampling_logp = None if any(r.sampling_logp is None for r in chunks) else torch.cat(
             [right(r.sampling_logp, 0.0) for r in chunks])  # [P, n, Lc]
         early_scores = None if any(r.early_scores is None for r in chunks) else Scores.concat(
@@ -223,8 +227,8 @@ class UpdateBatch:
 
     def rows(self, start: int, stop: int) -> "UpdateBatch":
         """Sequences start..stop-1, with every column."""
-        return UpdateBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[start:stop]
-                              for f in dataclasses.fields(self)})
+        return UpdateBatch(**{f.name: None if getattr(self, f.name) is None
+                              else getattr(self, f.name)[start:stop] for f in dataclasses.fields(self)})
 
     def trimmed(self) -> "UpdateBatch":
         """The same rows without the columns that are padding in every row (on both sides)."""
@@ -241,5 +245,5 @@ class UpdateBatch:
                            completion(self.ref_logp), completion(self.sampling_logp))
 
     def to(self, device) -> "UpdateBatch":
-        return UpdateBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                              for f in dataclasses.fields(self)})
+        return UpdateBatch(**{f.name: None if getattr(self, f.name) is None
+                              else getattr(self, f.name).to(device) for f in dataclasses.fields(self)})

@@ -41,22 +41,25 @@ class UpdateOptions:
                                   Range(0, why="0 = no clipping"))
     micro_batch_size: int = option(32, "Sequences per forward/backward pass; gradients accumulate over "
                                         "micro-batches into one optimizer step.", POSITIVE)
-    epsilon: float = option(0.2, "Lower clip range of the importance ratio: 1 - epsilon (TRL's field).", FRACTION)
-    epsilon_high: float = option(0.2, "Upper clip range of the importance ratio: 1 + epsilon_high (TRL's field; TRL's "
-                                      "default follows epsilon, this one does not: set both; DAPO uses 0.28).",
+    epsilon: float = option(0.2, "Lower clip range of the importance ratio: 1 - epsilon (TRL's field).",
+                            FRACTION)
+    epsilon_high: float = option(0.2, "Upper clip range of the importance ratio: 1 + epsilon_high (TRL's "
+                                      "field; TRL's default follows epsilon, this one does not: set both; "
+                                      "DAPO uses 0.28).",
                                       NON_NEGATIVE)
     beta: float = option(0.0, "Weight of the k3 KL penalty to the reference (initial) policy; 0 = none.",
                          NON_NEGATIVE)
-    loss_type: Spec | LossType = option("grpo", "TRL's field and values: 'grpo' = token mean per sequence, then mean "
-                                                "(the paper); 'dapo' = mean over all tokens of the step (DAPO; TRL's "
-                                                "default); your own as 'module:function' "
+    loss_type: Spec | LossType = option("grpo", "TRL's field and values: 'grpo' = token mean per sequence, "
+                                                "then mean (the paper); 'dapo' = mean over all tokens of the "
+                                                "step (DAPO; TRL's default); your own as 'module:function' "
                                                 "(podsrl.algorithms.loss.LOSSES); TRL's others refused.")
-    share_prompt_in_update: bool = option(True, "In the update's forward/backward, run each prompt once per group "
-                                                "and reuse its KV cache for the group's completions (same "
-                                                "log-probs and gradient, fewer tokens).")
-    gradient_checkpointing: bool = option(False, "Recompute activations in the update's backward instead of storing "
-                                                 "them (TRL's field): less memory, ~1 more forward. The update then "
-                                                 "runs whole rows (share_prompt_in_update is ignored).")
+    share_prompt_in_update: bool = option(True, "In the update's forward/backward, run each prompt once per "
+                                                "group and reuse its KV cache for the group's completions "
+                                                "(same log-probs and gradient, fewer tokens).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the update's backward instead of "
+                                                 "storing them (TRL's field): less memory, ~1 more forward. "
+                                                 "The update then runs whole rows (share_prompt_in_update is "
+                                                 "ignored).")
 
 
 # transformers.get_scheduler's schedules that need nothing beyond warm-up and total steps
@@ -79,11 +82,12 @@ class OptimizerOptions:
     learning_rate: float = option(
         2e-4, "Learning rate (TRL's field; the paper used 5e-6 for LoRA on 3B models).", POSITIVE)
     lr_scheduler_type: str = option(
-        "constant_with_warmup", "Learning-rate schedule (TRL's field; any name of transformers.get_scheduler: "
-                                "constant_with_warmup, linear, cosine, ...), over `max_steps` optimizer steps.")
+        "constant_with_warmup", "Learning-rate schedule (TRL's field; any name of "
+                                "transformers.get_scheduler: constant_with_warmup, linear, cosine, ...), "
+                                "over `max_steps` optimizer steps.")
     warmup_steps: float = option(
-        10.0, "Warm-up of the schedule, from lr 0 at the first step (TRL's field): a number >= 1 of optimizer "
-              "steps, or a fraction < 1 of `max_steps`.", NON_NEGATIVE)
+        10.0, "Warm-up of the schedule, from lr 0 at the first step (TRL's field): a number >= 1 of "
+              "optimizer steps, or a fraction < 1 of `max_steps`.", NON_NEGATIVE)
     adam_beta1: float = option(0.9, "AdamW beta1.", FRACTION)
     adam_beta2: float = option(0.99, "AdamW beta2 (paper: 0.99).", FRACTION)
     weight_decay: float = option(
@@ -108,7 +112,8 @@ def make_optimizer(parameters, options: OptimizerOptions, total_steps: int = 150
         optimizer = torch.optim.SGD(parameters, lr=options.learning_rate, weight_decay=options.weight_decay)
     else:
         optimizer = torch.optim.AdamW(parameters, lr=options.learning_rate,
-                                      betas=(options.adam_beta1, options.adam_beta2), weight_decay=options.weight_decay)
+                                      betas=(options.adam_beta1, options.adam_beta2),
+                                      weight_decay=options.weight_decay)
     warmup = options.warmup_steps
     warmup = int(warmup) if warmup >= 1 else math.ceil(total_steps * warmup)  # transformers' rule
     scheduler = get_scheduler(options.lr_scheduler_type, optimizer, num_warmup_steps=warmup,

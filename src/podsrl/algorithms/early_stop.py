@@ -28,7 +28,8 @@ def max_kept_variance(m: int, low: float, high: float) -> float:
     return (high - low) ** 2 * (m // 2) * (m - m // 2) / m**2
 
 
-BOUND_TOLERANCE = 1e-6  # x (high - low): a reward this close to a bound is at it (float32 sums such as 0.8 + 0.2)
+# x (high - low): a reward this close to a bound is at it (float32 sums such as 0.8 + 0.2)
+BOUND_TOLERANCE = 1e-6
 
 
 def at_bounds(rewards: torch.Tensor, low: float, high: float,

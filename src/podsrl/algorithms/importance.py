@@ -51,7 +51,8 @@ def sampler_importance_weights(policy_logp: torch.Tensor, sampling_logp: torch.T
     if correction.mode not in SAMPLER_CORRECTION_MODES:
         raise ValueError(f"vllm_importance_sampling_mode: unknown mode {correction.mode!r}; known: "
                          f"{', '.join(SAMPLER_CORRECTION_MODES)}")
-    ratio = importance_ratios(policy_logp, sampling_logp, mask, per_sequence=correction.mode.startswith("sequence"))
+    ratio = importance_ratios(policy_logp, sampling_logp, mask,
+                              per_sequence=correction.mode.startswith("sequence"))
     if correction.mode.endswith("truncate"):
         return ratio.clamp(min=correction.clip_min, max=correction.clip_max)
     outside = (ratio < correction.clip_min) | (ratio > correction.clip_max)

@@ -96,7 +96,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # [B, Lc]
-    stats = {"clip_fraction": float(((unclipped != clipped).to(logp.dtype) * mask).sum() / mask.sum().clamp_min(1))}
+    stats = {"clip_fraction": float(((unclipped != clipped).to(logp.dtype) * mask).sum()
+                                    / mask.sum().clamp_min(1))}
     if sampler_weights is not None:
         per_token = per_token * sampler_weights.to(logp.dtype)
     if beta != 0.0:

@@ -54,7 +54,8 @@ def prune_running(finished: torch.Tensor, group: torch.Tensor, high_probability:
     if not 0.5 < threshold <= 1.0:
         raise ValueError(f"threshold: must be in (0.5, 1], got {threshold}")
     groups = finished.shape[0]
-    confident = torch.stack([1 - high_probability >= threshold, high_probability >= threshold], dim=1)  # [S, 2]
+    confident = torch.stack([1 - high_probability >= threshold, high_probability >= threshold],
+                            dim=1)  # [S, 2]
     sure_running = torch.zeros(groups, 2, dtype=torch.long).index_add_(0, group, confident.long())  # [P, 2]
     low, high = finished[:, 0], finished[:, 1]
     full = torch.stack([low >= needed(m, high), high >= needed(m, low)], dim=1)  # [P, 2] on finished alone

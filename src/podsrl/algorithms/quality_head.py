@@ -57,7 +57,8 @@ class QualityHead:
     """One ridge regression and one calibration for each of ``points`` detection points (where
     they fall in a sample is the caller's: fractions of its expected length, for pruning)."""
 
-    def __init__(self, dim: int, points: int, *, ridge: float = 1.0, decay: float = 0.9, bins: int = 10) -> None:
+    def __init__(self, dim: int, points: int, *, ridge: float = 1.0, decay: float = 0.9,
+                 bins: int = 10) -> None:
         if points < 1:
             raise ValueError(f"detection points: need at least one, got {points}")
         if not 0 < decay <= 1:
@@ -124,7 +125,8 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     high, low = scores[labels.bool()], scores[~labels.bool()]
     if not len(high) or not len(low):
         return float("nan")
-    above = (high[:, None] > low[None, :]).double().mean() + 0.5 * (high[:, None] == low[None, :]).double().mean()
+    above = ((high[:, None] > low[None, :]).double().mean()
+             + 0.5 * (high[:, None] == low[None, :]).double().mean())
     return float(above)
 
 

@@ -156,7 +156,8 @@ class RolloutBudget:
         seen = {c[0] / self.prompts for c in self.costs}  # the sizes the cost fit has seen
         explore = len(self.sizes) > 1 and (len(seen) < 2 or step % self.explore_every == 0)
         if explore:
-            best = self.explored(best, up=(step // self.explore_every) % 2 == 0, avoid=seen if len(seen) < 2 else set())
+            best = self.explored(best, up=(step // self.explore_every) % 2 == 0,
+                                 avoid=seen if len(seen) < 2 else set())
         return self._decide(self.sizes[best], float(informative[best]), (fixed, per_rollout, rest), explore)
 
     def explored(self, best: int, up: bool, avoid: set) -> int:

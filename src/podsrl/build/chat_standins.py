@@ -30,31 +30,34 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from podsrl.models.loading import TINY_DIR
 
-CHAT_TOKENS = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-               "<think>", "</think>"]
+CHAT_TOKENS = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
+               "</tool_response>", "<think>", "</think>"]
 
 # Qwen2.5 / Qwen3 token ids that TRL's tests write out by hand (scripted tool calls): the
 # chat and tool special tokens, and the multi-byte words of those scripts
-QWEN_SPECIAL_IDS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151657: "<tool_call>",
-                    151658: "</tool_call>", 151665: "<tool_response>", 151666: "</tool_response>", 151667: "<think>",
-                    151668: "</think>"}
+QWEN_SPECIAL_IDS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>",
+                    151657: "<tool_call>", 151658: "</tool_call>", 151665: "<tool_response>",
+                    151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
 QWEN_WORD_IDS = {4913: '{"', 606: "name", 788: '":', 330: ' "', 64648: "multiply", 22785: "_tool", 497: '",',
-                 16370: "arguments", 5212: ' {"', 11248: "}}\n", 7692: "async", 93054: "_multiply", 35744: "increment",
-                 9520: "step", 927: "sh", 411: "out", 1318: "text", 6023: "hi", 95642: '"}}\n', 450: "dec",
-                 13477: "rement", 14172: "tool", 6659: "call", 397: ">\n", 522: "</", 314: " {", 293: " b",
-                 2765: " won", 944: "'t", 1513: " don", 1414: " know", 894: " any", 5392: " tool", 17453: "Done"}
+                 16370: "arguments", 5212: ' {"', 11248: "}}\n", 7692: "async", 93054: "_multiply",
+                 35744: "increment", 9520: "step", 927: "sh", 411: "out", 1318: "text", 6023: "hi",
+                 95642: '"}}\n', 450: "dec", 13477: "rement", 14172: "tool", 6659: "call", 397: ">\n",
+                 522: "</", 314: " {", 293: " b", 2765: " won", 944: "'t", 1513: " don", 1414: " know",
+                 894: " any", 5392: " tool", 17453: "Done"}
 
 # hub id -> (transformers class, extra config fields); sizes are shared (see tiny_config)
 CAUSAL_LMS = {
     "tiny-Qwen2ForCausalLM-2.5": ("Qwen2", {}),
     "tiny-Qwen3ForCausalLM": ("Qwen3", {}),
-    "tiny-Qwen3MoeForCausalLM": ("Qwen3Moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+    "tiny-Qwen3MoeForCausalLM": ("Qwen3Moe",
+                                 {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
     "tiny-LlamaForCausalLM-3.2": ("Llama", {}),
     "tiny-MistralForCausalLM-0.2": ("Mistral", {}),
     "tiny-Gemma2ForCausalLM": ("Gemma2", {"head_dim": 8}),
     "tiny-Cohere2ForCausalLM": ("Cohere2", {}),
-    "tiny-Glm4MoeForCausalLM": ("Glm4Moe", {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
-                                            "moe_intermediate_size": 32, "first_k_dense_replace": 1}),
+    "tiny-Glm4MoeForCausalLM": ("Glm4Moe",
+                                {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                                 "moe_intermediate_size": 32, "first_k_dense_replace": 1}),
     "tiny-GptOssForCausalLM": ("GptOss", {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 8}),
 }
 # the policies TRL's tool and environment tests script by Qwen token id; with
@@ -69,10 +72,11 @@ SEQUENCE_CLASSIFIERS = {
 ORG = "trl-internal-testing"
 
 # the prompts of the zen datasets: short sentence openings, as TRL's are
-ZEN_PROMPTS = ["Beautiful is better than", "Explicit is", "Simple is better", "Complex", "Flat is better than",
-               "Sparse is better", "Readability", "Special cases aren't special", "Although practicality beats",
-               "Errors should never", "Unless explicitly", "In the face of ambiguity, refuse", "There should be one--",
-               "Although that way may not be", "Now is better than", "Although never is", "If the implementation is",
+ZEN_PROMPTS = ["Beautiful is better than", "Explicit is", "Simple is better", "Complex",
+               "Flat is better than", "Sparse is better", "Readability", "Special cases aren't special",
+               "Although practicality beats", "Errors should never", "Unless explicitly",
+               "In the face of ambiguity, refuse", "There should be one--", "Although that way may not be",
+               "Now is better than", "Although never is", "If the implementation is",
                "If the implementation is easy", "Namespaces are one honking great idea", "The sky is"]
 
 
@@ -110,8 +114,9 @@ def tiny_llava(seed: int = 0):
         num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE)  # 4 patches + CLS, CLS dropped: 4 tokens
     text = tiny_config("Qwen2", tokenizer).to_dict()
     config = transformers.LlavaConfig(
-        vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                           num_attention_heads=2, image_size=28, patch_size=14, projection_dim=16),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=14,
+                           projection_dim=16),
         text_config=text, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="default", vision_feature_layer=-1)
     torch.manual_seed(seed)
@@ -121,7 +126,8 @@ def tiny_llava(seed: int = 0):
 def byte_symbols() -> dict[int, str]:
     """Byte -> the printable character byte-level BPE writes it as, in GPT-2's order (which
     Qwen's first 256 ids follow): printable bytes keep their character, the others map past 255."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 

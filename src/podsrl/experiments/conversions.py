@@ -45,8 +45,8 @@ def end_tokens(config: dict, environment: list[dict]) -> set:
 
 def _label(family: str, eos) -> str:
     if family == SMOLLM2 and eos == OLD_SMOLLM2_EOS:
-        return (f"EOS id {eos} (<|im_start|>: podsrl's old SmolLM2 conversion, completions ran past the end of the "
-                f"turn; a SmolLM2 run that recorded no EOS, before #57, counts as it)")
+        return (f"EOS id {eos} (<|im_start|>: podsrl's old SmolLM2 conversion, completions ran past the end "
+                "of the turn; a SmolLM2 run that recorded no EOS, before #57, counts as it)")
     return f"EOS id {eos}"
 
 
@@ -64,9 +64,9 @@ def check_one_conversion(runs: list[tuple[Path, dict, list[dict]]]) -> None:
         shown = "; ".join(f"{_label(family, eos)} in {', '.join(paths[:SHOWN_RUNS])}"
                           + (f" and {len(paths) - SHOWN_RUNS} more" if len(paths) > SHOWN_RUNS else "")
                           for eos, paths in sorted(by_eos.items(), key=lambda item: str(item[0])))
-        raise ValueError(f"runs of {family} that end completions on different tokens cannot be compared: {shown}; "
-                         f"compare runs of one conversion: re-run the others with this podsrl in another "
-                         f"--output_dir, or plot each group on its own (docs/reproducing.md)")
+        raise ValueError(f"runs of {family} that end completions on different tokens cannot be compared: "
+                         f"{shown}; compare runs of one conversion: re-run the others with this podsrl in "
+                         "another --output_dir, or plot each group on its own (docs/reproducing.md)")
 
 
 def folder_record(run_dir: Path) -> tuple[Path, dict, list[dict]]:

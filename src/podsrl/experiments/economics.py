@@ -34,7 +34,8 @@ class StepCosts:
     def step_seconds(self, method: str, n: int, m: int) -> float:
         """Predicted seconds of one step of ``method`` with n and m."""
         kind = METHODS[method]
-        per_prompt = kind.generated_per_prompt(n, m) * self.generated + kind.trained_per_prompt(n, m) * self.trained
+        per_prompt = (kind.generated_per_prompt(n, m) * self.generated
+                      + kind.trained_per_prompt(n, m) * self.trained)
         return self.fixed + self.prompts * per_prompt
 
 

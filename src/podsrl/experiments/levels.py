@@ -113,11 +113,13 @@ class LevelSpeedup:
         """'arm' (the arm missed levels: the ratio is an upper bound), 'baseline' (a lower
         bound), 'both' or ''."""
         arm, base = any(c for _, c in self.arm), any(c for _, c in self.baseline)
-        return {(False, False): "", (True, False): "arm", (False, True): "baseline", (True, True): "both"}[(arm, base)]
+        return {(False, False): "", (True, False): "arm", (False, True): "baseline",
+                (True, True): "both"}[(arm, base)]
 
     def curve(self, every: int = 8) -> list[dict]:
         """The speedup at every ``every``-th level (and the last): the level, both times, their ratio."""
-        picked = sorted({*range(every - 1, len(self.levels), every), len(self.levels) - 1}) if self.levels else []
+        picked = (sorted({*range(every - 1, len(self.levels), every), len(self.levels) - 1}) if self.levels
+                  else [])
         return [{"level": self.levels[i], "baseline": self.baseline[i][0], "arm": self.arm[i][0],
                  "ratio": self.baseline[i][0] / self.arm[i][0] if self.arm[i][0] > 0 else math.inf,
                  "censored": self.arm[i][1] or self.baseline[i][1]} for i in picked]
@@ -185,7 +187,8 @@ def paper_speedup(baseline: Curve, arm: Curve, fraction: float = 0.99) -> float:
 def _mean_headline(statistic: Callable[[Curve, Curve], float], base_names: list[str], arm_names: list[str]):
     """A headline of named run curves: ``statistic`` of the baseline's and the arm's mean curves."""
     def headline(curves: dict[str, Curve]) -> float:
-        return statistic(mean_curve([curves[n] for n in base_names]), mean_curve([curves[n] for n in arm_names]))
+        return statistic(mean_curve([curves[n] for n in base_names]),
+                         mean_curve([curves[n] for n in arm_names]))
     return headline
 
 
@@ -201,18 +204,20 @@ def axis_report(base_runs: list, arm_runs: list, axis: str) -> dict:
               **{f"arm seed {r.seed}": r.curve(axis) for r in arm_runs}}
     base_names = [n for n in curves if n.startswith("baseline")]
     arm_names = [n for n in curves if n.startswith("arm")]
-    base_mean, arm_mean = mean_curve([curves[n] for n in base_names]), mean_curve([curves[n] for n in arm_names])
+    base_mean, arm_mean = (mean_curve([curves[n] for n in base_names]),
+                           mean_curve([curves[n] for n in arm_names]))
     levels = levels_of(base_mean)
     mean = level_speedup(base_mean, arm_mean, levels)
     arms_by_seed = {r.seed: r for r in arm_runs}
-    pairs = [(r.seed, level_speedup(r.curve(axis), arms_by_seed[r.seed].curve(axis), levels)) for r in base_runs
-             if r.seed in arms_by_seed]
+    pairs = [(r.seed, level_speedup(r.curve(axis), arms_by_seed[r.seed].curve(axis), levels))
+             for r in base_runs if r.seed in arms_by_seed]
     ratios = [p.ratio for _, p in pairs]
     geometric, low, high = geometric_ci(ratios)
     moved = sensitivity(curves, _mean_headline(_level_ratio, base_names, arm_names)) if levels else None
     paper = sensitivity(curves, _mean_headline(paper_speedup, base_names, arm_names))
-    return {"speedup": mean.ratio, "bound": mean.censored, "levels": [levels[0], levels[-1]] if levels else [],
-            "curve": mean.curve(), "per_seed": [{"seed": s, "ratio": p.ratio, "bound": p.censored} for s, p in pairs],
+    return {"speedup": mean.ratio, "bound": mean.censored,
+            "levels": [levels[0], levels[-1]] if levels else [], "curve": mean.curve(),
+            "per_seed": [{"seed": s, "ratio": p.ratio, "bound": p.censored} for s, p in pairs],
             "per_seed_geometric_mean": geometric, "per_seed_ci95": [low, high],
             "sensitivity": moved.__dict__ if moved else None,
             "headlined": bool(levels) and moved.headlined() and not mean.censored,
@@ -308,7 +313,8 @@ def _difference(d: dict) -> str:
     """An accuracy difference at a matched budget, in points, with its 95% half-width if any."""
     if not math.isfinite(d["difference"]):
         return "n/a"  # no seed paired
-    return f"{100 * d['difference']:+.1f}" + (f" +- {100 * d['ci95']:.1f}" if math.isfinite(d["ci95"]) else "")
+    return f"{100 * d['difference']:+.1f}" + (f" +- {100 * d['ci95']:.1f}" if math.isfinite(d["ci95"])
+                                              else "")
 
 
 def headline_lines(result: dict) -> list[str]:
@@ -321,27 +327,29 @@ def headline_lines(result: dict) -> list[str]:
         return []
     levels = rows[0]["by_seconds"]["levels"]
     span = f"{100 * levels[0]:.1f}% to {100 * levels[1]:.1f}%" if levels else "none"
-    lines = ["", f"Headline: how many times sooner each arm reaches the baseline's accuracy levels ({LEVEL_COUNT} "
-                 f"levels, {span}: what {result['baseline']} reached in its first {int(100 * LEVEL_SPAN)}% of its "
-                 f"budget), mean time over the levels, on the mean curves; per seed paired, geometric mean [95% CI]; "
-                 f"moved by: dropping each run's last evaluation / the worst single evaluation (docs/reproducing.md)",
+    lines = ["", "Headline: how many times sooner each arm reaches the baseline's accuracy levels "
+                 f"({LEVEL_COUNT} levels, {span}: what {result['baseline']} reached in its first "
+                 f"{int(100 * LEVEL_SPAN)}% of its budget), mean time over the levels, on the mean curves; "
+                 "per seed paired, geometric mean [95% CI]; moved by: dropping each run's last evaluation / "
+                 "the worst single evaluation (docs/reproducing.md)",
              "",
-             "| arm | headline (seconds) | per seed | moved by | in steps | per seed | moved by | paper's statistic "
-             "(moved by one evaluation) | accuracy - baseline at 25 / 50 / 75 / 100% of budget (points, 95% CI) |",
+             "| arm | headline (seconds) | per seed | moved by | in steps | per seed | moved by | paper's "
+             "statistic (moved by one evaluation) | accuracy - baseline at 25 / 50 / 75 / 100% of budget "
+             "(points, 95% CI) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     notes = []
     for r in rows:
         seconds, steps = r["by_seconds"], r["by_steps"]
         paper = seconds["paper_sensitivity"]
         differences = " / ".join(_difference(d) for d in r["accuracy_difference"])
-        lines.append(f"| {r['arm']} | {_ratio(seconds)} | {_per_seed(seconds)} | {_moves(seconds)} | {_ratio(steps)} "
-                     f"| {_per_seed(steps)} | {_moves(steps)} | {_paper(seconds['paper_speedup'], paper)} "
-                     f"| {differences} |")
+        lines.append(f"| {r['arm']} | {_ratio(seconds)} | {_per_seed(seconds)} | {_moves(seconds)} | "
+                     f"{_ratio(steps)} | {_per_seed(steps)} | {_moves(steps)} | "
+                     f"{_paper(seconds['paper_speedup'], paper)} | {differences} |")
         notes.append(f"- {r['arm']}: " + (f"headlined: {_ratio(seconds)} sooner in seconds" if r["headlined"]
                                           else f"not headlined: {r['headline_note']}"))
-    costs = "; ".join(f"{r['arm']} {r['rollout_ms'][0]:.1f} / {r['rollout_ms'][1]:.1f}" for r in result["rows"]
-                      if r.get("rollout_ms"))
-    return [*lines, "", *notes, f"- ms per generated / trained rollout (inference / update seconds per step over "
-                                f"the rollouts generated / trained per step; generated: as the steps logged them, "
-                                f"else prompts x the arm's n; trained: prompts x its m, or n for "
+    costs = "; ".join(f"{r['arm']} {r['rollout_ms'][0]:.1f} / {r['rollout_ms'][1]:.1f}"
+                      for r in result["rows"] if r.get("rollout_ms"))
+    return [*lines, "", *notes, "- ms per generated / trained rollout (inference / update seconds per step "
+                                "over the rollouts generated / trained per step; generated: as the steps "
+                                "logged them, else prompts x the arm's n; trained: prompts x its m, or n for "
                                 f"grpo-ga): {costs}"]

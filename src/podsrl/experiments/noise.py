@@ -39,16 +39,20 @@ def noise_lines(rows: list[dict]) -> list[str]:
         return ["", "One evaluation's standard error: not logged by these runs (podsrl before #51)."]
     if not measured:
         return ["", f"One evaluation's standard error: not measured, {NOT_MEASURABLE}."]
-    lines = ["", f"One evaluation's standard error, prompts as clusters (goal: at most {100 * EVAL_SE_GOAL:.1f} "
-                 f"points):"]
+    lines = ["", "One evaluation's standard error, prompts as clusters (goal: at most "
+                 f"{100 * EVAL_SE_GOAL:.1f} points):"]
     for r in rows:
         if r.get("eval_se_max") is None:
-            why = NOT_MEASURABLE if r.get("eval_se_logged") else "not logged by these runs (podsrl before #51)"
+            why = (NOT_MEASURABLE if r.get("eval_se_logged")
+                   else "not logged by these runs (podsrl before #51)")
             lines.append(f"- {r['arm']}: not measured, {why}")
             continue
-        enough = math.ceil(r["eval_prompts"] * (r["eval_se_max"] / EVAL_SE_GOAL) ** 2) if r["eval_prompts"] else None
+        enough = (math.ceil(r["eval_prompts"] * (r["eval_se_max"] / EVAL_SE_GOAL) ** 2) if r["eval_prompts"]
+                  else None)
         verdict = ("within the goal" if r["eval_se_max"] <= EVAL_SE_GOAL
-                   else f"above the goal: about {enough} prompts would meet it" if enough else "above the goal")
-        lines.append(f"- {r['arm']}: median {100 * r['eval_se_median']:.2f}, largest {100 * r['eval_se_max']:.2f} "
-                     f"points ({r['eval_prompts']} prompts x {r['eval_samples']} samples); {verdict}")
+                   else f"above the goal: about {enough} prompts would meet it" if enough
+                   else "above the goal")
+        lines.append(f"- {r['arm']}: median {100 * r['eval_se_median']:.2f}, largest "
+                     f"{100 * r['eval_se_max']:.2f} points ({r['eval_prompts']} prompts x "
+                     f"{r['eval_samples']} samples); {verdict}")
     return lines

@@ -39,7 +39,8 @@ from podsrl.metrics import read_metrics
 from podsrl.provenance import machine_description
 
 ARMS = ("pods", "grpo", "grpo-ga")
-PODS_ONLY = {"group_early_stop": False, "prune_running": False, "adaptive_n": False}  # refused with the baselines
+# refused with the baselines
+PODS_ONLY = {"group_early_stop": False, "prune_running": False, "adaptive_n": False}
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,10 @@ def arm_config(cfg, method: str, steps: int, folder: Path):
     extra = {} if method == "pods" else dict(PODS_ONLY)
     if method == "grpo":
         extra["num_generations"] = max(cfg.num_generations, cfg.num_kept)
-    return dataclasses.replace(cfg, method=method, max_steps=steps, max_minutes=0.0, eval_steps=0, eval_prompts=1,
-                               eval_samples=1, eval_greedy=False, save_steps=0, checkpoint_minutes=0.0,
-                               save_total_limit=1, log_rollouts=0, report_to="none", progress=False,
-                               resume=False, output_dir=str(folder / method), **extra)
+    return dataclasses.replace(cfg, method=method, max_steps=steps, max_minutes=0.0, eval_steps=0,
+                               eval_prompts=1, eval_samples=1, eval_greedy=False, save_steps=0,
+                               checkpoint_minutes=0.0, save_total_limit=1, log_rollouts=0, report_to="none",
+                               progress=False, resume=False, output_dir=str(folder / method), **extra)
 
 
 def arm_seconds(config: dict, records: list[dict], warmup: int) -> dict[str, float]:
@@ -78,16 +79,22 @@ def arm_seconds(config: dict, records: list[dict], warmup: int) -> dict[str, flo
     memory per micro-batch (MiB, largest)."""
     steps = [r for r in records if r["step"] > warmup]
     if not steps:
-        raise ValueError(f"plan: the probe's {config['method']} run logged no step after its {warmup} warm-up")
+        raise ValueError(f"plan: the probe's {config['method']} run logged no step after its {warmup} "
+                         "warm-up")
     start = next(r["train_seconds"] for r in records if r["step"] == warmup)  # the training clock then
     method = METHODS[config["method"]]
-    trained = config["prompts_per_step"] * method.trained_per_prompt(config["num_generations"], config["num_kept"])
+    trained = config["prompts_per_step"] * method.trained_per_prompt(config["num_generations"],
+                                                                     config["num_kept"])
     memory = [r.get("update_peak_cuda_mb") or r.get("update_activation_mb") for r in steps]
     return {"step": (steps[-1]["train_seconds"] - start) / len(steps),
-            "generation": statistics.fmean(r.get("time_generate", 0.0) + r.get("time_reward", 0.0) for r in steps),
-            "update": statistics.fmean((r.get("time_logprobs") or 0.0) + r.get("time_update", 0.0) for r in steps),
-            "other": statistics.fmean(r.get("time_select", 0.0) + r.get("time_advantages", 0.0) for r in steps),
-            "generated": statistics.fmean(generated_per_step(config, r) for r in steps), "trained": float(trained),
+            "generation": statistics.fmean(r.get("time_generate", 0.0) + r.get("time_reward", 0.0)
+                                           for r in steps),
+            "update": statistics.fmean((r.get("time_logprobs") or 0.0) + r.get("time_update", 0.0)
+                                       for r in steps),
+            "other": statistics.fmean(r.get("time_select", 0.0) + r.get("time_advantages", 0.0)
+                                      for r in steps),
+            "generated": statistics.fmean(generated_per_step(config, r) for r in steps),
+            "trained": float(trained),
             "update_mb": max((value for value in memory if value is not None), default=float("nan"))}
 
 
@@ -98,8 +105,8 @@ def probe(cfg, steps: int = 2, warmup: int = 1) -> Probe:
     if steps < 1:
         raise ValueError(f"probe_steps: at least 1 step timed after the warm-up, got {steps}")
     if cfg.num_kept >= cfg.num_generations:
-        raise ValueError(f"num_kept: the probe tells a generated rollout from a trained one by PODS n -> m with "
-                         f"m < n; got m = {cfg.num_kept}, n = {cfg.num_generations}")
+        raise ValueError("num_kept: the probe tells a generated rollout from a trained one by PODS n -> m "
+                         f"with m < n; got m = {cfg.num_kept}, n = {cfg.num_generations}")
     start, arms = time.perf_counter(), {}
     with tempfile.TemporaryDirectory(prefix="podsrl-plan-") as scratch:
         for method in tqdm(ARMS, desc="probing", unit="arm", disable=not cfg.progress):
@@ -109,7 +116,8 @@ def probe(cfg, steps: int = 2, warmup: int = 1) -> Probe:
             arms[method] = arm_seconds(arm.to_dict(), records, warmup)
     g = max(fit_line([(a["generated"], a["generation"]) for a in arms.values()])[1], 0.0)
     t = max(fit_line([(a["trained"], a["update"]) for a in arms.values()])[1], 0.0)
-    # the fixed part: what a whole step took (the training clock, as time-to-accuracy counts it) beyond its rollouts
+    # the fixed part: what a whole step took (the training clock, as time-to-accuracy counts it) beyond its
+    # rollouts
     fixed = statistics.fmean(a["step"] - g * a["generated"] - t * a["trained"] for a in arms.values())
     costs = StepCosts(g, t, max(fixed, 0.0), cfg.prompts_per_step)
     share = arms["pods"]["generated"] / (cfg.prompts_per_step * cfg.num_generations)
@@ -129,7 +137,8 @@ def plan_rows(probe_result: Probe, n: int, m: int) -> list[dict]:
                      **{f"learning_for_1x_vs_{name}": row.for_1x for name, row in even.items()},
                      **{f"learning_for_1.5x_vs_{name}": row.for_1_5x for name, row in even.items()}})
         rows.append({"method": "grpo", "n": b, "m": b, "step_seconds": costs.step_seconds("grpo", a, b)})
-        rows.append({"method": "grpo-ga", "n": a, "m": a, "step_seconds": costs.step_seconds("grpo-ga", a, b)})
+        rows.append({"method": "grpo-ga", "n": a, "m": a,
+                     "step_seconds": costs.step_seconds("grpo-ga", a, b)})
     unique = {(r["method"], r["n"], r["m"]): r for r in rows}  # a baseline shared by two cells, once
     return list(unique.values())
 
@@ -140,7 +149,8 @@ def plan_report(cfg, probe_result: Probe) -> dict:
     return {"machine": machine_description(), "model": cfg.model, "task": str(cfg.task),
             "prompts_per_step": cfg.prompts_per_step, "probe_seconds": round(probe_result.seconds, 1),
             "costs": {"generated_rollout_seconds": costs.generated, "trained_rollout_seconds": costs.trained,
-                      "step_fixed_seconds": costs.fixed, "pods_generated_share": probe_result.pods_generated_share,
+                      "step_fixed_seconds": costs.fixed,
+                      "pods_generated_share": probe_result.pods_generated_share,
                       "update_peak_mb_per_micro_batch": probe_result.update_mb},
             "probe_arms": probe_result.arms, "methods": plan_rows(probe_result, n, m),
             "recorded_learning": [dataclasses.asdict(r) for r in RECORDED],
@@ -154,25 +164,29 @@ HEADER = ["| method | n | m | s/step (predicted) | GRPO m/m over PODS | GRPO-GA 
 
 def table_row(row: dict, n: int, m: int) -> str:
     """One method's row of the table; a PODS row with its step ratios and break-evens."""
-    head = f"| {row['method']}{' (config)' if (row['method'], row['n'], row['m']) == ('pods', n, m) else ''} | " \
-           f"{row['n']} | {row['m']} | {row['step_seconds']:.3f} |"
+    head = (f"| {row['method']}"
+            f"{' (config)' if (row['method'], row['n'], row['m']) == ('pods', n, m) else ''} | "
+            f"{row['n']} | {row['m']} | {row['step_seconds']:.3f} |")
     if row["method"] != "pods":
         return head + " | | | |"
-    even = [f"{row[f'learning_for_1x_vs_{b}']:.2f}x / {row[f'learning_for_1.5x_vs_{b}']:.2f}x" for b in BASELINES]
-    return head + f" {row['grpo_step_ratio']:.2f}x | {row['grpo-ga_step_ratio']:.2f}x | {even[0]} | {even[1]} |"
+    even = [f"{row[f'learning_for_1x_vs_{b}']:.2f}x / {row[f'learning_for_1.5x_vs_{b}']:.2f}x"
+            for b in BASELINES]
+    return head + (f" {row['grpo_step_ratio']:.2f}x | {row['grpo-ga_step_ratio']:.2f}x | {even[0]} | "
+                   f"{even[1]} |")
 
 
 def format_plan(report: dict, n: int, m: int) -> str:
     """The report as the command line prints it: the costs, the grid's table, the recorded
     per-step learning and the recommendation."""
     c = report["costs"]
-    g, t, memory = c["generated_rollout_seconds"], c["trained_rollout_seconds"], c["update_peak_mb_per_micro_batch"]
-    lines = [f"podsrl plan: {report['model']} on {report['task']}, {report['prompts_per_step']} prompts a step, "
-             f"on {report['machine']} (probe: {report['probe_seconds']:.0f} s)",
+    g, t, memory = (c["generated_rollout_seconds"], c["trained_rollout_seconds"],
+                    c["update_peak_mb_per_micro_batch"])
+    lines = [f"podsrl plan: {report['model']} on {report['task']}, {report['prompts_per_step']} prompts a "
+             f"step, on {report['machine']} (probe: {report['probe_seconds']:.0f} s)",
              f"a generated rollout {1000 * g:.2f} ms, a trained one {1000 * t:.2f} ms (t/g = "
-             f"{t / g if g else float('inf'):.2f}), a step's fixed part {c['step_fixed_seconds']:.3f} s; PODS "
-             f"generated {100 * c['pods_generated_share']:.0f}% of its n; the update's peak per micro-batch: "
-             f"{'not logged' if memory is None else f'{memory:.0f} MiB'}", "", *HEADER]
+             f"{t / g if g else float('inf'):.2f}), a step's fixed part {c['step_fixed_seconds']:.3f} s; "
+             f"PODS generated {100 * c['pods_generated_share']:.0f}% of its n; the update's peak per "
+             f"micro-batch: {'not logged' if memory is None else f'{memory:.0f} MiB'}", "", *HEADER]
     order = sorted(report["methods"], key=lambda r: (r["method"] != "pods", r["method"], r["n"], r["m"]))
     lines += [table_row(row, n, m) for row in order]
     lines += ["", "per-step learning podsrl has measured (PODS over the baseline, in steps to its accuracy "

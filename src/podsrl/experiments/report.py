@@ -90,7 +90,8 @@ def strict(value):
 
 def _summary_json(result: dict) -> str:
     summary = {"baseline": result["baseline"], "target_accuracy": result["target_accuracy"],
-               "budget_seconds": result["budget_seconds"], "rows": result["rows"], "provenance": result["provenance"],
+               "budget_seconds": result["budget_seconds"], "rows": result["rows"],
+               "provenance": result["provenance"],
                "runs": {name: [str(r.path) for r in arm.runs] for name, arm in result["arms"].items()}}
     return json.dumps(strict(summary), indent=2, allow_nan=False, default=lambda x: None) + "\n"
 
@@ -109,8 +110,9 @@ def _budget_line(result: dict) -> str:
     that run: every accuracy 'at the budget' below is then the initial model's."""
     if result["budget_seconds"] > 0:
         return f"common budget: {result['budget_seconds']:.0f} s of training"
-    return (f"no common budget: {result.get('budget_set_by', 'a run')} has no evaluation after its start, so the runs "
-            f"share no training time (accuracy 'at the budget' is the initial model's); plot the runs without it")
+    return (f"no common budget: {result.get('budget_set_by', 'a run')} has no evaluation after its start, so "
+            "the runs share no training time (accuracy 'at the budget' is the initial model's); plot the "
+            "runs without it")
 
 
 def _provenance_lines(prov: dict) -> list[str]:
@@ -120,8 +122,9 @@ def _provenance_lines(prov: dict) -> list[str]:
     short = {arm: f"{chr(65 + i)}" for i, arm in enumerate(dict.fromkeys(prov["order"]))}
     order = " ".join(short[a] for a in prov["order"])
     legend = ", ".join(f"{letter} = {arm}" for arm, letter in short.items())
-    lines = [f"runs started {prov['first_start']} to {prov['last_start']} (UTC); code {', '.join(prov['commits'])}; "
-             f"machine: {'; '.join(prov['machines'])}; torch {'; '.join(prov['torch'])}",
+    lines = [f"runs started {prov['first_start']} to {prov['last_start']} (UTC); code "
+             f"{', '.join(prov['commits'])}; machine: {'; '.join(prov['machines'])}; torch "
+             f"{'; '.join(prov['torch'])}",
              f"run order (by start time): {order} ({legend})"]
     if prov["runs_without_record"]:
         lines.append(f"{prov['runs_without_record']} run(s) have no environment.json")
@@ -146,26 +149,29 @@ def format_table(result: dict) -> str:
         reach = (f"{r['time_to_target']:.1f} (" if r["time_to_target"] is not None
                  else f"> {r['mean_curve_end']:.1f} (censored; ")
         pairs = len(r["seed_pairs"])
-        per_seed = (f"{_fmt(r['speedup_per_seed_mean'], '{:.2f}')} +- {_fmt(r['speedup_per_seed_ci95'], '{:.2f}')} "
-                    f"({pairs} pair{'s' if pairs != 1 else ''}"
+        per_seed = (f"{_fmt(r['speedup_per_seed_mean'], '{:.2f}')} +- "
+                    f"{_fmt(r['speedup_per_seed_ci95'], '{:.2f}')} ({pairs} pair{'s' if pairs != 1 else ''}"
                     + (f", {r['censored_pairs']} censored" if r["censored_pairs"] else "") + ")")
         lines.append(
             f"| {r['arm']} | {r['seeds']} | {r['steps_mean']:.0f} | {r['seconds_per_step']:.3f} "
             f"({r['inference_seconds_per_step']:.3f} + {r['update_seconds_per_step']:.3f}) | {at_budget} "
             f"| {100 * r['peak_accuracy']:.1f}% | {reach}{r['seeds_reaching_target']}/{r['seeds']} seeds) "
             f"| {_fmt(r['speedup_vs_baseline'], '{:.2f}x')} | {per_seed} |"
-            + (f" {_fmt(r.get('update_activation_mb'), '{:.0f}')} / {_fmt(r.get('update_peak_cuda_mb'), '{:.0f}')} |"
+            + (f" {_fmt(r.get('update_activation_mb'), '{:.0f}')} / "
+               f"{_fmt(r.get('update_peak_cuda_mb'), '{:.0f}')} |"
                if memory else ""))
         for p in r["seed_pairs"]:
             if p["censored"]:
                 bound = {"arm": "an upper bound: the arm missed the target within its budget",
                          "baseline": "a lower bound: the baseline missed the target within its budget",
                          "both": "no bound: neither run reached the target"}[p["censored"]]
-                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {_fmt(p['ratio'], '{:.2f}')} is {bound} (times "
-                             f"{p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at the budget)")
+                notes.append(f"- {r['arm']}, seed {p['seed']}: ratio {_fmt(p['ratio'], '{:.2f}')} is {bound} "
+                             f"(times {p['baseline_seconds']:.1f} s / {p['arm_seconds']:.1f} s, censored at "
+                             "the budget)")
     if notes:
         lines += ["", "Censored pairs (a run that misses the target counts its whole budget):", *notes]
-    return "\n".join(lines + headline_lines(result) + off_policy_lines(result["rows"]) + noise_lines(result["rows"]))
+    return "\n".join(lines + headline_lines(result) + off_policy_lines(result["rows"])
+                     + noise_lines(result["rows"]))
 
 
 def off_policy_lines(rows: list[dict]) -> list[str]:
@@ -178,7 +184,8 @@ def off_policy_lines(rows: list[dict]) -> list[str]:
         parts = []
         if "off_policy_token_frac" in numbers:
             parts.append(f"off-policy tokens {100 * numbers['off_policy_token_frac']:.1f}%, staleness "
-                         f"{numbers.get('staleness_mean', 0.0):.2f} (max {numbers.get('staleness_max', 0):.0f}), "
+                         f"{numbers.get('staleness_mean', 0.0):.2f} (max "
+                         f"{numbers.get('staleness_max', 0):.0f}), "
                          f"{numbers.get('partial_samples_resumed', 0.0):.1f} samples resumed and "
                          f"{numbers.get('partial_samples_restarted', 0.0):.1f} restarted a step")
         if "idle_slot_frac" in numbers:

@@ -45,7 +45,8 @@ def _recorded(folder: Path) -> dict[str, list[str]] | None:
         return None
     files = saved.get("files") if isinstance(saved, dict) and saved.keys() == {"files"} else None
     valid = isinstance(files, dict) and set(files) <= set(REPORT_NAMES) and all(
-        isinstance(d, list) and all(isinstance(x, str) and DIGEST.fullmatch(x) for x in d) for d in files.values())
+        isinstance(d, list) and all(isinstance(x, str) and DIGEST.fullmatch(x) for x in d)
+        for d in files.values())
     return files if valid else None
 
 
@@ -77,12 +78,12 @@ def check_report_folder(folder: Path) -> None:
     first = folder / unproven[0]
     recorded = _recorded(folder)
     why = ("it is not the record podsrl writes" if unproven[0] == REPORT_MARKER else
-           f"{REPORT_MARKER} records no such content: a file of yours, a report edited since, or one written by "
-           f"podsrl before #57" if recorded is not None else f"{REPORT_MARKER} is not podsrl's")
+           f"{REPORT_MARKER} records no such content: a file of yours, a report edited since, or one written "
+           "by podsrl before #57" if recorded is not None else f"{REPORT_MARKER} is not podsrl's")
     more = f" (and {', '.join(unproven[1:])})" if unproven[1:] else ""
-    raise ReportFolderError(f"output_dir: {first}{more} would be overwritten by the report, but podsrl cannot prove "
-                            f"it wrote it ({why}); podsrl overwrites only its own reports: move it out of {folder}, "
-                            f"or choose another --output_dir")
+    raise ReportFolderError(f"output_dir: {first}{more} would be overwritten by the report, but podsrl "
+                            f"cannot prove it wrote it ({why}); podsrl overwrites only its own reports: move "
+                            f"it out of {folder}, or choose another --output_dir")
 
 
 def _replace(path: Path, data: bytes) -> None:

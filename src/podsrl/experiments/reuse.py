@@ -33,8 +33,8 @@ def recorded_config(run_dir: Path) -> dict:
     try:
         saved = json.loads(path.read_text())
     except (ValueError, OSError) as err:
-        raise ValueError(f"output_dir: {path} is unreadable ({type(err).__name__}: {err}); compare reuses a run only "
-                         f"when its config is this command's: choose another --output_dir") from None
+        raise ValueError(f"output_dir: {path} is unreadable ({type(err).__name__}: {err}); compare reuses a "
+                         "run only when its config is this command's: choose another --output_dir") from None
     if not isinstance(saved, dict):
         raise ValueError(f"output_dir: {path} is not a podsrl run's config; choose another --output_dir")
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
@@ -44,8 +44,8 @@ def recorded_config(run_dir: Path) -> dict:
 def first_difference(recorded: dict, planned: dict) -> tuple[str, object, object] | None:
     """The first field (in the config's order, then the run's other keys) whose value differs,
     with the run's value and this command's; None when the run is this command's."""
-    names = [f.name for f in dataclasses.fields(Config)] + sorted(set(recorded) - {f.name for f in
-                                                                                   dataclasses.fields(Config)})
+    names = ([f.name for f in dataclasses.fields(Config)]
+             + sorted(set(recorded) - {f.name for f in dataclasses.fields(Config)}))
     for name in names:
         if name not in REUSE_FREE_FIELDS and recorded.get(name) != planned.get(name):
             return name, recorded.get(name), planned.get(name)
@@ -78,6 +78,6 @@ def check_reusable(cfg: Config) -> None:
     option = f" ({BUDGET_OPTIONS[name]})" if name in BUDGET_OPTIONS else ""
     state = "finished" if (run_dir / "summary.json").exists() else "interrupted"
     raise ValueError(f"output_dir: {run_dir} holds a {state} run of another command: {name}{option} is "
-                     f"{_shown(name, there)} there, {_shown(name, now)} in this one; compare reuses only runs of "
-                     f"the same config: give this comparison another --output_dir (or re-run the earlier command "
-                     f"there)")
+                     f"{_shown(name, there)} there, {_shown(name, now)} in this one; compare reuses only "
+                     "runs of the same config: give this comparison another --output_dir (or re-run the "
+                     "earlier command there)")

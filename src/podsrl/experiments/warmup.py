@@ -36,10 +36,11 @@ def warm_up(cfg: Config, train: Callable, log: Callable[[str], None] = print) ->
     folder = Path(tempfile.mkdtemp(prefix="podsrl-warmup-"))
     run = Path(cfg.output_dir)
     log(f"warm-up: {WARMUP_STEPS} untimed training step of {run.parent.name}/{run.name} in {folder} (removed "
-        f"afterwards): generation_static_cache compiles the decode step on first use, which the first timed run "
-        f"would otherwise pay inside its budget")
+        "afterwards): generation_static_cache compiles the decode step on first use, which the first timed "
+        "run would otherwise pay inside its budget")
     warm = dataclasses.replace(cfg, output_dir=str(folder / "run"), max_steps=WARMUP_STEPS, max_minutes=0.0,
-                               resume=False, save_steps=0, checkpoint_minutes=0.0, report_to="none", log_rollouts=0)
+                               resume=False, save_steps=0, checkpoint_minutes=0.0, report_to="none",
+                               log_rollouts=0)
     try:
         train(warm)
     except (ValueError, OSError) as err:

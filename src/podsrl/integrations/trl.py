@@ -57,8 +57,8 @@ try:
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import get_config_model_id
 except ImportError as err:  # an optional dependency
-    raise ImportError(f"podsrl.integrations.trl (podsrl.trl) needs TRL: pip install '.[trl]' in a podsrl clone "
-                      f"({err})") from err
+    raise ImportError("podsrl.integrations.trl (podsrl.trl) needs TRL: pip install '.[trl]' in a podsrl "
+                      f"clone ({err})") from err
 
 from podsrl.algorithms.group_stats import group_stats
 from podsrl.algorithms.select import RULES, Groups, select
@@ -99,11 +99,11 @@ def trl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: i
     local_prompts = prompts_per_step // num_processes
     kept_rows = local_prompts * num_kept
     need(kept_rows % micro_batch_size == 0,
-         f"micro_batch_size: {local_prompts} prompts per process x num_kept {num_kept} = {kept_rows} kept rows do not "
-         f"split into micro-batches of {micro_batch_size}")
+         f"micro_batch_size: {local_prompts} prompts per process x num_kept {num_kept} = {kept_rows} kept "
+         f"rows do not split into micro-batches of {micro_batch_size}")
     need((micro_batch_size * num_generations) % num_kept == 0,
-         f"micro_batch_size: {micro_batch_size} kept rows x num_generations {num_generations} / num_kept {num_kept} "
-         f"is not a whole number of generated rows per micro-step")
+         f"micro_batch_size: {micro_batch_size} kept rows x num_generations {num_generations} / num_kept "
+         f"{num_kept} is not a whole number of generated rows per micro-step")
     steps = kept_rows // micro_batch_size
     return {"per_device_train_batch_size": micro_batch_size * num_generations // num_kept,
             "gradient_accumulation_steps": steps, "steps_per_generation": steps,
@@ -135,8 +135,8 @@ def keep_rows(values: list | None, local_rows: list[int], rows: int, name) -> li
     if values is None:
         return None
     if len(values) != rows:
-        raise ValueError(f"PODSTrainer: {name} has {len(values)} entries for {rows} generated rows; cannot tell "
-                         "which entries belong to the kept rows")
+        raise ValueError(f"PODSTrainer: {name} has {len(values)} entries for {rows} generated rows; cannot "
+                         "tell which entries belong to the kept rows")
     return [values[i] for i in local_rows]
 
 
@@ -151,18 +151,18 @@ def check_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor, names: 
         if len(too_large):
             row = int(too_large[0])
             name = names[column] if column < len(names) else f"number {column + 1}"
-            raise ValueError(f"PODSTrainer: reward function {name} returned {values[row].item():.3g} for completion "
-                             f"{row} of {len(values)} (beyond +/-{REWARD_LIMIT:g}: too large for float32 rewards and "
-                             f"their group statistics, so the advantages would be inf / NaN); return finite rewards "
-                             f"of ordinary size")
+            raise ValueError(f"PODSTrainer: reward function {name} returned {values[row].item():.3g} for "
+                             f"completion {row} of {len(values)} (beyond +/-{REWARD_LIMIT:g}: too large for "
+                             "float32 rewards and their group statistics, so the advantages would be inf / "
+                             "NaN); return finite rewards of ordinary size")
     total = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # [R_all], as TRL sums them
     too_large = (total.abs() > REWARD_LIMIT).nonzero()
     if len(too_large):
         row = int(too_large[0])
         raise ValueError(f"PODSTrainer: reward functions {', '.join(names)}: the weighted sum is "
-                         f"{total[row].item():.3g} for completion {row} of {len(total)} (beyond +/-{REWARD_LIMIT:g}: "
-                         f"too large for float32 rewards and their group statistics); scale the rewards or "
-                         f"reward_weights down")
+                         f"{total[row].item():.3g} for completion {row} of {len(total)} (beyond "
+                         f"+/-{REWARD_LIMIT:g}: too large for float32 rewards and their group statistics); "
+                         "scale the rewards or reward_weights down")
 
 
 def dataset_images(inputs: list[dict]) -> list | None:
@@ -185,7 +185,8 @@ class PODSConfig(GRPOConfig):
     num_kept: int | None = field(default=None, metadata={
         "help": "m: rollouts per prompt kept and trained on (PODS); None = num_generations (plain GRPO)."})
     downsampling_rule: str = field(default="max_variance", metadata={
-        "help": f"Which m of the n rollouts to keep: one of {', '.join(sorted(RULES))} (podsrl.algorithms.select)."})
+        "help": f"Which m of the n rollouts to keep: one of {', '.join(sorted(RULES))} "
+                "(podsrl.algorithms.select)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -197,19 +198,22 @@ class PODSConfig(GRPOConfig):
         if not 2 <= self.num_kept <= self.num_generations:
             raise ValueError(f"num_kept: must be between 2 (an advantage needs a group) and num_generations "
                              f"({self.num_generations}), got {self.num_kept}")
-        n, m, steps, processes = self.num_generations, self.num_kept, self.steps_per_generation, self.world_size
+        n, m, steps, processes = (self.num_generations, self.num_kept, self.steps_per_generation,
+                                  self.world_size)
         # rows per process; GRPOConfig: x processes = groups
         generated = self.per_device_train_batch_size * steps
         groups = generated * processes // n
         if groups * m % processes:
             raise ValueError(
-                f"num_kept: {groups} prompt groups per generation x num_kept {m} = {groups * m} kept rows do not split "
-                f"evenly over {processes} processes ({generated} generated rows per process, num_generations {n})")
+                f"num_kept: {groups} prompt groups per generation x num_kept {m} = {groups * m} kept rows do "
+                f"not split evenly over {processes} processes ({generated} generated rows per process, "
+                f"num_generations {n})")
         kept = groups * m // processes
         if kept % steps:
             raise ValueError(
-                f"steps_per_generation: {kept} kept rows per process ({groups} groups x num_kept {m} / {processes} "
-                f"processes) do not split into {steps} equal micro-batches; TRL would drop the remainder silently")
+                f"steps_per_generation: {kept} kept rows per process ({groups} groups x num_kept {m} / "
+                f"{processes} processes) do not split into {steps} equal micro-batches; TRL would drop the "
+                "remainder silently")
 
     @property
     def groups_span_processes(self) -> bool:
@@ -275,13 +279,15 @@ class PODSTrainer(GRPOTrainer):
             args = PODSConfig(f"{name.split('/')[-1]}-PODS")
         super().__init__(model, reward_funcs, args, *more, **kwargs)
         if not isinstance(self.args, PODSConfig):
-            raise TypeError("args: PODSTrainer needs a PODSConfig (GRPOConfig plus num_kept and downsampling_rule)")
+            raise TypeError("args: PODSTrainer needs a PODSConfig (GRPOConfig plus num_kept and "
+                            "downsampling_rule)")
         if self.args.groups_span_processes and self.environment_factories is not None:
             raise ValueError(
-                "environment_factory: with per_device_train_batch_size x steps_per_generation not a multiple of "
-                "num_generations, a prompt's rollouts lie on two processes and PODSTrainer moves kept rows between "
-                "them; an environment instance holds its rollout's state in the process that ran it and cannot move. "
-                "Make the generated rows per process a multiple of num_generations (podsrl.trl.trl_batch_arguments)")
+                "environment_factory: with per_device_train_batch_size x steps_per_generation not a multiple "
+                "of num_generations, a prompt's rollouts lie on two processes and PODSTrainer moves kept "
+                "rows between them; an environment instance holds its rollout's state in the process that "
+                "ran it and cannot move. Make the generated rows per process a multiple of num_generations "
+                "(podsrl.trl.trl_batch_arguments)")
         if self.use_vllm and self.vllm_mode == "colocate" and vllm_runs_on_cpu():
             self.vllm_generation = CPUWeightSync(self.vllm_generation)
         self.reward_funcs = [checked_reward(fn) for fn in self.reward_funcs]
@@ -312,7 +318,8 @@ class PODSTrainer(GRPOTrainer):
         # the dataset row plus the rollout function's per-row fields, and every row's environment
         scored = rows_with_extra_fields(self._pods_inputs, extra_fields)
         rewards_per_func = super()._calculate_rewards(scored, prompts, completions, completion_ids)
-        check_rewards(rewards_per_func, self.reward_weights.to(rewards_per_func.device), self.reward_func_names)
+        check_rewards(rewards_per_func, self.reward_weights.to(rewards_per_func.device),
+                      self.reward_func_names)
         rows = len(prompts)
         local_rows, kept_global_rows = self._select(rewards_per_func, rows)
         if images is None:  # TRL then falls back to the dataset's images: narrow those
@@ -337,11 +344,12 @@ class PODSTrainer(GRPOTrainer):
                 self._pending_extra_logs[key[1]] = values
             elif key in ENVIRONMENT_STATE:
                 setattr(self, key, values)
-        extra_fields = {key: kept[("extra", key)] if isinstance(v, list) else v for key, v in extra_fields.items()}
+        extra_fields = {key: kept[("extra", key)] if isinstance(v, list) else v
+                        for key, v in extra_fields.items()}
         self._pods_kept_rewards = rewards_per_func[kept_global_rows]
         self.num_generations = self.args.num_kept  # advantages are normalised over the kept m
-        return (kept["prompt_ids"], kept["completion_ids"], kept["tool_mask"], kept["completions"], kept["logprobs"],
-                extra_fields, kept["images"], kept["tool_images"] or tool_images)
+        return (kept["prompt_ids"], kept["completion_ids"], kept["tool_mask"], kept["completions"],
+                kept["logprobs"], extra_fields, kept["images"], kept["tool_images"] or tool_images)
 
     def _share_kept_rows(self, kept: dict) -> dict:
         """Groups that span processes: each process holds the kept rows it generated, which
@@ -354,7 +362,8 @@ class PODSTrainer(GRPOTrainer):
                         for value in (share.get(key) or [None] * len(share["prompts"]))] for key in keys}
         size = len(merged["prompts"]) // self.accelerator.num_processes  # PODSConfig: an even split
         mine = slice(self.accelerator.process_index * size, (self.accelerator.process_index + 1) * size)
-        return {key: None if all(v is None for v in values) else values[mine] for key, values in merged.items()}
+        return {key: None if all(v is None for v in values) else values[mine]
+                for key, values in merged.items()}
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         if self._pods_kept_rewards is not None:  # the kept rows were scored before selection

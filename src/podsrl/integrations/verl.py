@@ -15,7 +15,8 @@ Switching a verl GRPO command: append the overrides that
 
     trainer.v1.sampler.custom_sampler.path=pkg://podsrl.integrations.verl
     trainer.v1.sampler.custom_sampler.name=PODSReplayBuffer
-    +trainer.v1.sampler.sampler_kwargs.num_kept=4 +trainer.v1.sampler.sampler_kwargs.downsampling_rule=max_variance
+    +trainer.v1.sampler.sampler_kwargs.num_kept=4
+    +trainer.v1.sampler.sampler_kwargs.downsampling_rule=max_variance
     data.train_batch_size=64 actor_rollout_ref.rollout.n=16 actor_rollout_ref.actor.ppo_mini_batch_size=16
 
 (``PODSReplayBufferAsync`` for ``trainer.v1.trainer_mode`` colocate_async / separate_async.)
@@ -33,8 +34,8 @@ try:
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 except ImportError as err:  # an optional dependency
-    raise ImportError(f"podsrl.integrations.verl needs verl with its TransferQueue: pip install '.[verl]' in a "
-                      f"podsrl clone ({err})") from err
+    raise ImportError("podsrl.integrations.verl needs verl with its TransferQueue: pip install '.[verl]' in "
+                      f"a podsrl clone ({err})") from err
 
 from podsrl.algorithms.select import RULES
 from podsrl.integrations.verl_core import (
@@ -49,12 +50,12 @@ from podsrl.integrations.verl_core import (
 # [lowest tested, first untested): the replay buffer's contract is new in 0.9
 SUPPORTED_VERL = ("0.9.1", "0.9.2")
 if not Version(SUPPORTED_VERL[0]) <= Version(verl.__version__) < Version(SUPPORTED_VERL[1]):
-    raise ImportError(f"podsrl.integrations.verl supports verl >= {SUPPORTED_VERL[0]}, < {SUPPORTED_VERL[1]} (it "
-                      f"subclasses verl's v1 ReplayBuffer); found verl {verl.__version__}: pip install '.[verl]' in a "
-                      f"podsrl clone")
+    raise ImportError(f"podsrl.integrations.verl supports verl >= {SUPPORTED_VERL[0]}, < {SUPPORTED_VERL[1]} "
+                      f"(it subclasses verl's v1 ReplayBuffer); found verl {verl.__version__}: pip install "
+                      "'.[verl]' in a podsrl clone")
 
-__all__ = ["PODSReplayBuffer", "PODSReplayBufferAsync", "RowSelection", "VerlConfigError", "check_verl_config",
-           "sampler_overrides", "select_sessions", "verl_batch_arguments"]
+__all__ = ["PODSReplayBuffer", "PODSReplayBufferAsync", "RowSelection", "VerlConfigError",
+           "check_verl_config", "sampler_overrides", "select_sessions", "verl_batch_arguments"]
 KWARGS = "trainer.v1.sampler.sampler_kwargs"
 
 
@@ -62,9 +63,9 @@ def check_verl_config(config, num_kept: int, sampler_name: str) -> None:
     """Refuse verl settings PODS cannot run with; ``config`` is main_ppo's whole config."""
     filter_groups = config.algorithm.get("filter_groups", None)
     if filter_groups is not None and filter_groups.get("enable", False):
-        raise VerlConfigError("algorithm.filter_groups.enable: verl ignores DAPO's group filter under a custom "
-                              "sampler; PODS with max_variance already trains on no constant group unless all n "
-                              "rollouts agree. Switch one of them off")
+        raise VerlConfigError("algorithm.filter_groups.enable: verl ignores DAPO's group filter under a "
+                              "custom sampler; PODS with max_variance already trains on no constant group "
+                              "unless all n rollouts agree. Switch one of them off")
     reward_model = config.reward.reward_model
     if reward_model.get("enable", False) and not reward_model.get("enable_resource_pool", False):
         raise VerlConfigError("reward.reward_model: a colocated reward model scores after the replay buffer "
@@ -93,14 +94,16 @@ class _Selection:
                                   f"(2 <= num_kept <= rollout.n), got {options.get('num_kept')!r}")
         self.downsampling_rule = str(options.get("downsampling_rule", "max_variance"))
         RULES.resolve(self.downsampling_rule)  # a mistake fails at start-up, not at the first step
-        # the same seeded stream for rules that draw: a resumed run draws anew (verl restores no sampler state)
+        # the same seeded stream for rules that draw: a resumed run draws anew (verl restores no sampler
+        # state)
         self.selection_generator = torch.Generator().manual_seed(int(options.get("seed", 0)))
         root = self.sampler_kwargs._get_root() if hasattr(self.sampler_kwargs, "_get_root") else None
         if root is not None and "algorithm" in root:  # built by main_ppo from the whole config
             check_verl_config(root, self.num_kept, type(self).__name__)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
-        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id,
+                                        batch_size=batch_size)
         if partition_id == "val":
             return batch, metrics
         selection = select_sessions(batch.keys, self._scores(batch), self.num_kept, self.downsampling_rule,
@@ -119,9 +122,9 @@ class _Selection:
             scores = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                      select_fields=["rm_scores"])["rm_scores"]
         except (ValueError, KeyError) as err:  # the store has no such field for these keys
-            raise VerlConfigError(f"PODS: the sampled trajectories have no rm_scores yet ({err}); a colocated reward "
-                                  f"model scores after sampling: use a rule-based reward or "
-                                  f"reward.reward_model.enable_resource_pool=True") from None
+            raise VerlConfigError(f"PODS: the sampled trajectories have no rm_scores yet ({err}); a "
+                                  "colocated reward model scores after sampling: use a rule-based reward or "
+                                  "reward.reward_model.enable_resource_pool=True") from None
         return [float(value.sum().item()) for value in scores]
 
 

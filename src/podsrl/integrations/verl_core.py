@@ -56,7 +56,8 @@ def select_sessions(keys: list[str], scores: list[float], num_kept: int, rule: s
     ids = {uid: sorted(group) for uid, group in sessions.items()}  # session ids per prompt
     n = max(len(group) for group in ids.values())
     if not 2 <= num_kept <= n:
-        raise VerlConfigError(f"sampler_kwargs.num_kept: must be between 2 and rollout.n = {n}, got {num_kept}")
+        raise VerlConfigError(f"sampler_kwargs.num_kept: must be between 2 and rollout.n = {n}, got "
+                              f"{num_kept}")
     generated = torch.full((len(ids), n), float("nan"))  # [P, n] NaN where a session is missing
     kept_rewards = torch.full((len(ids), num_kept), float("nan"))  # [P, m]
     kept: set[tuple[str, int]] = set()
@@ -72,13 +73,15 @@ def select_sessions(keys: list[str], scores: list[float], num_kept: int, rule: s
     for key in keys:
         uid, session, _ = split_key(key)
         (kept_keys if (uid, session) in kept else dropped_keys).append(key)
-    metrics = {**group_stats("pods/generated_reward", generated), **group_stats("pods/kept_reward", kept_rewards),
-               "pods/rollouts_generated": float((~generated.isnan()).sum()), "pods/rollouts_kept": float(len(kept))}
+    metrics = {**group_stats("pods/generated_reward", generated),
+               **group_stats("pods/kept_reward", kept_rewards),
+               "pods/rollouts_generated": float((~generated.isnan()).sum()),
+               "pods/rollouts_kept": float(len(kept))}
     return RowSelection(kept_keys, dropped_keys, metrics)
 
 
-def verl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int, mini_batches_per_step: int = 1,
-                         data_parallel_size: int = 1) -> dict[str, int]:
+def verl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: int,
+                         mini_batches_per_step: int = 1, data_parallel_size: int = 1) -> dict[str, int]:
     """verl's batch settings for PODS with ``prompts_per_step`` prompts, n = ``num_generations``
     rollouts each, m = ``num_kept`` trained on, in ``mini_batches_per_step`` actor mini-batches
     over ``data_parallel_size`` actor ranks.
@@ -93,17 +96,17 @@ def verl_batch_arguments(prompts_per_step: int, num_generations: int, num_kept: 
     if not 2 <= m <= n:
         raise VerlConfigError(f"num_kept: must be between 2 and num_generations = {n}, got {m}")
     if P % k:
-        raise VerlConfigError(f"mini_batches_per_step: {P} prompts do not split into {k} mini-batches of whole "
-                              f"prompt groups")
+        raise VerlConfigError(f"mini_batches_per_step: {P} prompts do not split into {k} mini-batches of "
+                              "whole prompt groups")
     rows = P * m // k  # kept rows per mini-batch
     if rows % n:
-        raise VerlConfigError(f"actor_rollout_ref.actor.ppo_mini_batch_size: a mini-batch of {P}/{k} prompts x "
-                              f"{m} kept = {rows} rows is not a multiple of rollout.n = {n}, so verl's mini-batch "
-                              f"(ppo_mini_batch_size x rollout.n rows) cannot equal it; choose P x m / k divisible "
-                              f"by n")
+        raise VerlConfigError(f"actor_rollout_ref.actor.ppo_mini_batch_size: a mini-batch of {P}/{k} prompts "
+                              f"x {m} kept = {rows} rows is not a multiple of rollout.n = {n}, so verl's "
+                              "mini-batch (ppo_mini_batch_size x rollout.n rows) cannot equal it; choose P x "
+                              "m / k divisible by n")
     if rows % dp:
-        raise VerlConfigError(f"data parallel size: {rows} rows per mini-batch do not split over {dp} ranks; verl "
-                              f"would pad the batch with synthetic rows")
+        raise VerlConfigError(f"data parallel size: {rows} rows per mini-batch do not split over {dp} ranks; "
+                              "verl would pad the batch with synthetic rows")
     return {"data.train_batch_size": P, "actor_rollout_ref.rollout.n": n,
             "actor_rollout_ref.actor.ppo_mini_batch_size": rows // n}
 
@@ -115,27 +118,29 @@ def check_batch_settings(train_batch_size: int, rollout_n: int, ppo_mini_batch_s
     rows, mini_batch = sampled * num_kept, ppo_mini_batch_size * rollout_n
     if rows % mini_batch or rows % data_parallel_size or mini_batch % num_kept:
         raise VerlConfigError(
-            f"PODS batch arithmetic: {sampled} prompts x num_kept {num_kept} = {rows} kept rows per update, but verl's "
-            f"actor mini-batch is ppo_mini_batch_size {ppo_mini_batch_size} x rollout.n {rollout_n} = {mini_batch} "
-            f"rows over {data_parallel_size} rank(s): verl would pad with synthetic rows or split a group. Use "
-            f"podsrl.integrations.verl.verl_batch_arguments to choose data.train_batch_size, rollout.n and "
-            f"ppo_mini_batch_size")
+            f"PODS batch arithmetic: {sampled} prompts x num_kept {num_kept} = {rows} kept rows per update, "
+            f"but verl's actor mini-batch is ppo_mini_batch_size {ppo_mini_batch_size} x rollout.n "
+            f"{rollout_n} = {mini_batch} rows over {data_parallel_size} rank(s): verl would pad with "
+            "synthetic rows or split a group. Use podsrl.integrations.verl.verl_batch_arguments to choose "
+            "data.train_batch_size, rollout.n and ppo_mini_batch_size")
 
 
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # trainer.v1.trainer_mode in verl 0.9
 
 
-def sampler_overrides(prompts_per_step: int, num_generations: int, num_kept: int, mini_batches_per_step: int = 1,
-                      data_parallel_size: int = 1, downsampling_rule: str = "max_variance",
-                      trainer_mode: str = "sync") -> list[str]:
+def sampler_overrides(prompts_per_step: int, num_generations: int, num_kept: int,
+                      mini_batches_per_step: int = 1, data_parallel_size: int = 1,
+                      downsampling_rule: str = "max_variance", trainer_mode: str = "sync") -> list[str]:
     """The Hydra overrides that switch a verl GRPO command to PODS: the sampler, its options
     and the batch settings of :func:`verl_batch_arguments`. An unknown trainer mode or rule is
     refused here, not on the cluster."""
     if trainer_mode not in TRAINER_MODES:
-        raise VerlConfigError(f"trainer_mode: {trainer_mode!r} is not one of verl's {', '.join(TRAINER_MODES)}")
+        raise VerlConfigError(f"trainer_mode: {trainer_mode!r} is not one of verl's "
+                              f"{', '.join(TRAINER_MODES)}")
     RULES.resolve(downsampling_rule)  # a registered name, or module:function (raises naming the field)
     name = "PODSReplayBuffer" if trainer_mode == "sync" else "PODSReplayBufferAsync"
-    batch = verl_batch_arguments(prompts_per_step, num_generations, num_kept, mini_batches_per_step, data_parallel_size)
+    batch = verl_batch_arguments(prompts_per_step, num_generations, num_kept, mini_batches_per_step,
+                                 data_parallel_size)
     return ["trainer.v1.sampler.custom_sampler.path=pkg://podsrl.integrations.verl",
             f"trainer.v1.sampler.custom_sampler.name={name}",
             f"+trainer.v1.sampler.sampler_kwargs.num_kept={num_kept}",
@@ -153,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mini_batches", type=int, default=1, help="actor mini-batches per step")
     parser.add_argument("--dp", type=int, default=1, help="actor data-parallel ranks (GPUs)")
     parser.add_argument("--rule", default="max_variance", help="downsampling_rule")
-    parser.add_argument("--trainer_mode", default="sync", help=f"trainer.v1.trainer_mode: {', '.join(TRAINER_MODES)}")
+    parser.add_argument("--trainer_mode", default="sync",
+                        help=f"trainer.v1.trainer_mode: {', '.join(TRAINER_MODES)}")
     args = parser.parse_args(argv)
     try:
         print(" ".join(sampler_overrides(args.prompts_per_step, args.num_generations, args.num_kept,

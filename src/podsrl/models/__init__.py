@@ -13,5 +13,5 @@ from podsrl.models.loading import (
 )
 from podsrl.models.logprobs import shared_prompt_token_logprobs, token_logprobs
 
-__all__ = ["BUILTIN_MODELS", "SMOLLM2", "TINY_CHAIN_DIR", "TINY_DIR", "ModelBundle", "check_model_name", "load_model",
-           "resolve_model_path", "shared_prompt_token_logprobs", "token_logprobs"]
+__all__ = ["BUILTIN_MODELS", "SMOLLM2", "TINY_CHAIN_DIR", "TINY_DIR", "ModelBundle", "check_model_name",
+           "load_model", "resolve_model_path", "shared_prompt_token_logprobs", "token_logprobs"]

@@ -25,7 +25,8 @@ SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 # Short names of models that ship with podsrl or are converted from an installed package.
-BUILTIN_MODELS = {"tiny": lambda: TINY_DIR, "tiny-chain": lambda: TINY_CHAIN_DIR, SMOLLM2: lambda: smollm2_path()}
+BUILTIN_MODELS = {"tiny": lambda: TINY_DIR, "tiny-chain": lambda: TINY_CHAIN_DIR,
+                  SMOLLM2: lambda: smollm2_path()}
 # Hub ids that fall back to a built-in model when the hub cannot be reached.
 OFFLINE_FALLBACKS = {SMOLLM2_HUB_ID: SMOLLM2}
 
@@ -96,8 +97,9 @@ WEIGHT_DTYPES = ("float32", "bfloat16")
 def check_dtype(dtype: str) -> None:
     """Refuse a weights dtype podsrl cannot train in, before anything loads (one line, naming the field)."""
     if dtype == "float16":
-        raise ValueError("dtype: float16 weights are not supported (no loss scaling: training turns them to NaN, on "
-                         "the CPU at once); use dtype float32 with bf16 true (mixed precision), or dtype bfloat16")
+        raise ValueError("dtype: float16 weights are not supported (no loss scaling: training turns them to "
+                         "NaN, on the CPU at once); use dtype float32 with bf16 true (mixed precision), or "
+                         "dtype bfloat16")
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype: unknown dtype {dtype!r}; known: {', '.join(WEIGHT_DTYPES)}")
 
@@ -209,15 +211,15 @@ def check_model_folder(folder: Path) -> None:
     tokenizer, or weights only as a pickle (``torch.load`` of a stranger's file can run code;
     safetensors cannot)."""
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
-        raise ModelFolderError(f"model: {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
-                               f"tokenizer into the folder (tokenizer.save_pretrained)")
+        raise ModelFolderError(f"model: {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                               "save the tokenizer into the folder (tokenizer.save_pretrained)")
     if any(folder.glob("*.safetensors")):
         return
     pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
     if pickled:
-        raise ModelFolderError(f"model: {folder / pickled[0]} is a pickled weights file, refused for safety (loading a "
-                               f"pickle can run code); convert it to safetensors (model.save_pretrained(folder)) and "
-                               f"retry")
+        raise ModelFolderError(f"model: {folder / pickled[0]} is a pickled weights file, refused for safety "
+                               "(loading a pickle can run code); convert it to safetensors "
+                               "(model.save_pretrained(folder)) and retry")
 
 
 def _load_pretrained(path: str, dtype: str):
@@ -231,7 +233,8 @@ def _load_pretrained(path: str, dtype: str):
         tokenizer = AutoTokenizer.from_pretrained(path)
         if (folder / "adapter_config.json").exists():
             return tokenizer, _load_adapter(folder, dtype)
-        return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), use_safetensors=True)
+        return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                               use_safetensors=True)
     except OSError:
         raise
     except Exception as err:  # safetensors' header errors, truncated files, bad JSON: not OSErrors
@@ -242,8 +245,8 @@ def _load_pretrained(path: str, dtype: str):
 
 
 SHAPE = r"(torch\.Size\(\[[^\]]*\]\))"
-SIZE_MISMATCH = re.compile(rf"size mismatch for (\S+): copying a param with shape {SHAPE} from checkpoint, the shape "
-                           rf"in current model is {SHAPE}")
+SIZE_MISMATCH = re.compile(rf"size mismatch for (\S+): copying a param with shape {SHAPE} from checkpoint, "
+                           rf"the shape in current model is {SHAPE}")
 
 
 def _load_adapter(folder: Path, dtype: str):
@@ -259,9 +262,10 @@ def _load_adapter(folder: Path, dtype: str):
         found = SIZE_MISMATCH.search(str(err))
         if not found:
             raise
-        raise ModelFolderError(f"model: {folder / 'adapter_config.json'}: the adapter was trained on another model "
-                               f"than its base_model_name_or_path {base_name!r} ({found[1]}: {found[2]} in the "
-                               f"adapter, {found[3]} in the base); set it to the model the adapter was trained on"
+        raise ModelFolderError(f"model: {folder / 'adapter_config.json'}: the adapter was trained on another "
+                               f"model than its base_model_name_or_path {base_name!r} ({found[1]}: "
+                               f"{found[2]} in the adapter, {found[3]} in the base); set it to the model the "
+                               "adapter was trained on"
                                ) from None
 
 

@@ -37,7 +37,7 @@ def load_reward_fn(spec: str | dict) -> RewardFn:
     return REWARDS.resolve(spec)
 
 
-__all__ = ["DEFAULT_REWARD_TIMEOUT", "REWARDS", "RewardError", "RewardFn", "RewardStack", "arithmetic_correct",
-           "arithmetic_format", "bounded", "chain_format", "completion_text", "extract_answer", "grade",
-           "gsm8k_correct", "in_process", "load_reward_fn", "math_correct", "reasoning_gym_correct",
-           "think_answer_format_soft", "think_answer_format_strict"]
+__all__ = ["DEFAULT_REWARD_TIMEOUT", "REWARDS", "RewardError", "RewardFn", "RewardStack",
+           "arithmetic_correct", "arithmetic_format", "bounded", "chain_format", "completion_text",
+           "extract_answer", "grade", "gsm8k_correct", "in_process", "load_reward_fn", "math_correct",
+           "reasoning_gym_correct", "think_answer_format_soft", "think_answer_format_strict"]

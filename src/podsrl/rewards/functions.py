@@ -44,18 +44,21 @@ def checked_bounds(declared: Any, name: str) -> tuple[float, float]:
     else (strings, three numbers, reversed bounds) is an error naming ``name``. Early stop's
     "lossless" rests on them, so they are refused, never guessed at or swapped."""
     if not (isinstance(declared, (tuple, list)) and len(declared) == 2
-            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in declared)):
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in declared)):
         raise ValueError(f"{name}: reward_bounds must be two finite numbers (low, high), got {declared!r}")
     low, high = float(declared[0]), float(declared[1])
     if low > high:
-        raise ValueError(f"{name}: reward_bounds {declared!r} are reversed (low {low:g} is above high {high:g})")
+        raise ValueError(f"{name}: reward_bounds {declared!r} are reversed (low {low:g} is above high "
+                         f"{high:g})")
     return low, high
 
 
 # the built-in reward functions, each registered where it is defined (below)
 REWARDS = Registry("reward function", "reward_funcs", takes="fn(prompts, completions, **columns)", many=True,
                    # by each call
-                   passes=("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"))
+                   passes=("prompts", "completions", "completion_ids", "trainer_state", "log_extra",
+                           "log_metric"))
 
 
 def extract_answer(completion: str) -> str | None:
@@ -181,7 +184,8 @@ def reasoning_gym_correct(dataset, name: str):
     that generated each problem travels as the ``rg_entry`` column."""
     @bounded(0.0, 1.0)
     def correct(prompts, completions, rg_entry, **_columns):
-        return [float(dataset.score_answer(answer=extract_final_answer(completion_text(c)), entry=entry) >= 1.0)
+        return [float(dataset.score_answer(answer=extract_final_answer(completion_text(c)),
+                                           entry=entry) >= 1.0)
                 for c, entry in zip(completions, rg_entry)]
 
     correct.__name__ = f"reasoning_gym_{name}_correct"

@@ -35,7 +35,8 @@ _FRAC = re.compile(r"(-?)\\frac(?:\{\s*(-?[0-9]+)\s*\}|([0-9]))(?:\{\s*([0-9]+)\
 _MIXED = re.compile(r"(-?)([0-9]+)\s*\\frac\{([0-9]+)\}\{([0-9]+)\}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textrm|mbox|mathrm)\s*\{([^{}]*)\}")
 # Units written as \text{ cm}^2 after a number: presentation, not value.
-_TEXT_UNIT = re.compile(r"(?<=[0-9}])\s*\\(?:text|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?[0-9]\}?)?(?=\s*$)")
+_TEXT_UNIT = re.compile(r"(?<=[0-9}])\s*\\(?:text|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z ]*\}"
+                        r"(?:\^\{?[0-9]\}?)?(?=\s*$)")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|°")
 # Answers sympy would evaluate into astronomically large integers (numeric power towers
 # "9^{9^{9}}" / "9^9^9", exponents >= 10^6, factorials >= 10^4): no MATH answer looks like
@@ -136,7 +137,8 @@ def normalize_number(text: str, task: str = "math") -> str | None:
     s = re.sub(r"^\{(.*)\}$", r"\1", s)
     if _PLAIN_NUMBER.fullmatch(s) or re.fullmatch(r"-?[0-9]+\s*/\s*[0-9]+", s):
         return re.sub(r"\s+", "", s)
-    sci = _SCI.fullmatch(s) or (task == "gsm8k" and re.fullmatch(r"([-+]?[0-9]*\.?[0-9]+)[eE]([-+]?[0-9]+)", s))
+    sci = _SCI.fullmatch(s) or (task == "gsm8k"
+                                and re.fullmatch(r"([-+]?[0-9]*\.?[0-9]+)[eE]([-+]?[0-9]+)", s))
     if sci:  # 6.72\times10^{-5}; bare "1e-3" only for gsm8k, in MATH "2e-1" may mean 2e - 1
         return f"{sci.group(1)}e{sci.group(2)}"
     mixed = _MIXED.fullmatch(s)

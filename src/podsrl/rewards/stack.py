@@ -162,9 +162,9 @@ class RewardStack:
         if not outside:
             return values
         if self.error_policy == "raise":
-            raise RewardError(f"reward function {reward_name(fn)} returned {values[outside[0]]:g} on prompt index "
-                              f"{outside[0]}, outside its declared reward_bounds [{low:g}, {high:g}] (group_early_stop "
-                              f"rests on them): fix the function or its bounds")
+            raise RewardError(f"reward function {reward_name(fn)} returned {values[outside[0]]:g} on prompt "
+                              f"index {outside[0]}, outside its declared reward_bounds [{low:g}, {high:g}] "
+                              "(group_early_stop rests on them): fix the function or its bounds")
         self.failures += len(outside)
         failed = set(outside)
         return [_Failed(0.0) if i in failed else v for i, v in enumerate(values)]
@@ -217,9 +217,10 @@ class RewardStack:
             return rewards, bad
         if self.error_policy == "raise":
             names = [reward_name(fn) for fn, values in zip(self.fns, per_fn) if values[bad[0]] is not None]
-            raise RewardError(f"reward function{'s' * (len(names) > 1)} {', '.join(names)}: the weighted sum is "
-                              f"{rewards[bad[0]].item():.3g} on prompt index {bad[0]} (beyond +/-{REWARD_LIMIT:g}: "
-                              f"too large for float32 rewards and their group statistics)")
+            raise RewardError(f"reward function{'s' * (len(names) > 1)} {', '.join(names)}: the weighted sum "
+                              f"is {rewards[bad[0]].item():.3g} on prompt index {bad[0]} (beyond "
+                              f"+/-{REWARD_LIMIT:g}: too large for float32 rewards and their group "
+                              "statistics)")
         self.failures += len(bad)
         rewards[bad] = 0.0
         return rewards, bad

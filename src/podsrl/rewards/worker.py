@@ -59,8 +59,9 @@ class RewardWorker:
         except (OSError, AssertionError) as err:  # out of memory / processes; a daemonic trainer process
             self.conn.close()
             self.conn = None
-            raise RewardError(f"reward function {reward_name(fn)}: cannot start a worker process ({error_line(err)}); "
-                              f"podsrl.rewards.in_process runs it in the trainer instead") from None
+            raise RewardError(f"reward function {reward_name(fn)}: cannot start a worker process "
+                              f"({error_line(err)}); podsrl.rewards.in_process runs it in the trainer "
+                              "instead") from None
         finally:
             child_end.close()
         # the child sets it too; whichever runs first, a kill finds the group
@@ -120,8 +121,9 @@ def _request(fn: RewardFn, index: int, args: tuple) -> bytes:
     try:
         return pickle.dumps((index, prompts, completions, kwargs, expected), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
-        raise RewardError(f"reward function {reward_name(fn)}: its inputs cannot be sent to its worker process "
-                          f"({error_line(err)}); podsrl.rewards.in_process runs it in the trainer") from None
+        raise RewardError(f"reward function {reward_name(fn)}: its inputs cannot be sent to its worker "
+                          f"process ({error_line(err)}); podsrl.rewards.in_process runs it in the "
+                          "trainer") from None
 
 
 def _portable(value):
@@ -229,8 +231,8 @@ def checked_values(fn, values, expected: int) -> list[float | None]:
                             f"{tuple(values.shape)}, expected one value per completion")
         values = values.tolist()
     elif not isinstance(values, (list, tuple)):
-        raise TypeError(f"reward function {reward_name(fn)} returned {type(values).__name__}, expected a list of "
-                        f"numbers or None, one per completion")
+        raise TypeError(f"reward function {reward_name(fn)} returned {type(values).__name__}, expected a "
+                        "list of numbers or None, one per completion")
     if len(values) != expected:
         raise ValueError(f"reward function {reward_name(fn)} returned {len(values)} values "
                          f"for {expected} completions")

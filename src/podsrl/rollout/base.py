@@ -21,9 +21,10 @@ MB = 2**20
 
 # The watcher kinds podsrl's engines run (an engine may declare kinds of its own: a kind is the
 # contract between a watcher and the engines that declare it).
-STOP_GROUPS = "stop_groups"  # shown samples as they finish; names groups whose unstarted samples are cancelled
-# shown running samples at the lengths it asks for, with their pooled hidden states; names running samples to stop
-# (podsrl.rollout.running_watch)
+# shown samples as they finish; names groups whose unstarted samples are cancelled
+STOP_GROUPS = "stop_groups"
+# shown running samples at the lengths it asks for, with their pooled hidden states; names running samples to
+# stop (podsrl.rollout.running_watch)
 PRUNE_RUNNING = "prune_running"
 # the methods each kind's watcher has besides __call__, which the engine calls (a user's watcher is
 # held to them: podsrl.rollout.registries.CheckedWatcher)
@@ -66,7 +67,8 @@ def running_watcher(watchers: tuple[Watcher, ...]) -> Watcher | None:
     """A call's ``prune_running`` watcher, or None (two would each stop what the other keeps: refused)."""
     chosen = [watcher for watcher in watchers if watcher.kind == PRUNE_RUNNING]
     if len(chosen) > 1:
-        raise ValueError(f"generation_watchers: {len(chosen)} watchers of kind {PRUNE_RUNNING}; a call runs one")
+        raise ValueError(f"generation_watchers: {len(chosen)} watchers of kind {PRUNE_RUNNING}; a call runs "
+                         "one")
     return chosen[0] if chosen else None
 
 
@@ -78,7 +80,8 @@ class StopGroupsTogether:
     kind: ClassVar[str] = STOP_GROUPS
 
     def __call__(self, prompt_index: list[int], completion_ids: list[list[int]]) -> list[int]:
-        return sorted({prompt for watcher in self.watchers for prompt in watcher(prompt_index, completion_ids)})
+        return sorted({prompt for watcher in self.watchers
+                       for prompt in watcher(prompt_index, completion_ids)})
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,8 @@ def refuse_watchers(engine, watchers: tuple) -> None:
     unknown = sorted({watcher.kind for watcher in watchers} - declared.watches)
     if unknown:
         name = getattr(engine, "name", type(engine).__name__)
-        raise ValueError(f"generation_engine {name} runs no watcher of kind {', '.join(unknown)} (it declares "
-                         f"{declared.declared_kinds()})")
+        raise ValueError(f"generation_engine {name} runs no watcher of kind {', '.join(unknown)} (it "
+                         f"declares {declared.declared_kinds()})")
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ class Sampling:
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     batch_size: int = 0  # sequences decoded at once, at most (0: the engine's own choice)
-    min_completion_length: int = 0  # no EOS before this many tokens (benchmarks force every row to one length)
+    # no EOS before this many tokens (benchmarks force every row to one length)
+    min_completion_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,9 +195,9 @@ class MemoryCapOptions(EngineOptions):
     """Options of an engine that sizes what it decodes at once to a memory cap (hf, slots: the
     config's generation_memory_mb); vLLM sizes its own KV cache."""
 
-    memory_mb: float = option(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and logits, "
-                                   "MiB; 0 = none): hf decodes fewer groups together and fails if one group "
-                                   "exceeds it; slots sizes g to fit.", Range(0, why="0 = no cap"))
+    memory_mb: float = option(0.0, "Cap on the estimated memory of what is decoded at once (KV cache and "
+                                   "logits, MiB; 0 = none): hf decodes fewer groups together and fails if "
+                                   "one group exceeds it; slots sizes g to fit.", Range(0, why="0 = no cap"))
 
 
 def reads_option(engine, option_name: str) -> bool:

@@ -59,7 +59,8 @@ def decode_path_refusal(model) -> str:
         return "it has no model.rotary_emb / lm_head"
     linears = [m for layer in body.layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                                                     layer.self_attn.v_proj, layer.self_attn.o_proj,
-                                                    layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+                                                    layer.mlp.gate_proj, layer.mlp.up_proj,
+                                                    layer.mlp.down_proj)]
     if any(type(m) is not torch.nn.Linear for m in [*linears, model.lm_head]):
         return "a layer is not a plain nn.Linear (quantized or wrapped)"
     if any(_sharded(p) for p in model.parameters()):
@@ -124,7 +125,8 @@ class InPlaceCache:
 
     def read(self, row: int, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of row ``row``'s columns [start, stop), per layer [kv_heads, stop - start, head_dim]."""
-        return [(k[row, :, start:stop].clone(), v[row, :, start:stop].clone()) for k, v in zip(self.keys, self.values)]
+        return [(k[row, :, start:stop].clone(), v[row, :, start:stop].clone())
+                for k, v in zip(self.keys, self.values)]
 
     def move(self, moves: list[tuple[int, int]]) -> None:
         """Copy row ``source`` into row ``target`` for each (target, source); no row is both."""
@@ -164,7 +166,8 @@ class DecodeModel:
         self.layers = []
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, gate_up = _fused([attn.q_proj, attn.k_proj, attn.v_proj]), _fused([mlp.gate_proj, mlp.up_proj])
+            qkv, gate_up = (_fused([attn.q_proj, attn.k_proj, attn.v_proj]),
+                            _fused([mlp.gate_proj, mlp.up_proj]))
             self.layers.append((
                 (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
                 *map(cast, qkv), cast(attn.o_proj.weight), cast(attn.o_proj.bias),
@@ -218,7 +221,8 @@ class DecodeModel:
         cos, sin = self.rotary(h[:, None, :], position[:, None])  # [B, 1, d]
         for (norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, gate_up_b, down_w, down_b), keys, values in zip(
                 self.layers, cache.keys, cache.values):
-            qkv = self._linear(self._norm(h, norm1), qkv_w, qkv_b).to(self.dtype).view(rows, heads + 2 * kv_heads, d)
+            qkv = (self._linear(self._norm(h, norm1), qkv_w, qkv_b).to(self.dtype)
+                   .view(rows, heads + 2 * kv_heads, d))
             qk, v = qkv[:, :heads + kv_heads], qkv[:, heads + kv_heads:]  # [B, H + Hkv, d], [B, Hkv, d]
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
             qk = qk * cos + rotated * sin
@@ -226,7 +230,8 @@ class DecodeModel:
             keys[index, :, position] = k
             values[index, :, position] = v
             q = q.reshape(rows, kv_heads, groups, d)  # query head h reads kv head h // groups
-            scores = torch.matmul(q, keys[:rows, :, :width].transpose(-1, -2)) * self.scale + bias  # [B, Hkv, g, W]
+            # [B, Hkv, g, W]
+            scores = torch.matmul(q, keys[:rows, :, :width].transpose(-1, -2)) * self.scale + bias
             attended = torch.matmul(scores.float().softmax(dim=-1).to(self.dtype), values[:rows, :, :width])
             h = h + self._linear(attended.reshape(rows, heads * d), o_w, o_b)  # back to h's dtype
             gate, up = self._linear(self._norm(h, norm2), gate_up_w, gate_up_b).chunk(2, dim=-1)
@@ -272,7 +277,8 @@ class GraphedStep:
 
     def __init__(self, step_model: DecodeModel, cache: InPlaceCache, hidden: bool = False) -> None:
         self.step_model, self.cache, self.hidden = step_model, cache, hidden
-        # bucket -> (graph, tokens [R], position [R], output: logits [R, V], with ``hidden`` and the state [R, D])
+        # bucket -> (graph, tokens [R], position [R], output: logits [R, V], with ``hidden`` and the
+        # state [R, D])
         self.graphs: dict[int, tuple] = {}
         self.captured_on = None  # the cache tensor the graphs were captured over
         self.capture_seconds = 0.0
@@ -299,10 +305,12 @@ class GraphedStep:
     def _capture(self, size: int) -> tuple:
         start = time.perf_counter()
         device = self.cache.keys[0].device
-        fed = torch.zeros(size, dtype=torch.long, device=device)  # [R] tokens, [R] columns: the graph's inputs
+        # [R] tokens, [R] columns: the graph's inputs
+        fed = torch.zeros(size, dtype=torch.long, device=device)
         at = torch.full((size,), self.cache.width - 1, dtype=torch.long, device=device)
         width = self.cache.width
-        graph, output = capture(lambda: self.step_model.step(self.cache, fed, at, width, hidden=self.hidden), device)
+        graph, output = capture(lambda: self.step_model.step(self.cache, fed, at, width, hidden=self.hidden),
+                                device)
         self.capture_seconds += time.perf_counter() - start
         return graph, fed, at, output
 

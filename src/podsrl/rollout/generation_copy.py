@@ -60,8 +60,9 @@ class GenerationCopy:
         filled = set()
         for name, weight in inference_weights(policy):
             if name not in own:
-                raise ValueError(f"generation_dtype: the policy's weight {name} has no place in its generation copy "
-                                 f"(a model class transformers builds differently from its config)")
+                raise ValueError(f"generation_dtype: the policy's weight {name} has no place in its "
+                                 "generation copy (a model class transformers builds differently from its "
+                                 "config)")
             own[name].copy_(weight)
             filled.add(name)
         missing = sorted(set(own) - filled)

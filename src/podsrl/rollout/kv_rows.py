@@ -42,8 +42,8 @@ def first_line(err: BaseException) -> str:
 def full_attention_layers(cache) -> list:
     if any(type(layer) is not DynamicLayer for layer in cache.layers):
         kinds = sorted({type(layer).__name__ for layer in cache.layers})
-        raise NotImplementedError(f"generation_engine 'slots' supports full-attention KV caches only; this model's "
-                                  f"cache has layers of type {kinds}: use generation_engine 'hf'")
+        raise NotImplementedError("generation_engine 'slots' supports full-attention KV caches only; this "
+                                  f"model's cache has layers of type {kinds}: use generation_engine 'hf'")
     return cache.layers
 
 
@@ -64,7 +64,8 @@ class InPlaceRows:
         self.keeps_hidden, self.hidden = hidden, None
         # from the settings alone, so every process logs the same fields (a collective mean)
         self.reports_compile = compiled or captured
-        self.torch_compile_seconds = 0.0  # torch.compile's first call in this process, when it fell in this call
+        # torch.compile's first call in this process, when it fell in this call
+        self.torch_compile_seconds = 0.0
 
     def open(self, count: int) -> None:
         self.count += count
@@ -85,7 +86,8 @@ class InPlaceRows:
             try:
                 return self.graphed(tokens, position)
             except RuntimeError as err:  # e.g. a rope variant that reads positions on the host mid-capture
-                note(f"podsrl's decode step runs without CUDA graphs: capturing it failed ({first_line(err)})")
+                note("podsrl's decode step runs without CUDA graphs: capturing it failed "
+                     f"({first_line(err)})")
                 self.graphed = None
         if self.compiled:
             return self._compiled_step(tokens, position)
@@ -95,7 +97,8 @@ class InPlaceRows:
         first = not decode_step.COMPILED  # this call pays the process's compile
         start = time.perf_counter()
         try:
-            output = self.step_model.step(self.cache, tokens, position, compiled=True, hidden=self.keeps_hidden)
+            output = self.step_model.step(self.cache, tokens, position, compiled=True,
+                                          hidden=self.keeps_hidden)
         except Exception as err:  # no C++ compiler, an inductor failure: the eager step computes the same
             note(f"podsrl's decode step runs uncompiled: torch.compile failed ({type(err).__name__}: "
                  f"{first_line(err)})")
@@ -108,7 +111,8 @@ class InPlaceRows:
     @property
     def compile_seconds(self) -> float:
         """Seconds this call spent compiling the step or capturing its CUDA graphs (warm-up included)."""
-        return (self.graphed.capture_seconds if self.graphed is not None else 0.0) + self.torch_compile_seconds
+        return ((self.graphed.capture_seconds if self.graphed is not None else 0.0)
+                + self.torch_compile_seconds)
 
     def tail(self, row: int, count: int, position: int) -> KV:
         """Copies of the ``count`` columns before ``position`` (the row's newest)."""
@@ -141,7 +145,8 @@ class ShiftedRows:
 
     def open(self, count: int) -> None:
         """Append ``count`` idle rows (zero cache, masked)."""
-        self.column_mask = torch.cat([self.column_mask, self.column_mask.new_zeros(count, self.column_mask.shape[1])])
+        self.column_mask = torch.cat([self.column_mask,
+                                      self.column_mask.new_zeros(count, self.column_mask.shape[1])])
         if self.layers is None:  # first rows: initialise the cache with no column per layer
             for index, (keys, values) in enumerate(self.template):
                 shape = (count, keys.shape[0], 0, keys.shape[-1])
@@ -150,7 +155,8 @@ class ShiftedRows:
         else:
             for layer in self.layers:
                 layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((count, *layer.keys.shape[1:]))])
-                layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
+                layer.values = torch.cat([layer.values,
+                                          layer.values.new_zeros((count, *layer.values.shape[1:]))])
 
     def place(self, rows: list[int], kvs: list[KV]) -> None:
         """Each row's keys and values right-aligned at the current width (widened on the left
@@ -176,16 +182,17 @@ class ShiftedRows:
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         attention_mask = torch.cat([self.column_mask, self.column_mask.new_ones(len(tokens), 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=position[:, None],
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1,
-                         output_hidden_states=self.keeps_hidden)
+        out = self.model(input_ids=tokens[:, None], attention_mask=attention_mask,
+                         position_ids=position[:, None], past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1, output_hidden_states=self.keeps_hidden)
         self.column_mask = attention_mask
         if self.keeps_hidden:  # transformers' last hidden state is the final norm's output
             self.hidden = out.hidden_states[-1][:, -1, :].float()
         return out.logits[:, -1, :].float()  # [B, V]
 
     def tail(self, row: int, count: int, position: int) -> KV:
-        return [(layer.keys[row, :, -count:].clone(), layer.values[row, :, -count:].clone()) for layer in self.layers]
+        return [(layer.keys[row, :, -count:].clone(), layer.values[row, :, -count:].clone())
+                for layer in self.layers]
 
     def reorder(self, order: list[int]) -> None:
         index = torch.tensor(order, dtype=torch.long, device=self.column_mask.device)
@@ -217,7 +224,7 @@ def cache_rows(model, prompt_kv: list[KV], max_completion_length: int, path: str
         raise ValueError(f"podsrl's decode step cannot run this model: {refusal}")
     if refusal:
         if path == "auto":
-            note(f"generation_engine slots decodes with the model's own forward (slower, docs/generation.md): "
+            note("generation_engine slots decodes with the model's own forward (slower, docs/generation.md): "
                  f"{refusal}")
         return ShiftedRows(model, prompt_kv[0], hidden), refusal
     longest = max(kv[0][0].shape[1] for kv in prompt_kv)

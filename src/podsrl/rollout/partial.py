@@ -33,7 +33,8 @@ class CarriedGroup:
     @property
     def cut_off(self) -> list[int]:
         """Samples with tokens that have not finished: they resume where they stopped."""
-        return [s for s, (tokens, done) in enumerate(zip(self.completions, self.finished)) if tokens and not done]
+        return [s for s, (tokens, done) in enumerate(zip(self.completions, self.finished))
+                if tokens and not done]
 
     @property
     def done(self) -> list[int]:

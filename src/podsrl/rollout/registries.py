@@ -25,9 +25,10 @@ class CheckedEngine:
             if not callable(getattr(inner, method, None)):
                 raise ValueError(f"{field}: {spec} has no method {method}() "
                                  "(see podsrl.rollout.GenerationEngine)")
-        if capabilities(inner, spec).partial_rollouts and not callable(getattr(inner, "generate_partial", None)):
-            raise ValueError(f"{field}: {spec} declares partial_rollouts and has no method generate_partial() "
-                             f"(see podsrl.rollout.GenerationEngine)")
+        if (capabilities(inner, spec).partial_rollouts
+                and not callable(getattr(inner, "generate_partial", None))):
+            raise ValueError(f"{field}: {spec} declares partial_rollouts and has no method "
+                             "generate_partial() (see podsrl.rollout.GenerationEngine)")
         self.inner, self.field, self.spec = inner, field, spec
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
@@ -41,8 +42,9 @@ class CheckedEngine:
         for name in ("completion_ids", "completion_mask"):
             shape = tuple(getattr(rollouts, name).shape)
             if shape[:2] != expected or len(shape) != 3:
-                raise broken(self.field, self.spec, f"{name} of shape {list(shape)}, expected [{expected[0]}, "
-                                                    f"{expected[1]}, Lc] ({expected[0]} prompts x {expected[1]})")
+                raise broken(self.field, self.spec, f"{name} of shape {list(shape)}, expected "
+                                                    f"[{expected[0]}, {expected[1]}, Lc] ({expected[0]} "
+                                                    f"prompts x {expected[1]})")
         if rollouts.prompt_ids.dim() != 2 or rollouts.prompt_ids.shape[0] != len(prompts):
             raise broken(self.field, self.spec, f"prompt_ids of shape {list(rollouts.prompt_ids.shape)}, "
                                                 f"expected [{len(prompts)}, Lp]")
@@ -60,12 +62,13 @@ class CheckedEngine:
             with calling(self.field, self.spec):
                 result = inner(model, tokenizer, prompts, num_samples, quota=quota, **kwargs)
             if not isinstance(result, PartialGeneration):
-                raise broken(self.field, self.spec, f"a {type(result).__name__} from generate_partial, expected "
-                                                    f"podsrl.rollout.partial.PartialGeneration")
+                raise broken(self.field, self.spec, f"a {type(result).__name__} from generate_partial, "
+                                                    "expected podsrl.rollout.partial.PartialGeneration")
             shape = tuple(result.rollouts.completion_ids.shape)
             if len(result.complete) != quota or shape[:2] != (quota, num_samples):
-                raise broken(self.field, self.spec, f"{len(result.complete)} complete groups of shape {list(shape)} "
-                                                    f"from generate_partial, expected {quota} x {num_samples}")
+                raise broken(self.field, self.spec, f"{len(result.complete)} complete groups of shape "
+                                                    f"{list(shape)} from generate_partial, expected {quota} "
+                                                    f"x {num_samples}")
             return result
         return checked
 

@@ -128,14 +128,16 @@ class PrefixLengthPredictor(OnlineRidge):
         for i, (prefix, share) in enumerate(zip(prefixes, ended_share)):
             rows[i, :3] = torch.tensor([1.0, len(prompt_tokens) / 64, share], dtype=torch.float64)
             rows[i, 3:3 + prompt_buckets] = prompt_bag
-            rows[i, 3 + prompt_buckets:3 + prompt_buckets + prefix_buckets] = hashed_bag(prefix, prefix_buckets)
+            rows[i, 3 + prompt_buckets:3 + prompt_buckets + prefix_buckets] = hashed_bag(
+                prefix, prefix_buckets)
             rows[i, 3 + prompt_buckets + prefix_buckets + prefix[0] % first_buckets] = 1.0
         return rows
 
     def update(self, features: torch.Tensor, remaining: torch.Tensor) -> None:
         """features [N, F], remaining [N] tokens each sample needed after its prefix (NaN: skipped)."""
         seen = ~remaining.isnan()
-        self.observe(features[seen], remaining.double()[seen], torch.ones(int(seen.sum()), dtype=torch.float64))
+        self.observe(features[seen], remaining.double()[seen],
+                     torch.ones(int(seen.sum()), dtype=torch.float64))
 
     def learn(self, features: torch.Tensor, predicted: list[float], remaining: torch.Tensor) -> float:
         """:meth:`update`, returning the mean absolute error of ``predicted`` [N] (0 if N = 0)."""
@@ -210,7 +212,8 @@ class Schedule:
     predictor: type | None = None
     # the two-stage plan: probe every sample, predict, balance lanes (continuous refill)
     plans_lanes: bool = False
-    # why cancelling a group's unstarted samples (early stop's stop_groups watcher) is wrong with it ('' = it is not)
+    # why cancelling a group's unstarted samples (early stop's stop_groups watcher) is wrong with it ('' = it
+    # is not)
     stop_groups_refusal: str = ""
 
     def __call__(self, pending: PendingSamples, candidates: list[int]) -> int:
@@ -250,9 +253,10 @@ def prompt_by_prompt(pending: PendingSamples, candidates: list[int]) -> int:
 
 # Infinite Sampling's plan: the probe starts one sample of each prompt in turn
 @schedule("length_aware", predictor=PrefixLengthPredictor, plans_lanes=True,
-          stop_groups_refusal="with generation_schedule length_aware the parked samples resume shortest-predicted "
-          "first, so early stop cancels the predicted-long ones: kept completions were 19% shorter than plain "
-          "PODS's on SmolLM2 chat (benchmarks/RESULTS.md); use round_robin")
+          stop_groups_refusal="with generation_schedule length_aware the parked samples resume "
+                              "shortest-predicted first, so early stop cancels the predicted-long ones: kept "
+                              "completions were 19% shorter than plain PODS's on SmolLM2 chat "
+                              "(benchmarks/RESULTS.md); use round_robin")
 # a LengthPredictor is learned even where the order does not use it: its state is part of the engine's
 @schedule("round_robin", predictor=LengthPredictor)
 def one_sample_of_each_in_turn(pending: PendingSamples, candidates: list[int]) -> int:
@@ -319,9 +323,9 @@ def check_options(refill: str, schedule: Schedule, probe_tokens: int) -> None:
     if refill not in REFILLS:
         raise ValueError(f"generation_refill: unknown {refill!r}; use one of {', '.join(REFILLS)}")
     if schedule.plans_lanes and (refill != "continuous" or probe_tokens < 2):
-        raise ValueError(f"generation_schedule length_aware needs generation_refill continuous and "
-                         f"generation_probe_tokens >= 2 (got generation_refill {refill}, generation_probe_tokens "
-                         f"{probe_tokens})")
+        raise ValueError("generation_schedule length_aware needs generation_refill continuous and "
+                         f"generation_probe_tokens >= 2 (got generation_refill {refill}, "
+                         f"generation_probe_tokens {probe_tokens})")
 
 
 def predictor_for(schedule: Schedule, predictor: LengthPredictor | PrefixLengthPredictor | None):

@@ -52,8 +52,10 @@ class SlotDecoder:
     """
 
     def __init__(self, model, prompt_kv: list, prompt_logits: torch.Tensor, pending: PendingSamples,
-                 num_samples: int, options: EngineOptions, tokenizer, watchers: tuple[Watcher, ...] = ()) -> None:
-        self.model, self.prompt_kv, self.prompt_logits, self.pending = model, prompt_kv, prompt_logits, pending
+                 num_samples: int, options: EngineOptions, tokenizer,
+                 watchers: tuple[Watcher, ...] = ()) -> None:
+        self.model, self.prompt_kv, self.prompt_logits, self.pending = (model, prompt_kv, prompt_logits,
+                                                                        pending)
         # the call's options (podsrl.rollout.slots.SlotsOptions: the engine's, or evaluation's
         # sampling over them); it reads max_completion_length, temperature, top_p and decode_path
         self.options = options
@@ -90,7 +92,8 @@ class SlotDecoder:
         self.completions: list[list[list[int]]] = [[[] for _ in range(num_samples)] for _ in prompt_kv]
         device = model.device
         length = options.max_completion_length
-        self.rows = cache_rows(model, prompt_kv, length, options.decode_path, hidden=self.watch is not None)[0]
+        self.rows = cache_rows(model, prompt_kv, length, options.decode_path,
+                               hidden=self.watch is not None)[0]
         self.row_sample: list[tuple[int, int] | None] = []
         self.row_base: list[int] = []  # completion tokens a row's sample had when it was placed
         self.last_token = torch.zeros(0, dtype=torch.long, device=device)  # [B]
@@ -302,7 +305,8 @@ class SlotDecoder:
         self.live_slot_steps += len(self.row_sample) - self.row_sample.count(None)
         drawn = next_tokens(logits, self.options.temperature, self.options.top_p)  # [B]
         index = torch.arange(len(drawn), device=drawn.device)
-        column = self.length.clamp(max=self.options.max_completion_length - 1)  # idle rows write where nothing is read
+        # idle rows write where nothing is read
+        column = self.length.clamp(max=self.options.max_completion_length - 1)
         self.drawn[index, column] = drawn
         if self.version is not None:  # log-probs at temperature 1, as the update's loss takes them
             self.drawn_logp[index, column] = logits.log_softmax(dim=-1).gather(1, drawn[:, None]).squeeze(1)
@@ -322,7 +326,8 @@ class SlotDecoder:
             if end:
                 self._finish(prompt, sample)
             else:  # the probe's end: this row's columns before its position hold its fed tokens
-                self.paused[(prompt, sample)] = self.rows.tail(row, self.pause_at - 1, int(self.position[row]))
+                self.paused[(prompt, sample)] = self.rows.tail(row, self.pause_at - 1,
+                                                               int(self.position[row]))
             self.row_sample[row] = None
             self.live_rows[row] = False
         return rows + pruned
@@ -343,7 +348,8 @@ class SlotDecoder:
             prompt, sample = self.row_sample[row]
             drawn = len(self.completions[prompt][sample]) + int(self.length[row]) - self.row_base[row]
             self.watch.pruned_tokens += drawn
-            self.completions[prompt][sample], self.versions[prompt][sample], self.logps[prompt][sample] = [], [], []
+            (self.completions[prompt][sample], self.versions[prompt][sample],
+             self.logps[prompt][sample]) = [], [], []
             self.skipped.add((prompt, sample))
             self._complete(prompt)
             self.row_sample[row] = None
@@ -373,7 +379,8 @@ def decode(decoder: SlotDecoder, slots: int, refill: str) -> None:
     or micro-group by micro-group (group); with a quota (partial rollouts), stop as soon as
     that many groups are complete, leaving the rest where they are."""
     if decoder.watcher is not None:
-        decoder.stop_saturated()  # samples finished in an earlier step (partial rollouts) may saturate a group
+        # samples finished in an earlier step (partial rollouts) may saturate a group
+        decoder.stop_saturated()
     if not decoder.quota_met:
         decoder.start_group(slots)
     while decoder.live:

@@ -15,7 +15,8 @@ class _ExpectedWarnings(logging.Filter):
 
     def __init__(self, tied_head: bool) -> None:
         super().__init__()
-        self.expected = ("Chat template warmup failed", "Using None for EOS token id because tokenizer is not",
+        self.expected = ("Chat template warmup failed",
+                         "Using None for EOS token id because tokenizer is not",
                          "RotaryEmbedding: Failed to load weights",
                          *(("ParallelLMHead: Failed to load weights",) if tied_head else ()))
 

@@ -32,8 +32,8 @@ def _resume_order(groups: list[CarriedGroup]) -> list[tuple[int, int]]:
     return cut_off + unstarted
 
 
-def generate_partial_on_vllm(llm, tokenizer, prompt_batch: tuple[torch.Tensor, torch.Tensor], num_samples: int, *,
-                             carried: dict[int, CarriedGroup], quota: int, version: int,
+def generate_partial_on_vllm(llm, tokenizer, prompt_batch: tuple[torch.Tensor, torch.Tensor],
+                             num_samples: int, *, carried: dict[int, CarriedGroup], quota: int, version: int,
                              sampling: Sampling) -> PartialGeneration:
     """``prompt_batch``: the prompts' ids and mask [P, Lp] (left-padded), sampled as ``sampling``
     says on ``llm`` (a vLLM ``LLM`` holding the current weights); the prompts at the positions
@@ -59,7 +59,8 @@ def generate_partial_on_vllm(llm, tokenizer, prompt_batch: tuple[torch.Tensor, t
                                     stop_token_ids=[tokenizer.eos_token_id], logprobs=0, flat_logprobs=True,
                                     detokenize=False, output_kind=RequestOutputKind.DELTA)
             live.add(request)
-            engine.add_request(request, TokensPrompt(prompt_token_ids=prompt_tokens[p] + groups[p].completions[s]),
+            engine.add_request(request,
+                               TokensPrompt(prompt_token_ids=prompt_tokens[p] + groups[p].completions[s]),
                                params)
         steps = _step_until(engine, groups, complete, live, quota, num_samples, version)
     finally:  # the quota met (nothing more is decoded), or a failure: no request of this call outlives it
@@ -79,7 +80,8 @@ def generate_partial_on_vllm(llm, tokenizer, prompt_batch: tuple[torch.Tensor, t
     rollouts.stats.update(generated_tokens=sum(v == version for group in groups for sample in group.versions
                                                for v in sample), decode_steps=steps)
     trained = set(complete)
-    return PartialGeneration(rollouts, complete, {p: group for p, group in enumerate(groups) if p not in trained})
+    return PartialGeneration(rollouts, complete,
+                             {p: group for p, group in enumerate(groups) if p not in trained})
 
 
 def _step_until(engine, groups: list[CarriedGroup], complete: list[int], live: set[str], quota: int,
@@ -89,8 +91,8 @@ def _step_until(engine, groups: list[CarriedGroup], complete: list[int], live: s
     steps = 0
     while len(complete) < quota:
         if not engine.has_unfinished_requests():
-            raise RuntimeError(f"vllm engine: {len(complete)} groups complete, {quota} asked for, and nothing "
-                               f"left to decode")
+            raise RuntimeError(f"vllm engine: {len(complete)} groups complete, {quota} asked for, and "
+                               "nothing left to decode")
         for output in engine.step():
             p, s = map(int, output.request_id.rsplit("-", 2)[1:])
             sample, group = output.outputs[0], groups[p]

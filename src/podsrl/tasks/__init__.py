@@ -54,14 +54,15 @@ class TaskOptions(HeldOutOptions):
 
     task: Spec = option("arithmetic", "Task name (registered in podsrl.tasks.TASKS).")
     task_level: int = option(3, "Difficulty level of the procedural tasks: arithmetic 1-5 "
-                                "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 (podsrl.tasks.chain.CHAIN_LEVELS).",
-                             unchecked="checked against the arithmetic and chain tasks' levels (podsrl.config_checks); "
-                                       "other tasks ignore it")
+                                "(podsrl.tasks.arithmetic.LEVELS), chain 1-3 "
+                                "(podsrl.tasks.chain.CHAIN_LEVELS).",
+                             unchecked="checked against the arithmetic and chain tasks' levels "
+                                       "(podsrl.config_checks); other tasks ignore it")
     data_seed: int = option(0, "Seed of the task's train/held-out split (not the run seed, nor transformers' "
                                "data_seed), in [0, 2**32 - 1].", SEED)
-    train_data: str = option("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet file, or a "
-                                 "hub dataset 'name' or 'name:config' (empty = the task's hub default); both load "
-                                 "through `datasets`.")
+    train_data: str = option("", "Train data for gsm8k / math / jsonl: a .jsonl / .json / .csv / .parquet "
+                                 "file, or a hub dataset 'name' or 'name:config' (empty = the task's hub "
+                                 "default); both load through `datasets`.")
     test_data: str = option("", "Held-out data, same forms as train_data (empty = the task's hub default).")
     prompt_column: str = option("prompt", "Prompt column of task 'jsonl': text, or a conversation (a list of "
                                           "{role, content} messages) rendered with the chat template.")
@@ -124,8 +125,8 @@ def math_task(o: TaskOptions, with_train: bool) -> Task:
 
 def _needs_test_data(o: TaskOptions) -> None:
     if not o.test_data:
-        raise ValueError("test_data: task 'jsonl' needs test_data, the held-out prompts that training and `podsrl "
-                         "eval` measure accuracy on (and train_data to train)")
+        raise ValueError("test_data: task 'jsonl' needs test_data, the held-out prompts that training and "
+                         "`podsrl eval` measure accuracy on (and train_data to train)")
 
 
 @TASKS.register("jsonl")
@@ -182,7 +183,7 @@ def build_task(options: TaskOptions, with_train: bool = True) -> Task:
     return TASKS.resolve(options.task)(options, with_train)
 
 
-__all__ = ["DEFAULT_COMPLETION_BUDGET", "TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "HeldOutOptions", "Messages",
-           "PreparedSplit", "Task", "TaskOptions", "budget", "build_task", "check_task_options", "check_task_spec",
-           "checks", "completion_budget", "is_known_task", "prepare_split", "prompt_messages", "render_prompt",
-           "reward_columns"]
+__all__ = ["DEFAULT_COMPLETION_BUDGET", "TASKS", "THINK_ANSWER_SYSTEM_PROMPT", "Example", "HeldOutOptions",
+           "Messages", "PreparedSplit", "Task", "TaskOptions", "budget", "build_task", "check_task_options",
+           "check_task_spec", "checks", "completion_budget", "is_known_task", "prepare_split",
+           "prompt_messages", "render_prompt", "reward_columns"]

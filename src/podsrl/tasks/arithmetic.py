@@ -68,8 +68,8 @@ def check_level(level: int, num_test: int) -> None:
         raise ValueError(f"task_level: unknown arithmetic level {level}; known: {sorted(LEVELS)}")
     total = space_size(LEVELS[level])
     if num_test >= total:
-        raise ValueError(f"eval_prompts: level {level} has only {total} distinct problems; hold out fewer than that "
-                         f"(got {num_test})")
+        raise ValueError(f"eval_prompts: level {level} has only {total} distinct problems; hold out fewer "
+                         f"than that (got {num_test})")
 
 
 def build_arithmetic(level: int = 3, num_train: int = 20000, num_test: int = 500,

@@ -88,9 +88,11 @@ def prompt_messages(example: Example, system_prompt: str = "") -> Messages:
     """The conversation the chat template renders: the system prompt as a system message
     (unless the example's conversation brings its own, or it is ""), then the user's
     message or the example's conversation."""
-    turns = example.prompt if is_conversational(example) else [{"role": "user", "content": example.prompt.strip()}]
+    turns = (example.prompt if is_conversational(example)
+             else [{"role": "user", "content": example.prompt.strip()}])
     has_system = any(m.get("role") == "system" for m in turns)
-    return ([{"role": "system", "content": system_prompt}] if system_prompt and not has_system else []) + list(turns)
+    return ([{"role": "system", "content": system_prompt}] if system_prompt and not has_system
+            else []) + list(turns)
 
 
 def render_prompt(tokenizer, example: Example, system_prompt: str = "",
@@ -108,8 +110,8 @@ def render_prompt(tokenizer, example: Example, system_prompt: str = "",
                                              add_generation_prompt=True)
     if is_conversational(example):
         why = "chat_template is false" if has_template else "the model's tokenizer has none"
-        raise ValueError(f"chat_template: a prompt is a conversation (a list of messages), which is rendered with "
-                         f"the tokenizer's chat template, but {why}")
+        raise ValueError("chat_template: a prompt is a conversation (a list of messages), which is rendered "
+                         f"with the tokenizer's chat template, but {why}")
     return f"{system_prompt}\n\n{example.prompt}" if system_prompt else example.prompt
 
 
@@ -151,8 +153,8 @@ class PreparedSplit:
 
     def at_prompts(self, indices: list[int]) -> "PreparedSplit":
         """The examples at ``indices``, in that order (``dropped`` not carried over)."""
-        return PreparedSplit([self.examples[i] for i in indices], [self.prompts[i] for i in indices], 0, self.chat,
-                             self.system_prompt)
+        return PreparedSplit([self.examples[i] for i in indices], [self.prompts[i] for i in indices], 0,
+                             self.chat, self.system_prompt)
 
 
 def prepare_split(examples: list[Example], tokenizer, *, system_prompt: str, use_chat_template: bool,
@@ -160,7 +162,8 @@ def prepare_split(examples: list[Example], tokenizer, *, system_prompt: str, use
     """Render every prompt once and drop those over ``max_prompt_tokens`` tokens."""
     chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
     rendered = [render_prompt(tokenizer, ex, system_prompt, use_chat_template) for ex in examples]
-    lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]] if rendered else []
+    lengths = ([len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]] if rendered
+               else [])
     keep = [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
-    return PreparedSplit([examples[i] for i in keep], [rendered[i] for i in keep], len(examples) - len(keep), chat,
-                         system_prompt, max((lengths[i] for i in keep), default=0))
+    return PreparedSplit([examples[i] for i in keep], [rendered[i] for i in keep], len(examples) - len(keep),
+                         chat, system_prompt, max((lengths[i] for i in keep), default=0))

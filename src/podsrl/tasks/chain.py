@@ -29,8 +29,8 @@ from podsrl.rewards.functions import arithmetic_correct, chain_format, extract_a
 from podsrl.tasks.arithmetic import evaluate_expression
 from podsrl.tasks.base import Example, Task
 
-PROMPT_TEMPLATE = ("Start at {start} and apply {steps}. Work it out one step per line, then answer in format: "
-                   "'Answer: {{result}}'\n")
+PROMPT_TEMPLATE = ("Start at {start} and apply {steps}. Work it out one step per line, then answer in "
+                   "format: 'Answer: {{result}}'\n")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ def chain_prompt(expression: str) -> str:
     operation of ``37 + 8 - 5 + 4`` by position, where single-digit operations repeat, they did
     not: 51 of 58 first errors were wrong operations after 600 SFT steps)."""
     tokens = expression.split()
-    steps = ", ".join(f"{k}: {op}{operand}" for k, (op, operand) in enumerate(zip(tokens[1::2], tokens[2::2]), 1))
+    steps = ", ".join(f"{k}: {op}{operand}"
+                      for k, (op, operand) in enumerate(zip(tokens[1::2], tokens[2::2]), 1))
     return PROMPT_TEMPLATE.format(start=tokens[0], steps=steps)
 
 

@@ -82,7 +82,8 @@ def _load_table(path: Path, field_name: str) -> list[dict[str, Any]]:
             _check_utf8_lines(path.read_bytes(), f"{field_name}: {path}")
         while err.__cause__ is not None:
             err = err.__cause__
-        raise ValueError(f"{field_name}: {path}: not a readable {BUILDERS[path.suffix]} file ({error_line(err)})"
+        raise ValueError(f"{field_name}: {path}: not a readable {BUILDERS[path.suffix]} file "
+                         f"({error_line(err)})"
                          ) from None
 
 
@@ -106,8 +107,8 @@ def _read_json_lines(path: Path, field_name: str, load_error: Exception) -> list
         try:
             rows = json.loads(raw.decode("utf-8"))
         except json.JSONDecodeError as err:
-            raise ValueError(f"{field_name}: {path} line {err.lineno}: not a valid JSON file ({err.msg}, column "
-                             f"{err.colno})") from None
+            raise ValueError(f"{field_name}: {path} line {err.lineno}: not a valid JSON file ({err.msg}, "
+                             f"column {err.colno})") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ValueError(f"{field_name}: {path}: expected a list of objects")
         return rows
@@ -116,7 +117,8 @@ def _read_json_lines(path: Path, field_name: str, load_error: Exception) -> list
         if line.strip():
             rows.append(_json_line(line, f"{field_name}: {path} line {number}"))
     if not rows:
-        raise ValueError(f"{field_name}: {path}: could not be loaded ({type(load_error).__name__}: {load_error})")
+        raise ValueError(f"{field_name}: {path}: could not be loaded ({type(load_error).__name__}: "
+                         f"{load_error})")
     return rows
 
 
@@ -124,7 +126,8 @@ def _utf8(line: bytes, where: str) -> str:
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{where}: not valid UTF-8 (byte {err.start}: {line[err.start:err.start + 1]!r})") from None
+        raise ValueError(f"{where}: not valid UTF-8 (byte {err.start}: "
+                         f"{line[err.start:err.start + 1]!r})") from None
 
 
 def _check_utf8_lines(raw: bytes, where: str) -> None:
@@ -149,7 +152,8 @@ def _read_hub(spec: str, *, split: str, field_name: str) -> list[dict[str, Any]]
     try:
         import datasets
     except ImportError:  # pragma: no cover - datasets is a dependency
-        raise ImportError(f"{field_name}: reading {spec!r} from the hub needs the `datasets` package") from None
+        raise ImportError(f"{field_name}: reading {spec!r} from the hub needs the `datasets` "
+                          "package") from None
     try:
         dataset = datasets.load_dataset(name, config or None, split=split)
     except Exception as err:  # the hub raises many types: connection, missing config, ...
@@ -184,8 +188,8 @@ def require_prompt(rows: Rows, index: int, column: str) -> str | list[dict[str, 
     if isinstance(value, str):
         return require_text(rows, index, column)
     messages = value if isinstance(value, list) else []
-    if messages and all(isinstance(m, dict) and isinstance(m.get("role"), str) and m.get("content") is not None
-                        for m in messages):
+    if messages and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                        and m.get("content") is not None for m in messages):
         return [{k: v for k, v in m.items() if v is not None} for m in messages]  # datasets' None fill-ins
     raise ValueError(f"{rows.where(index)}: column {column!r} is neither text nor a list of "
                      f"{{\"role\": ..., \"content\": ...}} messages")

@@ -27,4 +27,5 @@ def gsm8k_examples(spec: str, split: str, field_name: str) -> list[Example]:
 
 
 def build_gsm8k(train_data: str = "", test_data: str = "", with_train: bool = True) -> Task:
-    return think_answer_task("gsm8k", gsm8k_examples, train_data, test_data, HUB_DEFAULTS, with_train, gsm8k_correct)
+    return think_answer_task("gsm8k", gsm8k_examples, train_data, test_data, HUB_DEFAULTS, with_train,
+                             gsm8k_correct)

@@ -17,7 +17,8 @@ from podsrl.tasks.base import Example, Task, dataset_columns
 from podsrl.tasks.data import read_rows, require_column, require_prompt
 
 
-def jsonl_examples(spec: str, split: str, field_name: str, prompt_column: str, answer_column: str) -> list[Example]:
+def jsonl_examples(spec: str, split: str, field_name: str, prompt_column: str,
+                   answer_column: str) -> list[Example]:
     rows = read_rows(spec, split=split, field_name=field_name)
     out = []
     for i, row in rows:
@@ -30,9 +31,10 @@ def jsonl_examples(spec: str, split: str, field_name: str, prompt_column: str, a
 def build_jsonl(train_data: str, test_data: str, prompt_column: str = "prompt", answer_column: str = "answer",
                  system_prompt: str = "", with_train: bool = True) -> Task:
     if with_train and not train_data:
-        raise ValueError("train_data: required for task 'jsonl' (a .jsonl / .json / .csv / .parquet file or a hub "
-                         "dataset)")
-    train = jsonl_examples(train_data, "train", "train_data", prompt_column, answer_column) if with_train else []
+        raise ValueError("train_data: required for task 'jsonl' (a .jsonl / .json / .csv / .parquet file or "
+                         "a hub dataset)")
+    train = (jsonl_examples(train_data, "train", "train_data", prompt_column, answer_column) if with_train
+             else [])
     test = (jsonl_examples(test_data, "test", "test_data", prompt_column, answer_column) if test_data
             else [])
     return Task(name="jsonl", train=train, test=test, correct_fn=math_correct_on(answer_column),

@@ -33,4 +33,5 @@ def math_examples(spec: str, split: str, field_name: str) -> list[Example]:
 
 
 def build_math(train_data: str = "", test_data: str = "", with_train: bool = True) -> Task:
-    return think_answer_task("math", math_examples, train_data, test_data, HUB_DEFAULTS, with_train, math_correct)
+    return think_answer_task("math", math_examples, train_data, test_data, HUB_DEFAULTS, with_train,
+                             math_correct)

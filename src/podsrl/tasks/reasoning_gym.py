@@ -22,13 +22,15 @@ def build_reasoning_gym(name: str, num_train: int, num_test: int, seed: int) -> 
     import reasoning_gym
 
     if name not in available():
-        raise ValueError(f"task: unknown reasoning-gym dataset {name!r}; e.g. {', '.join(available()[:8])}, ...")
+        raise ValueError(f"task: unknown reasoning-gym dataset {name!r}; e.g. {', '.join(available()[:8])}, "
+                         "...")
     # one generator, one seed: train and test are disjoint index ranges of the same stream;
     # small problem spaces repeat questions, so train problems equal to a held-out one are
     # dropped (the train split may be a little smaller than num_train)
     dataset = reasoning_gym.create_dataset(name, size=num_train + num_test, seed=seed)
     entries = [dataset[i] for i in range(num_train + num_test)]
-    examples = [Example(prompt=e["question"], answer=str(e["answer"]), columns={"rg_entry": e}) for e in entries]
+    examples = [Example(prompt=e["question"], answer=str(e["answer"]), columns={"rg_entry": e})
+                for e in entries]
     held_out = {ex.prompt for ex in examples[num_train:]}
     train = [ex for ex in examples[:num_train] if ex.prompt not in held_out]
     return Task(name=REASONING_GYM_PREFIX + name, train=train, test=examples[num_train:],

@@ -123,7 +123,8 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def rng_state() -> dict:
     version, mt_state, gauss = random.getstate()
     numpy_state = np.random.get_state(legacy=False)
-    return {"python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64), "gauss": gauss},
+    return {"python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64),
+                       "gauss": gauss},
             "numpy": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
                       "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
                       "gauss": float(numpy_state["gauss"])},
@@ -182,8 +183,9 @@ def save_checkpoint(directory: Path, *, step: int, weights: dict[str, torch.Tens
     except (OSError, RuntimeError) as err:  # a full disk: torch.save raises RuntimeError from its writer
         shutil.rmtree(tmp, ignore_errors=True)  # no partial folder left to fill the disk further
         needed = tensor_bytes([weights, optimizer_state, part_states])
-        raise OSError(f"checkpoint: could not write {final} ({error_line(err)}{write_cause(err, directory, needed)}); "
-                      f"removed the partial folder") from None
+        raise OSError(f"checkpoint: could not write {final} "
+                      f"({error_line(err)}{write_cause(err, directory, needed)}); removed the partial "
+                      "folder") from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsync(directory)  # the rename itself reaches the disk
@@ -202,7 +204,8 @@ def tensor_bytes(data) -> int:
 
 def write_cause(err: BaseException, folder: Path, needed: int) -> str:
     """Why a write of ``needed`` bytes into ``folder`` failed, where ``err`` does not say it (torch.save
-    reports a full disk as "unexpected pos"): ': no space left ...' or ': ... file size limit ...', else ''."""
+    reports a full disk as "unexpected pos"): ': no space left ...' or ': ... file size limit ...',
+    else ''."""
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return ""  # its own message says it
     mib = 2 ** 20
@@ -212,8 +215,8 @@ def write_cause(err: BaseException, folder: Path, needed: int) -> str:
                 f"{needed / mib:.0f} MiB")
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY and limit < needed:
-        return (f": a file would pass this process's file size limit of {limit / mib:.1f} MiB (ulimit -f), the "
-                f"checkpoint needs about {needed / mib:.0f} MiB")
+        return (f": a file would pass this process's file size limit of {limit / mib:.1f} MiB (ulimit -f), "
+                f"the checkpoint needs about {needed / mib:.0f} MiB")
     return ""
 
 
@@ -272,7 +275,8 @@ def _check_rest(path: Path, rest: dict, scheduler, trainer_state: dict) -> None:
 def older_format(path: Path) -> bool:
     """A complete checkpoint without ``parts.pt``: an older podsrl's (before 2026-11-28, when the
     learned parts lived in ``trainer_state.json`` and ``optimizer.pt``; docs/limitations.md)."""
-    return (path / STATE_FILE).exists() and (path / WEIGHTS_FILE).exists() and not (path / PARTS_FILE).exists()
+    return ((path / STATE_FILE).exists() and (path / WEIGHTS_FILE).exists()
+            and not (path / PARTS_FILE).exists())
 
 
 class OlderFormat(ValueError):
@@ -280,8 +284,8 @@ class OlderFormat(ValueError):
     since its learned parts are not where this one reads them; its weights still export."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(f"checkpoint {path} is in an older podsrl's format (no {PARTS_FILE}), which this podsrl "
-                         f"cannot resume")
+        super().__init__(f"checkpoint {path} is in an older podsrl's format (no {PARTS_FILE}), which this "
+                         "podsrl cannot resume")
 
 
 class StateDoesNotFit(ValueError):
@@ -319,7 +323,8 @@ def _saved_parts(path: Path, parts: dict, rank: int) -> tuple[dict[str, dict], l
     return saved, fresh
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, parts: dict | None = None, rank: int = 0) -> dict:
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, parts: dict | None = None,
+                    rank: int = 0) -> dict:
     """Restore everything in place; returns the trainer state (step, time) with ``fresh``:
     the per-process ``parts`` the checkpoint held no state of for ``rank`` (written by fewer
     processes), left as they were. ``parts``: name -> object with ``state_dict`` /
@@ -336,7 +341,8 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, parts: dict | No
     # state follows its parameter
     rest = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu")
     trainer_state = json.loads((path / STATE_FILE).read_text())
-    if not (isinstance(weights, dict) and isinstance(rest, dict) and {"optimizer", "scheduler", "rng"} <= set(rest)):
+    if not (isinstance(weights, dict) and isinstance(rest, dict)
+            and {"optimizer", "scheduler", "rng"} <= set(rest)):
         raise ValueError(f"checkpoint {path}: not a podsrl checkpoint")
     check_weights(path, weights, model)
     _check_optimizer(path, rest["optimizer"], optimizer)

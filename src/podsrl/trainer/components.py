@@ -35,7 +35,8 @@ class StepHook(Protocol):
     """What happens after a step's pipeline besides evaluation, logging and checkpoints:
     sees the step and adds its numbers to the step's metrics ``record`` (podsrl.trainer.hooks)."""
 
-    def after_step(self, components: "Components", outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+    def after_step(self, components: "Components", outcome: StepOutcome, timer: StageTimer,
+                   record: dict) -> None:
         ...
 
 

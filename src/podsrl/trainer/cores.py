@@ -38,14 +38,15 @@ class ThreadOptions:
     """How many threads torch's operations run on (the config's field of this name)."""
 
     torch_threads: int = option(0, "Threads of torch's operations: 0 = the cores other processes leave free, "
-                                   "measured after set-up and after every step (OMP_NUM_THREADS, when set, is "
-                                   "kept); N = always N. A process beside busy ones waits at every "
+                                   "measured after set-up and after every step (OMP_NUM_THREADS, when set, "
+                                   "is kept); N = always N. A process beside busy ones waits at every "
                                    "operation's barrier (docs/reliability.md).", NON_NEGATIVE)
 
 
 def available_cores() -> list[int]:
     """The cores this process may run on."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else list(range(os.cpu_count() or 1)))
 
 
 def busy_seconds(cores: list[int]) -> float | None:
@@ -69,7 +70,8 @@ def own_seconds() -> float:
     """CPU seconds this process (every thread) and its children have used: the ended ones the
     kernel has summed, and the running ones (the reward worker) read from /proc."""
     times = os.times()
-    return times.user + times.system + times.children_user + times.children_system + running_children_seconds()
+    return (times.user + times.system + times.children_user + times.children_system
+            + running_children_seconds())
 
 
 def running_children_seconds() -> float:

@@ -29,8 +29,9 @@ EVAL_FIELDS = frozenset({f.name for f in dataclasses.fields(TaskOptions)} | {
     "eval_samples", "eval_temperature", "eval_batch_size", "model", "dtype", "device", "seed", "output_dir",
     "system_prompt", "chat_template", "max_prompt_tokens", "max_completion_length"})
 # a run's fields that say what its model was trained to answer: podsrl eval --model RUN/model reads them
-RUN_TASK_FIELDS = ("task", "task_level", "data_seed", "train_data", "test_data", "prompt_column", "answer_column",
-                   "reasoning_gym_size", "system_prompt", "chat_template", "max_prompt_tokens", "max_completion_length")
+RUN_TASK_FIELDS = ("task", "task_level", "data_seed", "train_data", "test_data", "prompt_column",
+                   "answer_column", "reasoning_gym_size", "system_prompt", "chat_template",
+                   "max_prompt_tokens", "max_completion_length")
 
 
 def check_eval_model(model: str) -> None:
@@ -42,19 +43,20 @@ def check_eval_model(model: str) -> None:
     if not path.exists() and path.name == FINAL_MODEL and is_run_folder(path.parent):
         run, holder = path.parent, RunLock.holder(path.parent)
         state = f"a run still in progress ({holder})" if holder else "a run that has not finished"
-        raise ValueError(f"model: {path} does not exist yet: {run} is {state}, whose final model is written when it "
-                         f"ends; {_export_advice(run, run / 'checkpoints')}")
+        raise ValueError(f"model: {path} does not exist yet: {run} is {state}, whose final model is written "
+                         f"when it ends; {_export_advice(run, run / 'checkpoints')}")
     if is_run_folder(path):
         final = path / FINAL_MODEL
         if (final / "config.json").exists() or (final / "adapter_config.json").exists():
-            raise ValueError(f"model: {path} is a podsrl run folder, not a model: evaluate its final model with "
-                             f"podsrl eval --model {final}")
+            raise ValueError(f"model: {path} is a podsrl run folder, not a model: evaluate its final model "
+                             f"with podsrl eval --model {final}")
         raise ValueError(f"model: {path} is a podsrl run folder without a final model (not finished); "
                          f"{_export_advice(path, path / 'checkpoints')}")
     if (path / WEIGHTS_FILE).is_file() and (path / STATE_FILE).is_file():
-        run = path.parent.parent if path.parent.name == "checkpoints" and is_run_folder(path.parent.parent) else None
-        raise ValueError(f"model: {path} is a podsrl checkpoint (trainable weights and optimizer state), not a "
-                         f"model folder; {_export_advice(run, path.parent, path.name)}")
+        run = (path.parent.parent if path.parent.name == "checkpoints" and is_run_folder(path.parent.parent)
+               else None)
+        raise ValueError(f"model: {path} is a podsrl checkpoint (trainable weights and optimizer state), not "
+                         f"a model folder; {_export_advice(run, path.parent, path.name)}")
     if (path / "adapter_config.json").is_file() and is_run_folder(path.parent):
         _check_adapter_base(path, json.loads((path.parent / "config.json").read_text()).get("model", ""))
 
@@ -113,9 +115,10 @@ def _check_adapter_base(adapter: Path, trained_on: str) -> None:
     base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
     if not trained_on or _same_model(base, trained_on):
         return
-    raise ValueError(f"model: {adapter / 'adapter_config.json'}: base_model_name_or_path {base!r} is not the model "
-                     f"the run trained this adapter on ({trained_on!r}, in {adapter.parent / 'config.json'}); "
-                     f"set it to {trained_on!r} and run podsrl eval --model {adapter} again")
+    raise ValueError(f"model: {adapter / 'adapter_config.json'}: base_model_name_or_path {base!r} is not the "
+                     f"model the run trained this adapter on ({trained_on!r}, in "
+                     f"{adapter.parent / 'config.json'}); set it to {trained_on!r} and run podsrl eval "
+                     f"--model {adapter} again")
 
 
 def _same_model(a: str, b: str) -> bool:

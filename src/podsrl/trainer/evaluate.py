@@ -32,7 +32,8 @@ class EvalOptions(HeldOutOptions):
                                  "TRL's field).", NON_NEGATIVE)
     eval_samples: int = option(4, "Samples per held-out prompt for sampled accuracy.", POSITIVE)
     eval_temperature: float = option(
-        0.9, "Temperature of sampled evaluation (paper: 0.9; 0 = greedy, one sample).", Range(0, why="0 = greedy"))
+        0.9, "Temperature of sampled evaluation (paper: 0.9; 0 = greedy, one sample).",
+        Range(0, why="0 = greedy"))
     eval_greedy: bool = option(True, "Also log greedy accuracy at each evaluation.")
     eval_batch_size: int = option(512, "Max sequences generated at once during evaluation.", POSITIVE)
 
@@ -47,8 +48,8 @@ class Evaluation:
     compile_seconds: float | None = None
 
 
-def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperature: float, max_completion_length: int,
-                       seed: int, correct_fn: Callable[..., list],
+def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperature: float,
+                       max_completion_length: int, seed: int, correct_fn: Callable[..., list],
                        extract_fn: Callable[[str], str | None] | None = None, top_p: float = 1.0,
                        batch_size: int = 512, generate_fn: Callable[..., Rollouts] = generate) -> list[dict]:
     """One record per completion of ``split``'s prompts: prompt, completion, extracted
@@ -83,7 +84,8 @@ def generate_and_grade(bundle, split: PreparedSplit, *, samples: int, temperatur
 def cut_by_budget(rollouts: Rollouts, max_completion_length: int, eos_token_id: int | None) -> torch.Tensor:
     """[P, n] bool: samples that used the whole budget without an end of sequence (cut short)."""
     mask = rollouts.completion_mask.bool()  # [P, n, Lc]
-    ended = (rollouts.completion_ids == eos_token_id) & mask if eos_token_id is not None else torch.zeros_like(mask)
+    ended = ((rollouts.completion_ids == eos_token_id) & mask if eos_token_id is not None
+             else torch.zeros_like(mask))
     return (mask.sum(-1) >= max_completion_length) & ~ended.any(-1)
 
 
@@ -99,8 +101,8 @@ def cut_warning(records: Sequence[dict], max_completion_length: int) -> str:
     if cut <= 0.5:
         return ""
     return (f"max_completion_length: {100 * cut:.0f}% of {len(records)} held-out completions were cut at "
-            f"{max_completion_length} tokens before they ended: the budget cuts the answers, so accuracy grades "
-            f"cut-off text; raise max_completion_length (0 = the task's budget)")
+            f"{max_completion_length} tokens before they ended: the budget cuts the answers, so accuracy "
+            "grades cut-off text; raise max_completion_length (0 = the task's budget)")
 
 
 def _is_correct(verdict) -> bool:
@@ -135,8 +137,8 @@ def clustered_standard_error(prompts: float, total: float, total_squares: float)
     return math.sqrt(variance / prompts)
 
 
-def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions, max_completion_length: int,
-             seed: int, procs: Processes | None = None,
+def evaluate(bundle: ModelBundle, task: Task, split: PreparedSplit, options: EvalOptions,
+             max_completion_length: int, seed: int, procs: Processes | None = None,
              generate_fn: Callable[..., Rollouts] = generate) -> Evaluation:
     """Accuracy on the first ``options.eval_prompts`` prompts of ``split`` (completions of at
     most ``max_completion_length``): sampled, and greedy when ``options.eval_greedy``. With several
@@ -177,8 +179,8 @@ def eval_shortfall(held_out: int, asked: int) -> str:
     evaluation then uses all of it, and the reports say how many."""
     if held_out >= asked:
         return ""
-    return (f"eval_prompts: evaluating on {held_out} prompts, fewer than eval_prompts={asked} asked (the held-out "
-            f"split has no more)")
+    return (f"eval_prompts: evaluating on {held_out} prompts, fewer than eval_prompts={asked} asked (the "
+            "held-out split has no more)")
 
 
 @dataclass
@@ -207,8 +209,8 @@ class Evaluator:
         return bool(self.options.eval_steps and step % self.options.eval_steps == 0) or last
 
     def __call__(self) -> dict[str, float]:
-        evaluation = evaluate(self.bundle, self.task, self.split, self.options, self.max_completion_length, self.seed,
-                              self.procs, generate_fn=self.generate_fn)
+        evaluation = evaluate(self.bundle, self.task, self.split, self.options, self.max_completion_length,
+                              self.seed, self.procs, generate_fn=self.generate_fn)
         warning = cut_warning(evaluation.records, self.max_completion_length) if not self.warned else ""
         if warning and self.procs.is_main:
             self.warned = True

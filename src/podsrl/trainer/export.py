@@ -53,8 +53,9 @@ from podsrl.trainer.run_info import RunInfo, Source, read_json, read_run_info
 EXPORT_MARKER = "podsrl_export.json"
 # names every export writes, whatever the model: a file podsrl cannot prove is its own under one
 # of these (or a name the earlier export recorded) refuses an overwrite before the model loads
-EXPORT_NAMES = frozenset({EXPORT_MARKER, "README.md", "config.json", "generation_config.json", "tokenizer_config.json",
-                          "special_tokens_map.json", "chat_template.jinja", *MODEL_FILES})
+EXPORT_NAMES = frozenset({EXPORT_MARKER, "README.md", "config.json", "generation_config.json",
+                          "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                          *MODEL_FILES})
 
 
 def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None = None,
@@ -66,7 +67,8 @@ def export_run(run_dir: Path, output_dir: Path, *, checkpoint: str | Path | None
     source = _checkpoint_source(info, checkpoint) if checkpoint else _final_source(info)
     output = Path(output_dir)
     _check_output(info.run_dir, source.path, output, overwrite)
-    bundle = _load_checkpoint(info, source.path) if checkpoint else load_model(str(source.path), dtype=_dtype(info))
+    bundle = (_load_checkpoint(info, source.path) if checkpoint
+              else load_model(str(source.path), dtype=_dtype(info)))
     model = _merged(bundle.model)
     card = model_card(info, source, output, merged_lora=bundle.uses_lora)
 
@@ -106,11 +108,14 @@ def _checkpoint_source(info: RunInfo, checkpoint: str | Path) -> Source:
         raise FileNotFoundError(f"{path}: not a podsrl checkpoint (no {WEIGHTS_FILE} and {STATE_FILE}); "
                                 f"checkpoints of {info.run_dir}: {available}")
     owner = path.resolve().parent.parent
-    if path.resolve().parent.name == "checkpoints" and is_run_folder(owner) and owner != info.run_dir.resolve():
+    if (path.resolve().parent.name == "checkpoints" and is_run_folder(owner)
+            and owner != info.run_dir.resolve()):
         # the model card would name RUN_DIR as its source, and RUN_DIR's config would load the weights
-        raise ValueError(f"--checkpoint {checkpoint}: a checkpoint of run {owner}, not of {info.run_dir}; export it "
-                         f"from its own run: podsrl export {owner} OUTPUT_DIR --checkpoint {path.name}")
-    return Source(path, f"checkpoint {path.name}", *_step_and_seconds(read_json(path / STATE_FILE), path / STATE_FILE))
+        raise ValueError(f"--checkpoint {checkpoint}: a checkpoint of run {owner}, not of {info.run_dir}; "
+                         f"export it from its own run: podsrl export {owner} OUTPUT_DIR --checkpoint "
+                         f"{path.name}")
+    return Source(path, f"checkpoint {path.name}",
+                  *_step_and_seconds(read_json(path / STATE_FILE), path / STATE_FILE))
 
 
 def _step_and_seconds(saved: dict, path: Path, step: str = "step") -> tuple[int, float]:
@@ -122,9 +127,9 @@ def _step_and_seconds(saved: dict, path: Path, step: str = "step") -> tuple[int,
 
 def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) -> None:
     if output.is_symlink() and not output.exists():  # a link to nothing, or a loop of links
-        raise FileNotFoundError(f"{output}: a link to {os.readlink(output)}, which does not exist; podsrl exports "
-                                f"into a link's folder but does not create it (a disk not mounted?): create it, "
-                                f"or choose another folder")
+        raise FileNotFoundError(f"{output}: a link to {os.readlink(output)}, which does not exist; podsrl "
+                                "exports into a link's folder but does not create it (a disk not mounted?): "
+                                "create it, or choose another folder")
     out, run, src = output.resolve(), run_dir.resolve(), source.resolve()
     # replacing the run or a folder holding it would destroy it; writing into what is
     # exported would change it (a folder inside the run, e.g. RUN_DIR/hf, is fine)
@@ -135,9 +140,10 @@ def _check_output(run_dir: Path, source: Path, output: Path, overwrite: bool) ->
     if output.is_dir() and any(output.iterdir()):
         if not (output / EXPORT_MARKER).is_file():  # a run, a user's model or project: never replaced
             what = ("a podsrl run" if is_run_folder(output) else
-                    "not a podsrl export (a model folder)" if is_model_folder(output) else "not a podsrl export")
-            raise FileExistsError(f"{output}: exists, is not empty and is {what} (no {EXPORT_MARKER}); podsrl "
-                                  f"replaces only folders it exported: choose a new or empty folder")
+                    "not a podsrl export (a model folder)" if is_model_folder(output)
+                    else "not a podsrl export")
+            raise FileExistsError(f"{output}: exists, is not empty and is {what} (no {EXPORT_MARKER}); "
+                                  "podsrl replaces only folders it exported: choose a new or empty folder")
         if not overwrite:
             raise FileExistsError(f"{output}: holds an earlier podsrl export; pass --overwrite to replace it")
         _refuse_kept_files_in_the_way(output, _kept(output), EXPORT_NAMES | set(_recorded(output)))
@@ -166,9 +172,9 @@ def _refuse_kept_files_in_the_way(output: Path, kept: list[str], names: set[str]
     if in_the_way:
         why = (f" ({EXPORT_MARKER} records no digests: hand-made or an older podsrl's, it proves nothing)"
                if EXPORT_MARKER in in_the_way else "")
-        raise FileExistsError(f"{output}: holds files podsrl cannot prove it exported whose names the new export "
-                              f"writes ({', '.join(in_the_way)}){why}; --overwrite keeps what is not podsrl's: move "
-                              f"them out of {output}, or choose another folder")
+        raise FileExistsError(f"{output}: holds files podsrl cannot prove it exported whose names the new "
+                              f"export writes ({', '.join(in_the_way)}){why}; --overwrite keeps what is not "
+                              f"podsrl's: move them out of {output}, or choose another folder")
 
 
 # --- loading and merging ---------------------------------------------------------------------
@@ -181,7 +187,8 @@ def _load_checkpoint(info: RunInfo, path: Path) -> ModelBundle:
     checkpoint's trainable weights (all of them, or the adapter) copied in."""
     try:
         bundle = load_model(info.value("model"), lora_rank=info.value("lora_rank", 0),
-                            lora_alpha=info.value("lora_alpha", 16.0), lora_dropout=info.value("lora_dropout", 0.0),
+                            lora_alpha=info.value("lora_alpha", 16.0),
+                            lora_dropout=info.value("lora_dropout", 0.0),
                             lora_target_modules=tuple(split_list(info.value("lora_target_modules", ""))),
                             dtype=_dtype(info))
     except OSError as err:  # e.g. a local base folder that did not move with the run
@@ -229,8 +236,9 @@ def _write_atomically(output: Path, write) -> None:
                 fsync(path)
         except WRITE_ERRORS as err:
             left = "is as it was" if output.exists() else "was not created"
-            raise OSError(f"{output}: could not write the export ({error_line(err)}); removed the staging folder "
-                          f"{tmp.name}, {output} {left}; free space, then run the same command again") from None
+            raise OSError(f"{output}: could not write the export ({error_line(err)}); removed the staging "
+                          f"folder {tmp.name}, {output} {left}; free space, then run the same command "
+                          "again") from None
         kept = _kept(folder) if folder.exists() else []
         # checked before the model loaded too; the names this export wrote are known only now
         _refuse_kept_files_in_the_way(output, kept, {p.name for p in tmp.iterdir()})
@@ -247,7 +255,8 @@ def _write_atomically(output: Path, write) -> None:
     if kept:
         shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
         entries = "entry" if len(kept) == 1 else "entries"
-        say(f"{output}: kept {len(kept)} {entries} podsrl did not export ({shown}), moved into the new export")
+        say(f"{output}: kept {len(kept)} {entries} podsrl did not export ({shown}), moved into the new "
+            "export")
 
 
 def _folder_mode(folder: Path, mask: int) -> int:

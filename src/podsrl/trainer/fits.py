@@ -63,9 +63,9 @@ class Decoding:
         memory = (f"an estimated {need / GIB:.1f} GiB of KV cache and logits at full length, more than the "
                   f"{available / GIB:.1f} GiB available")
         if self.prompts_field and 2 * stored > need:
-            return (f"{self.prompts_field}: {self.prompts} prompts' prefills of up to {self.prompt_len} tokens "
-                    f"would be stored at once beside {self.rows} decoding sequences ({self.why}), {memory}; "
-                    f"lower {self.prompts_field}")
+            return (f"{self.prompts_field}: {self.prompts} prompts' prefills of up to {self.prompt_len} "
+                    f"tokens would be stored at once beside {self.rows} decoding sequences ({self.why}), "
+                    f"{memory}; lower {self.prompts_field}")
         return (f"{field}: {self.rows} sequences of up to {self.seq_len} tokens would decode at once "
                 f"({self.why}), {memory}; lower {field}, or cap the memory with generation_memory_mb")
 
@@ -94,14 +94,15 @@ def check_fits(cfg, engine_options, model_config, longest_prompt: int, train_pro
     share = max(1, cfg.prompts_per_step // world_size)  # this process's prompt groups a step
     extra = cfg.partial_extra_prompts if cfg.partial_rollouts else 0
     if extra and share + extra > train_prompts:
-        raise ValueError(f"partial_extra_prompts: {extra} groups in flight beyond this process's {share} would need "
-                         f"{share + extra} distinct train prompts at once; the train split has {train_prompts} (at "
-                         f"most {max(0, train_prompts - share)})")
+        raise ValueError(f"partial_extra_prompts: {extra} groups in flight beyond this process's {share} "
+                         f"would need {share + extra} distinct train prompts at once; the train split has "
+                         f"{train_prompts} (at most {max(0, train_prompts - share)})")
     text = model_config.get_text_config(decoder=True)
     width = getattr(text, "hidden_size", None)
     if cfg.lora_rank and width and cfg.lora_rank > width:
-        raise ValueError(f"lora_rank: {cfg.lora_rank} exceeds the model's hidden size {width}: a rank above it adds "
-                         f"parameters, not capacity; use at most {width}, or 0 to train every parameter")
+        raise ValueError(f"lora_rank: {cfg.lora_rank} exceeds the model's hidden size {width}: a rank above "
+                         f"it adds parameters, not capacity; use at most {width}, or 0 to train every "
+                         "parameter")
     budget = completion_budget(cfg.task)
     for decoding in _decodings(cfg, engine_options, longest_prompt, share, extra):
         need = decoding.bytes(model_config)
@@ -114,9 +115,9 @@ def check_fits(cfg, engine_options, model_config, longest_prompt: int, train_pro
         raise ValueError(decoding.refusal(model_config, need, available, field))
     context = getattr(text, "max_position_embeddings", None)
     if context and longest_prompt + cfg.max_completion_length > context:
-        return [f"max_completion_length: the longest prompt ({longest_prompt} tokens) plus max_completion_length "
-                f"{cfg.max_completion_length} pass the model's {context} positions (max_position_embeddings): "
-                f"positions beyond them were never trained"]
+        return [f"max_completion_length: the longest prompt ({longest_prompt} tokens) plus "
+                f"max_completion_length {cfg.max_completion_length} pass the model's {context} positions "
+                "(max_position_embeddings): positions beyond them were never trained"]
     return []
 
 
@@ -134,11 +135,12 @@ def _decodings(cfg, options, longest_prompt: int, share: int, extra: int) -> lis
     if slots is not None:  # the slots engine: g slots, or every sample in flight; its prefills stored
         lead = "partial_extra_prompts" if extra > share else lead
         prompts = "partial_extra_prompts" if extra > share else "prompts_per_step"
-        train = (Decoding(slots, seq_len, share + extra, "generation_micro_group", f"generation_micro_group {slots}",
-                          longest_prompt, prompts)
+        train = (Decoding(slots, seq_len, share + extra, "generation_micro_group",
+                          f"generation_micro_group {slots}", longest_prompt, prompts)
                  if slots and slots < samples else
-                 Decoding(samples, seq_len, share + extra, lead, f"generation_micro_group 0: every sample in flight, "
-                          f"({share} prompts a step{f' + {extra} partial_extra_prompts' if extra else ''}) x {n}",
+                 Decoding(samples, seq_len, share + extra, lead,
+                          f"generation_micro_group 0: every sample in flight, ({share} prompts a "
+                          f"step{f' + {extra} partial_extra_prompts' if extra else ''}) x {n}",
                           longest_prompt, prompts))
     else:  # whole prompt groups, generation_batch_size sequences a call (0 = all)
         rows = min(samples, max(n, cfg.generation_batch_size or samples))

@@ -20,7 +20,8 @@ class ParameterDrift:
     """Replicated multi-process runs (DDP): the largest difference of a parameter between
     processes, which must stay ~0 (a drift means the processes no longer train one model)."""
 
-    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer,
+                   record: dict) -> None:
         record["rank_param_spread"] = components.procs.parameter_spread(components.model)
 
 
@@ -31,18 +32,21 @@ class GroupSizeFeedback:
     def __init__(self, policy: GroupSizePolicy) -> None:
         self.policy = policy
 
-    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer,
+                   record: dict) -> None:
         procs, policy = components.procs, self.policy
         record.update(policy.decision)
         generation = procs.max([timer.seconds["generate"] + timer.seconds["reward"]])[0]
-        policy.observe(procs.gather(outcome.scores.reward), generation, procs.max([timer.total])[0] - generation)
+        policy.observe(procs.gather(outcome.scores.reward), generation,
+                       procs.max([timer.total])[0] - generation)
 
 
 class EngineRecord:
     """An engine's own numbers for the step (the vllm engine: seconds spent pushing weights),
     averaged over the processes."""
 
-    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer,
+                   record: dict) -> None:
         record.update(components.procs.mean(components.engine.step_record()))
 
 
@@ -51,7 +55,8 @@ class PruningFeedback:
     next step's detection points follow this step's completion lengths, and the record says
     what was pruned and how well the head did."""
 
-    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer, record: dict) -> None:
+    def after_step(self, components: Components, outcome: StepOutcome, timer: StageTimer,
+                   record: dict) -> None:
         rollouts, procs = outcome.rollouts, components.procs
         lengths = rollouts.completion_mask.sum(-1).double()[rollouts.generated_mask]
         total, count = procs.sum([float(lengths.sum()), float(len(lengths))])

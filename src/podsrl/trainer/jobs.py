@@ -80,15 +80,16 @@ class RunLog:
 
     def progress_bar(self, max_steps: int):
         components = self.components
-        return components.log_options.progress_bar(max_steps, self.state.step, components.recorded_config["method"],
+        return components.log_options.progress_bar(max_steps, self.state.step,
+                                                   components.recorded_config["method"],
                                                    components.procs.is_main)
 
     def step_record(self, outcome: StepOutcome, timer: StageTimer) -> dict:
         """The step's metrics record: its numbers over every process, the prompt source's, and
         each step hook's (:mod:`podsrl.trainer.hooks`)."""
         components = self.components
-        record = step_record(components.procs, self.state.step, self.state.train_seconds, outcome, timer.seconds,
-                             components.scorer.failures)
+        record = step_record(components.procs, self.state.step, self.state.train_seconds, outcome,
+                             timer.seconds, components.scorer.failures)
         add_selector_record(outcome.prompt_record, record)
         for hook in components.hooks:
             hook.after_step(components, outcome, timer, record)
@@ -97,7 +98,8 @@ class RunLog:
     def rollout_rows(self, outcome: StepOutcome) -> list[dict]:
         """The step's first ``log_rollouts`` groups, one row per rollout (none off the main process)."""
         components = self.components
-        return rollout_rows(self.state.step, outcome, components.log_options.rollout_groups(components.procs.is_main))
+        return rollout_rows(self.state.step, outcome,
+                            components.log_options.rollout_groups(components.procs.is_main))
 
     def write_step(self, record: dict, outcome: StepOutcome) -> None:
         """The step's record and, on the main process, its first ``log_rollouts`` groups."""
@@ -163,7 +165,8 @@ class Checkpointer:
     def write(self, held_back: HeldBackStep | None = None) -> None:
         """Write a checkpoint of the current step (every process must call this): the weights,
         the optimizer, the scheduler and every process's learned parts; ``held_back``: the
-        step's record and rollout rows, not logged yet (:meth:`podsrl.trainer.stops.Stops.hold_back_evaluation`)."""
+        step's record and rollout rows, not logged yet
+        (:meth:`podsrl.trainer.stops.Stops.hold_back_evaluation`)."""
         components, state = self.components, self.state
         # gathered when sharded
         weights, optimizer_state = components.procs.full_state(components.policy, components.optimizer)
@@ -172,8 +175,9 @@ class Checkpointer:
             for log in (components.metrics, components.rollout_log):
                 log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
             try:
-                self.schedule.save(self.folder, step=state.step, weights=weights, optimizer_state=optimizer_state,
-                                   scheduler=components.scheduler, part_states=part_states,
+                self.schedule.save(self.folder, step=state.step, weights=weights,
+                                   optimizer_state=optimizer_state, scheduler=components.scheduler,
+                                   part_states=part_states,
                                    trainer_state={"train_seconds": state.train_seconds,
                                                   **(held_back.trainer_state() if held_back else {})})
             except OSError as err:  # a full disk: say what is kept and the command that goes on
@@ -191,13 +195,14 @@ class Checkpointer:
         for candidate in reversed(list_checkpoints(self.folder)):
             try:
                 saved = load_checkpoint(candidate, model=components.policy, optimizer=components.optimizer,
-                                        scheduler=components.scheduler, parts=state.parts, rank=components.procs.rank)
+                                        scheduler=components.scheduler, parts=state.parts,
+                                        rank=components.procs.rank)
             except OlderFormat as older:
                 say(f"warning: {older}; trying the previous one")
                 continue
             except StateDoesNotFit as misfit:
-                say(f"warning: checkpoint {candidate} does not fit this run: {self._misfit(misfit)}; trying the "
-                    f"previous one")
+                say(f"warning: checkpoint {candidate} does not fit this run: {self._misfit(misfit)}; trying "
+                    "the previous one")
                 continue
             except Exception as err:  # truncated file, bad pickle, wrong shapes ...
                 say(f"warning: checkpoint {candidate} is unreadable ({type(err).__name__}: {err}); "
@@ -206,8 +211,9 @@ class Checkpointer:
             state.step, state.train_seconds = saved["step"], saved["train_seconds"]
             for name in saved["fresh"]:
                 if state.parts[name].state_dict():
-                    say(f"resume: {candidate} holds no {name} state for process {components.procs.rank} (written by "
-                        f"fewer processes): it starts afresh, so rollouts differ from an uninterrupted run")
+                    say(f"resume: {candidate} holds no {name} state for process {components.procs.rank} "
+                        "(written by fewer processes): it starts afresh, so rollouts differ from an "
+                        "uninterrupted run")
             return candidate, HeldBackStep.saved_in(saved)
         raise self._no_usable_checkpoint()
 
@@ -225,21 +231,24 @@ class Checkpointer:
         if not found:
             found_text = "none: the run stopped before its first checkpoint (save_steps / checkpoint_minutes)"
         elif all(map(older_format, found)):  # no settings would resume these: say what still works
-            return RunDirError(f"resume: the {len(found)} checkpoint(s) in {checkpoints} are in an older podsrl's "
-                               f"format (no parts.pt), which this podsrl cannot resume; nothing was changed. `podsrl "
-                               f"export {self.components.run_dir} OUTPUT_DIR --checkpoint {found[-1].name}` still "
-                               f"exports the model, or start a new run in another --output_dir")
+            return RunDirError(f"resume: the {len(found)} checkpoint(s) in {checkpoints} are in an older "
+                               "podsrl's format (no parts.pt), which this podsrl cannot resume; nothing was "
+                               f"changed. `podsrl export {self.components.run_dir} OUTPUT_DIR --checkpoint "
+                               f"{found[-1].name}` still exports the model, or start a new run in another "
+                               "--output_dir")
         else:
             found_text = f"{len(found)} found, none loads into this model and config: see the warnings above"
-        return RunDirError(f"resume: no usable checkpoint in {checkpoints} ({found_text}); nothing was changed. "
-                           f"Resume with the settings that wrote it, or start a new run in another --output_dir")
+        return RunDirError(f"resume: no usable checkpoint in {checkpoints} ({found_text}); nothing was "
+                           "changed. Resume with the settings that wrote it, or start a new run in another "
+                           "--output_dir")
 
     def save_model(self, weights: dict | None) -> None:
         """Write model/ as a whole: into model.tmp, then swapped in, so a crash while saving
         leaves the previous model/ (a resumed run's) loadable. A write error (a full disk) is
         one line saying how to export the last checkpoint instead; model.tmp is removed."""
         components = self.components
-        final, staging, previous = (components.run_dir / name for name in ("model", "model.tmp", "model.previous"))
+        final, staging, previous = (components.run_dir / name
+                                    for name in ("model", "model.tmp", "model.previous"))
         for leftover in (staging, previous):
             shutil.rmtree(leftover, ignore_errors=True)
         # podsrl never resizes the vocabulary, so the adapter needs no embedding weights;
@@ -268,5 +277,5 @@ class Checkpointer:
         kept = "the previous model/ is as it was" if final.exists() else "no model/ was written"
         redo = (f"free space, then export the last checkpoint: podsrl export {components.run_dir} OUTPUT_DIR "
                 f"--checkpoint {good[-1].name}" if good else "no checkpoint to export")
-        return (f"model: could not write {final} ({error_line(err)}); removed model.tmp, {kept}; the training "
-                f"is kept in {good[-1] if good else 'no checkpoint'}: {redo}")
+        return (f"model: could not write {final} ({error_line(err)}); removed model.tmp, {kept}; the "
+                f"training is kept in {good[-1] if good else 'no checkpoint'}: {redo}")

@@ -30,20 +30,20 @@ class LogOptions:
 
     progress: bool = option(True, "Show a progress bar.")
     report_to: str = option(
-        "none", "Experiment trackers that also get every metrics record (its numbers, at its step), the config "
-                "and the rollout samples, as TRL's report_to: 'none', 'tensorboard', 'wandb', 'trackio', a "
-                "comma-separated list, or 'all' (every one installed). TensorBoard and wandb write under "
-                "output_dir/tracking/ (wandb offline unless it finds an API key or WANDB_MODE says otherwise), "
-                "trackio to its own store; see docs/tracking.md.")
+        "none", "Experiment trackers that also get every metrics record (its numbers, at its step), the "
+                "config and the rollout samples, as TRL's report_to: 'none', 'tensorboard', 'wandb', "
+                "'trackio', a comma-separated list, or 'all' (every one installed). TensorBoard and wandb "
+                "write under output_dir/tracking/ (wandb offline unless it finds an API key or WANDB_MODE "
+                "says otherwise), trackio to its own store; see docs/tracking.md.")
     log_rollouts: int = option(
         1, "Prompt groups per step whose rollouts (prompt, completion, reward, correct, kept) go to "
-           "rollouts.jsonl and, with report_to, to a table (0 = none). Sampled from the main process's groups: "
-           "at most prompts_per_step / processes.", NON_NEGATIVE)
+           "rollouts.jsonl and, with report_to, to a table (0 = none). Sampled from the main process's "
+           "groups: at most prompts_per_step / processes.", NON_NEGATIVE)
 
     def progress_bar(self, total: int, step: int, desc: str, is_main: bool):
         """The run's progress bar, shown on the main process when ``progress`` is on."""
-        return tqdm(total=total, initial=step, disable=not (self.progress and is_main), desc=desc, unit="step",
-                    dynamic_ncols=True)
+        return tqdm(total=total, initial=step, disable=not (self.progress and is_main), desc=desc,
+                    unit="step", dynamic_ncols=True)
 
     def rollout_groups(self, is_main: bool) -> int:
         """Prompt groups per step whose rollouts are logged: ``log_rollouts`` on the main process."""
@@ -51,7 +51,8 @@ class LogOptions:
 
     def trackers(self, run_dir: Path, is_main: bool) -> Trackers:
         """The ``report_to`` trackers, on the main process only, writing under run_dir/tracking."""
-        return Trackers(tracker_names(self.report_to) if is_main else [], run_dir / "tracking", run_name=str(run_dir))
+        return Trackers(tracker_names(self.report_to) if is_main else [], run_dir / "tracking",
+                        run_name=str(run_dir))
 
 
 def say(message: str) -> None:
@@ -59,15 +60,17 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def step_record(procs: Processes, step: int, train_seconds: float, outcome: StepOutcome, seconds: dict[str, float],
-                reward_failures: int) -> dict:
+def step_record(procs: Processes, step: int, train_seconds: float, outcome: StepOutcome,
+                seconds: dict[str, float], reward_failures: int) -> dict:
     """One metrics.jsonl record, from tensors gathered over every process's prompt groups."""
     rollouts, scores, kept, update = outcome.rollouts, outcome.scores, outcome.kept, outcome.update
     everywhere = {name: procs.gather(t) for name, t in (  # [P_all, ...]: the whole batch
         ("rewards", scores.reward), ("kept_rewards", outcome.kept_rewards), ("correct", scores.correct),
         ("format", scores.format), ("unverifiable", scores.unverifiable.float()),
-        ("length", rollouts.completion_mask.sum(-1).float().masked_fill(~rollouts.generated_mask, float("nan"))),
-        ("kept_length", kept.completion_mask.sum(-1).float()), ("generated", rollouts.generated_mask.float()))}
+        ("length",
+         rollouts.completion_mask.sum(-1).float().masked_fill(~rollouts.generated_mask, float("nan"))),
+        ("kept_length", kept.completion_mask.sum(-1).float()),
+        ("generated", rollouts.generated_mask.float()))}
     decode_steps, failures = procs.sum([rollouts.stats["decode_steps"], reward_failures])
     record = {"step": step, "train_seconds": train_seconds, "lr": update.lr,
               **group_stats("reward", everywhere["rewards"]),

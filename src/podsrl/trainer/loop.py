@@ -23,8 +23,10 @@ def training_step(stages: StepStages, step: int, timer: StageTimer) -> StepOutco
     groups = stages.prompts.scored_groups(step, n, timer)  # [P] prompts, rollouts [P, n, Lc], scores [P, n]
     rollouts, rewards = groups.rollouts, groups.scores.reward
     with timer("select"):
-        kept_indices = stages.select(Groups(rewards, rollouts.generated, rollouts.completion_mask.sum(-1)))  # [P, m]
-        kept, kept_rewards = rollouts.kept(kept_indices), rewards.gather(1, kept_indices)  # [P, m, Lc], [P, m]
+        kept_indices = stages.select(Groups(rewards, rollouts.generated,
+                                            rollouts.completion_mask.sum(-1)))  # [P, m]
+        # [P, m, Lc], [P, m]
+        kept, kept_rewards = rollouts.kept(kept_indices), rewards.gather(1, kept_indices)
     with timer("advantages"):
         advantages = stages.advantages(kept_rewards)  # [P, m]
         batch = flatten_for_update(kept, advantages)  # [B = P*m, ...]
@@ -33,8 +35,8 @@ def training_step(stages: StepStages, step: int, timer: StageTimer) -> StepOutco
             stages.logprobs(batch)
     with timer("update"):
         update = stages.update(batch)
-    return StepOutcome(groups.split.examples, rollouts, groups.scores, kept_indices, kept, kept_rewards, advantages,
-                       update, groups.record)
+    return StepOutcome(groups.split.examples, rollouts, groups.scores, kept_indices, kept, kept_rewards,
+                       advantages, update, groups.record)
 
 
 def run_steps(run: Run, stops: Stops) -> RunResult:
@@ -42,7 +44,8 @@ def run_steps(run: Run, stops: Stops) -> RunResult:
     record (hooks included), evaluation when due, its log line, a checkpoint when due (or on a
     signal), and the stops: giving up, or a signal. The evaluation, the log and the checkpoints
     are the run's jobs (:mod:`podsrl.trainer.jobs`)."""
-    state, limits, evaluation, log, checkpoints = run.state, run.limits, run.evaluation, run.log, run.checkpoints
+    state, limits, evaluation, log, checkpoints = (run.state, run.limits, run.evaluation, run.log,
+                                                   run.checkpoints)
     stops.before_steps("during set-up")  # a Ctrl-C while the model and data loaded: no evaluation
     initial, latest_eval = run.resume_or_start()
     stops.first_step_begins()
@@ -60,8 +63,8 @@ def run_steps(run: Run, stops: Stops) -> RunResult:
                     latest_eval = evaluation.into(record)
             log.write_step(record, outcome)
             progress.update(1)
-            progress.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{latest_eval['eval_accuracy']:.3f}",
-                                 refresh=False)
+            progress.set_postfix(reward=f"{record['reward_mean']:.2f}",
+                                 acc=f"{latest_eval['eval_accuracy']:.3f}", refresh=False)
             trained += not outcome.update.skipped_step
             informative += bool(outcome.advantages.any())
             stops.give_up_after(outcome)  # e.g. too many non-finite steps in a row

@@ -42,7 +42,8 @@ def method_label(info: RunInfo) -> str:
     method = METHODS.get(name)
     if method is None:  # a method this podsrl does not know: name it as the run did
         return str(name)
-    arm = method.arm_name(info.value("num_generations"), info.value("num_kept"), info.value("downsampling_rule"))
+    arm = method.arm_name(info.value("num_generations"), info.value("num_kept"),
+                          info.value("downsampling_rule"))
     return f"{arm}: {method.description}"
 
 
@@ -53,7 +54,8 @@ def _overview(info: RunInfo, source: Source, output: Path, merged_lora: bool) ->
     lora = (f" Trained as a LoRA adapter (rank {info.value('lora_rank')}, alpha {info.value('lora_alpha')}), "
             f"merged into the base weights here: the folder loads without peft.") if merged_lora else ""
     rows = [("base model", f"`{info.value('model')}`"), ("method", method_label(info)),
-            ("task", f"`{component_label(info.value('task'))}`"), ("exported", f"{source.label} (step {source.step})"),
+            ("task", f"`{component_label(info.value('task'))}`"),
+            ("exported", f"{source.label} (step {source.step})"),
             ("training steps", f"{source.step} of {info.value('max_steps')}"),
             ("training time", f"{_duration(source.train_seconds)} (generation, reward and update; "
                               f"evaluation excluded)"),
@@ -61,8 +63,9 @@ def _overview(info: RunInfo, source: Source, output: Path, merged_lora: bool) ->
             ("started", env[0].get("date", "unknown") if env else "unknown"),
             ("podsrl", f"{version}, commit {commits}")]
     return "\n".join([f"# {output.resolve().name}", "",
-                      f"`{info.value('model')}` trained with reinforcement learning from verifiable rewards by "
-                      f"podsrl (PODS: Policy Optimization with Down-Sampling, Xu et al., arXiv 2504.13818).{lora}",
+                      f"`{info.value('model')}` trained with reinforcement learning from verifiable rewards "
+                      "by podsrl (PODS: Policy Optimization with Down-Sampling, Xu et al., arXiv "
+                      f"2504.13818).{lora}",
                       "", "## Training", "", "| | |", "| --- | --- |",
                       *[f"| {key} | {value} |" for key, value in rows], ""])
 
@@ -73,7 +76,8 @@ def _duration(seconds: float) -> str:
 
 def _settings(info: RunInfo) -> str:
     rows = [(key, info.config[key]) for key in CARD_KEYS if key in info.config]
-    return "\n".join(["Key settings (the whole config is at the end):", "", "| field | value |", "| --- | --- |",
+    return "\n".join(["Key settings (the whole config is at the end):", "", "| field | value |",
+                      "| --- | --- |",
                       *[f"| `{name}` | `{json.dumps(value)}` |" for name, value in rows], ""])
 
 
@@ -116,7 +120,8 @@ def _usage(info: RunInfo, output: Path) -> str:
     prompt = info.data.get("example_prompt", "What is 2 + 2?")
     return "\n".join([
         "## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-        f"model = AutoModelForCausalLM.from_pretrained({json.dumps(str(output))})  # or its hub id once uploaded",
+        f"model = AutoModelForCausalLM.from_pretrained({json.dumps(str(output))})  # or its hub id once "
+        "uploaded",
         f"tokenizer = AutoTokenizer.from_pretrained({json.dumps(str(output))})",
         f"prompt = {json.dumps(prompt)}  # a held-out prompt, rendered as in training",
         'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)',
@@ -124,8 +129,8 @@ def _usage(info: RunInfo, output: Path) -> str:
         f"do_sample=False)",
         'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
         "```", "",
-        f"`podsrl eval --model {output} --task {_task_option(info.value('task'))}` (with the run's data options) "
-        f"measures held-out accuracy again.", ""])
+        f"`podsrl eval --model {output} --task {_task_option(info.value('task'))}` (with the run's data "
+        "options) measures held-out accuracy again.", ""])
 
 
 def _full_config(info: RunInfo) -> str:

@@ -26,12 +26,12 @@ LOCK_FILE = ".podsrl.lock"
 CONFIG_HEAD = f'{{\n  "{dataclasses.fields(Config)[0].name}": '  # how every config.json podsrl writes begins
 LOG_HEAD = '{"step": '  # how every record of metrics.jsonl and rollouts.jsonl begins
 LOCK_LINE = re.compile(r"pid \d+ on .+, started \S+\n?")  # RunLock's holder line
-# provenance.record_environment()'s keys (older podsrl wrote fewer) and setup._write_run_files's data.json keys:
-# a key added there goes here too, or a stopped run's folder is refused (the fresh-start tests say so)
+# provenance.record_environment()'s keys (older podsrl wrote fewer) and setup._write_run_files's data.json
+# keys: a key added there goes here too, or a stopped run's folder is refused (the fresh-start tests say so)
 ENVIRONMENT_KEYS = frozenset({"date", "unix_time", "commit", "machine", "python", "torch", "torch_threads",
                               "transformers", "podsrl", "argv", "eos_token_id", "eos_token"})
-DATA_KEYS = frozenset({"task", "train_prompts", "test_prompts", "dropped_train_prompts", "dropped_test_prompts",
-                       "system_prompt", "example_prompt", "processes"})
+DATA_KEYS = frozenset({"task", "train_prompts", "test_prompts", "dropped_train_prompts",
+                       "dropped_test_prompts", "system_prompt", "example_prompt", "processes"})
 PARTIAL_CHECKPOINT = re.compile(r"step_\d{7,}\.tmp")  # a checkpoint cut off while being written
 TRACKING = "tracking"  # the trackers' folder: their files, never podsrl's to remove
 
@@ -60,7 +60,8 @@ def _log(text: str) -> bool:
             record = json.loads(line)
         except ValueError:
             return False
-        if not (line.startswith(LOG_HEAD) and isinstance(record, dict) and isinstance(record.get("step"), int)):
+        if not (line.startswith(LOG_HEAD) and isinstance(record, dict)
+                and isinstance(record.get("step"), int)):
             return False
     return _cut_off(last.rstrip("\0"), LOG_HEAD)
 
@@ -75,7 +76,8 @@ PROOFS: dict[str, Callable[[str], bool]] = {
                               and "model_type" not in saved),
     "environment.json": _json_file("[\n  {\n    \"date\": ", lambda saved: isinstance(saved, list) and all(
         _keys(entry, {"date", "commit"}, ENVIRONMENT_KEYS) for entry in saved)),
-    "data.json": _json_file('{\n  "task": ', lambda saved: _keys(saved, {"task", "train_prompts"}, DATA_KEYS)),
+    "data.json": _json_file('{\n  "task": ',
+                            lambda saved: _keys(saved, {"task", "train_prompts"}, DATA_KEYS)),
     "metrics.jsonl": _log,
     "rollouts.jsonl": _log,
     STATE_FILE: _json_file('{\n  "step": ', lambda saved: isinstance(saved, dict) and "step" in saved),
@@ -140,7 +142,8 @@ def stopped_run_files(run_dir: Path) -> tuple[list[Path], list[str]]:
     for folder in sorted(checkpoints.iterdir()) if _folder(checkpoints) else ():
         files = sorted(folder.iterdir())
         strangers = [f"{checkpoints.name}/{folder.name}/{p.name}" for p in files
-                     if p.name not in (WEIGHTS_FILE, OPTIMIZER_FILE, PARTS_FILE, STATE_FILE) or not is_podsrls(p)]
+                     if p.name not in (WEIGHTS_FILE, OPTIMIZER_FILE, PARTS_FILE, STATE_FILE)
+                     or not is_podsrls(p)]
         others += strangers
         ours += [*files, folder]
     ours += [checkpoints] if _folder(checkpoints) else []

@@ -55,26 +55,29 @@ STALE_CORRECTIONS = ("importance", "mask")
 class PartialRolloutOptions:
     """Partial rollouts' settings (the config's fields of these names)."""
 
-    partial_rollouts: bool = option(False, "Stop a step's generation once prompts_per_step groups are complete; the "
-                                           "groups still in flight carry over and their cut-off samples resume "
-                                           "first next step, under the new weights (APRIL, arXiv 2509.18521). Needs "
-                                           "an engine that resumes samples (slots, vllm).")
-    partial_extra_prompts: int = option(2, "partial_rollouts: groups in flight on each process beyond its share of "
-                                           "prompts_per_step (over-provisioning; the first complete groups train).",
+    partial_rollouts: bool = option(False, "Stop a step's generation once prompts_per_step groups are "
+                                           "complete; the groups still in flight carry over and their "
+                                           "cut-off samples resume first next step, under the new weights "
+                                           "(APRIL, arXiv 2509.18521). Needs an engine that resumes samples "
+                                           "(slots, vllm).")
+    partial_extra_prompts: int = option(2, "partial_rollouts: groups in flight on each process beyond its "
+                                           "share of prompts_per_step (over-provisioning; the first complete "
+                                           "groups train).",
                                         POSITIVE)
-    partial_max_staleness: int = option(2, "partial_rollouts: the most updates a trained token may be older than the "
-                                           "policy it trains; a carried sample that would exceed it is generated "
-                                           "again from its prompt (partial_samples_restarted).",
+    partial_max_staleness: int = option(2, "partial_rollouts: the most updates a trained token may be older "
+                                           "than the policy it trains; a carried sample that would exceed it "
+                                           "is generated again from its prompt (partial_samples_restarted).",
                                         Range(1, why="0 would regenerate every carried sample"))
-    partial_stale_correction: str = option("importance", "partial_rollouts: 'importance' weighs tokens drawn by an "
-                                                         "earlier policy by pi/pi_old as vllm_importance_sampling_* "
-                                                         "say (TRL's truncated or masked ratios); 'mask' leaves them "
-                                                         "out of the loss.")
+    partial_stale_correction: str = option("importance", "partial_rollouts: 'importance' weighs tokens drawn "
+                                                         "by an earlier policy by pi/pi_old as "
+                                                         "vllm_importance_sampling_* say (TRL's truncated or "
+                                                         "masked ratios); 'mask' leaves them out of the "
+                                                         "loss.")
 
     def check(self) -> None:
         if self.partial_stale_correction not in STALE_CORRECTIONS:
-            raise ValueError(f"partial_stale_correction: unknown {self.partial_stale_correction!r}; use one of "
-                             f"{', '.join(STALE_CORRECTIONS)}")
+            raise ValueError(f"partial_stale_correction: unknown {self.partial_stale_correction!r}; use one "
+                             f"of {', '.join(STALE_CORRECTIONS)}")
 
 
 class CarriedPool:
@@ -95,7 +98,8 @@ class CarriedPool:
         updates stale in ``step``; returns how many."""
         restarted = 0
         for group in self.groups:
-            stale = [s for s, first in enumerate(group.oldest()) if first is not None and step - first > max_staleness]
+            stale = [s for s, first in enumerate(group.oldest())
+                     if first is not None and step - first > max_staleness]
             if stale:
                 group.restart(stale)
                 restarted += len(stale)
@@ -106,8 +110,8 @@ class CarriedPool:
 
     def check_state(self, state: dict) -> None:
         if set(state) != {"prompts", "groups"} or len(state["prompts"]) != len(state["groups"]):
-            raise ValueError("partial_rollouts: the checkpoint's carried groups do not fit (expected prompts and "
-                             "groups of one length)")
+            raise ValueError("partial_rollouts: the checkpoint's carried groups do not fit (expected prompts "
+                             "and groups of one length)")
 
     def load_state_dict(self, state: dict) -> None:
         self.check_state(state)
@@ -138,9 +142,11 @@ class PartialRolloutSource(PromptSource):
                  score: ScoreFn, procs: Processes, options: PartialRolloutOptions, pool: CarriedPool,
                  extra_rounds: int | None = None, pad_token_id: int = 0) -> None:
         super().__init__(selector, prompts_per_step, train_split, generate, score, procs)
-        self.extra, self.max_staleness, self.pool = options.partial_extra_prompts, options.partial_max_staleness, pool
+        self.extra, self.max_staleness, self.pool = (options.partial_extra_prompts,
+                                                     options.partial_max_staleness, pool)
         self.share = prompts_per_step // procs.world_size  # this process's groups per step
-        self.extra_rounds, self.pad_token_id = extra_rounds, pad_token_id  # extra_rounds None: no dynamic sampling
+        # extra_rounds None: no dynamic sampling
+        self.extra_rounds, self.pad_token_id = extra_rounds, pad_token_id
 
     def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
         pool, procs = self.pool, self.procs
@@ -158,8 +164,10 @@ class PartialRolloutSource(PromptSource):
         carried, resumed, restarted, cut_off = procs.sum([float(len(pool)), float(resumed), float(restarted),
                                                           float(cut_off)])
         groups.record.update({"partial_groups_carried": int(carried), "partial_samples_resumed": int(resumed),
-                              "partial_samples_restarted": int(restarted), "partial_samples_cut_off": int(cut_off)})
-        add_selector_record(self.selector.record(), groups.record)  # a name of partial rollouts' own is refused
+                              "partial_samples_restarted": int(restarted),
+                              "partial_samples_cut_off": int(cut_off)})
+        # a name of partial rollouts' own is refused
+        add_selector_record(self.selector.record(), groups.record)
         return groups
 
     def partial_round(self, step: int, n: int, round_index: int, quota: int,

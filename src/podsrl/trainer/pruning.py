@@ -30,20 +30,24 @@ RULES = ("finished", "sure")  # prune_running's places filled by finished sample
 class PruningOptions:
     """Quota-aware pruning's settings (the config's fields of these names)."""
 
-    prune_running: bool = option(False, "With group_early_stop on the slots engine: stop running samples that "
-                                        "max-variance selection will not need, as a quality head learned online "
-                                        "from the policy's hidden states predicts them (#72; docs/rollout_budget.md). "
-                                        "Off by default.")
+    prune_running: bool = option(False, "With group_early_stop on the slots engine: stop running samples "
+                                        "that max-variance selection will not need, as a quality head "
+                                        "learned online from the policy's hidden states predicts them (#72; "
+                                        "docs/rollout_budget.md). Off by default.")
     prune_points: str = option("0.25,0.5", "prune_running: where a running sample is judged, comma-separated "
-                                           "fractions of the expected completion length (the mean of the last step's).")
-    prune_threshold: float = option(0.8, "prune_running: the calibrated confidence a prediction needs, in (0.5, 1].",
-                                     Range(0.5, 1, low_closed=False, why="below it a class is not the likelier one"))
-    prune_warmup_steps: int = option(2, "prune_running: steps the head only watches and learns before it prunes.",
+                                           "fractions of the expected completion length (the mean of the "
+                                           "last step's).")
+    prune_threshold: float = option(0.8, "prune_running: the calibrated confidence a prediction needs, in "
+                                         "(0.5, 1].",
+                                     Range(0.5, 1, low_closed=False,
+                                           why="below it a class is not the likelier one"))
+    prune_warmup_steps: int = option(2, "prune_running: steps the head only watches and learns before it "
+                                        "prunes.",
                                      NON_NEGATIVE)
-    prune_rule: str = option("finished", "prune_running: 'finished' prunes a class once finished samples fill its "
-                                         "places in the max-variance subset (never the scarce one); 'sure' lets the "
-                                         "head's sure predictions fill them too and settles the group (bolder: a wrong "
-                                         "head costs kept variance).")
+    prune_rule: str = option("finished", "prune_running: 'finished' prunes a class once finished samples "
+                                         "fill its places in the max-variance subset (never the scarce one); "
+                                         "'sure' lets the head's sure predictions fill them too and settles "
+                                         "the group (bolder: a wrong head costs kept variance).")
     prune_head_decay: float = option(0.9, "prune_running: how much of the head's sums each step keeps (older "
                                           "samples describe an older policy).", Range(0, 1, low_closed=False))
 
@@ -56,8 +60,8 @@ class PruningOptions:
         except ValueError:
             raise ValueError(f"prune_points: comma-separated numbers, got {self.prune_points!r}") from None
         if list(points) != sorted(set(points)) or not all(0 < point <= 4 for point in points):
-            raise ValueError(f"prune_points: distinct ascending fractions in (0, 4] of the expected length, got "
-                             f"{self.prune_points!r}")
+            raise ValueError("prune_points: distinct ascending fractions in (0, 4] of the expected length, "
+                             f"got {self.prune_points!r}")
         if self.prune_rule not in RULES:
             raise ValueError(f"prune_rule: unknown {self.prune_rule!r}; use one of {', '.join(RULES)}")
 
@@ -84,7 +88,8 @@ class QuotaPruner:
         self.head, self.stopper, self.at, self.m, self.threshold = head, stopper, lengths, m, threshold
         self.rule, self.active, self.samples = rule, active, samples
         self.latest: dict[tuple[int, int], float] = {}  # the calibrated probability at a sample's last point
-        # per point: the samples shown there, their features [D], the head's raw score and calibrated probability then
+        # per point: the samples shown there, their features [D], the head's raw score and calibrated
+        # probability then
         self.observed: list[list[tuple[tuple[int, int], torch.Tensor, float, float]]] = [[] for _ in lengths]
         self.pruned: list[tuple[int, int]] = []
 
@@ -112,7 +117,8 @@ class QuotaPruner:
             if sample[0] in by_group:
                 by_group[sample[0]].append(sample)
         runners = [sample for group in groups for sample in by_group[group]]
-        probability = torch.tensor([self.latest.get(sample, 0.5) for sample in runners], dtype=torch.float64)  # [S]
+        probability = torch.tensor([self.latest.get(sample, 0.5) for sample in runners],
+                                   dtype=torch.float64)  # [S]
         at_group = torch.tensor([i for i, group in enumerate(groups) for _ in by_group[group]],
                                 dtype=torch.long)  # [S]
         finished = torch.stack([self.finished(group) for group in groups])  # [G, 2]
@@ -138,7 +144,8 @@ class QuotaPruner:
         samples whose class the scores now tell (``high``: sample -> ended at the high bound)."""
         out = []
         for observed in self.observed:
-            known = [(feature, score, high[sample]) for sample, feature, score, _ in observed if sample in high]
+            known = [(feature, score, high[sample]) for sample, feature, score, _ in observed
+                     if sample in high]
             if not known:
                 out.append(statistics(torch.zeros(0, self.head.dim, dtype=torch.float64), torch.zeros(0),
                                       torch.zeros(0), self.head.bins))
@@ -158,7 +165,8 @@ class QuotaPruner:
                      if sample in high]
             if not known:
                 continue
-            scores, probability, labels = (torch.tensor(column, dtype=torch.float64) for column in zip(*known))
+            scores, probability, labels = (torch.tensor(column, dtype=torch.float64)
+                                           for column in zip(*known))
             labels = labels.long()
             sure = (probability >= self.threshold) | (probability <= 1 - self.threshold)
             wrong = ((probability >= 0.5).long() != labels) & sure
@@ -222,11 +230,13 @@ class RunPruning:
         values = [[skill[name] for skill in skills if skill.get(name, float("nan")) == skill.get(name)]
                   for name in names]
         pruned = float(sum(skill["pruned_samples"] for skill in skills))
-        totals = procs.sum([pruned] + [sum(known) for known in values] + [float(len(known)) for known in values])
+        totals = procs.sum([pruned] + [sum(known) for known in values]
+                           + [float(len(known)) for known in values])
         record = {"pruned_samples": totals[0]}
         for name, total, count in zip(names, totals[1:1 + len(names)], totals[1 + len(names):]):
             record[name] = total / count if count else float("nan")
-        if procs.world_size > 1:  # every process must hold one head (0 = in sync), as rank_param_spread for the policy
+        # every process must hold one head (0 = in sync), as rank_param_spread for the policy
+        if procs.world_size > 1:
             state = self.head.state_dict()
             flat = torch.cat([state[name].double().flatten() for name in STATE_KEYS if name != "steps"])[None]
             gathered = procs.gather(flat)  # [W, L]

@@ -47,7 +47,8 @@ class Run:
 
     def __init__(self, stages: StepStages, components: Components, state: RunState, limits: Limits,
                  checkpointing: CheckpointSchedule, resume: Resume) -> None:
-        self.stages, self.components, self.state, self.limits, self.resume = stages, components, state, limits, resume
+        self.stages, self.components, self.state, self.limits, self.resume = (stages, components, state,
+                                                                              limits, resume)
         self.procs: Processes = components.procs  # the collectives every process takes part in
         self.checkpoints = Checkpointer(components, state, checkpointing, resume)
         self.evaluation = RunEvaluation(components, state, limits, self.autocast)
@@ -89,7 +90,8 @@ class Run:
         if self.resume.wanted:
             resumed, self.held_back = self.checkpoints.restore()
         # DDP / FSDP
-        components.model, components.optimizer = components.procs.prepare(components.policy, components.optimizer)
+        components.model, components.optimizer = components.procs.prepare(components.policy,
+                                                                          components.optimizer)
         self.stages.update.bind(components.model, components.optimizer)
         if not self.resume.wanted:
             components.trackers.start(recorded, first_step=0)
@@ -98,8 +100,9 @@ class Run:
             return initial, initial
         held_back = self.held_back
         if components.procs.is_main:
-            for log in (components.metrics, components.rollout_log):  # the steps after the checkpoint are redone,
-                log.truncate_after(self.state.step - bool(held_back))  # and its own when held back (logged below)
+            # the steps after the checkpoint are redone, and its own when held back (logged below)
+            for log in (components.metrics, components.rollout_log):
+                log.truncate_after(self.state.step - bool(held_back))
             # the run as it would be started from scratch: the fields a resume may change, as changed
             # now (checked against the checkpoint's config); each start's command is in environment.json
             started = {**recorded, "resume": False}
@@ -130,8 +133,8 @@ class Run:
                            eval_prompts=components.evaluator.prompts)
         if state.step == first_step and (components.run_dir / "summary.json").exists():
             if procs.is_main:
-                say(f"{components.run_dir} finished earlier at step {state.step}; nothing to do (raise max_steps or "
-                    f"max_minutes to train further)")
+                say(f"{components.run_dir} finished earlier at step {state.step}; nothing to do (raise "
+                    "max_steps or max_minutes to train further)")
             return result
         result.failure = self._learned_nothing(state.step - first_step, trained, informative)
         if not self.checkpoints.holds(state.step):
@@ -158,14 +161,14 @@ class Run:
         if not steps:
             return ""
         if not applied:
-            return (f"no reward applied in the {steps} steps run: every reward was None / NaN or its function failed "
-                    f"(reward_error_policy {components.scorer.error_policy}; see reward_failures and unverifiable "
-                    f"in metrics.jsonl), so nothing was learned")
+            return (f"no reward applied in the {steps} steps run: every reward was None / NaN or its "
+                    f"function failed (reward_error_policy {components.scorer.error_policy}; see "
+                    "reward_failures and unverifiable in metrics.jsonl), so nothing was learned")
         if not informative:
-            return (f"every advantage was 0 in the {steps} steps run: no prompt group's kept rollouts differed in "
-                    f"reward (kept_reward_zero_var_frac 1 in metrics.jsonl; e.g. a reward that scores every "
-                    f"completion the same), so there was nothing to learn from")
+            return (f"every advantage was 0 in the {steps} steps run: no prompt group's kept rollouts "
+                    "differed in reward (kept_reward_zero_var_frac 1 in metrics.jsonl; e.g. a reward that "
+                    "scores every completion the same), so there was nothing to learn from")
         if not trained:
-            return (f"all {steps} optimizer steps were skipped (a non-finite loss or gradient: skipped_step 1 in "
-                    f"metrics.jsonl), so the weights never changed")
+            return (f"all {steps} optimizer steps were skipped (a non-finite loss or gradient: skipped_step "
+                    "1 in metrics.jsonl), so the weights never changed")
         return ""

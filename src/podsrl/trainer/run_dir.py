@@ -30,8 +30,8 @@ from podsrl.trainer.config import BOOKKEEPING_FIELDS, RESUME_AUTO, Config
 from podsrl.trainer.logging import say
 from podsrl.trainer.ownership import LOCK_FILE, TRACKING, is_podsrls, stopped_run_files
 
-MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_config.json",
-               "adapter_model.safetensors", "tokenizer.json")
+MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+               "adapter_config.json", "adapter_model.safetensors", "tokenizer.json")
 
 # Fields a resume may change: when and how the run is logged, checkpointed and stopped, not
 # what it trains (docs/reliability.md lists them). Changing any other field would make the
@@ -93,8 +93,8 @@ def clear_stopped_run(path: Path) -> None:
             else:
                 file.unlink()
     except OSError as err:
-        raise RunDirError(f"output_dir: could not clear the stopped run in {path} ({err}); remove its files by hand "
-                          f"or choose another --output_dir") from None
+        raise RunDirError(f"output_dir: could not clear the stopped run in {path} ({err}); remove its files "
+                          "by hand or choose another --output_dir") from None
 
 
 def fresh_start_line(path: Path, field: str = "output_dir") -> str:
@@ -141,9 +141,10 @@ def _check_config_readable(path: Path, field: str) -> None:
 
 
 def _stopped_run_refusal(path: Path, others: list[str]) -> RunExistsError:
-    return RunExistsError(f"output_dir: {path} holds a run that stopped before its first checkpoint and files "
-                          f"podsrl did not write ({_shown(others)}); podsrl removes only its own files: move those out "
-                          f"to start the run afresh there, or choose another --output_dir")
+    return RunExistsError(f"output_dir: {path} holds a run that stopped before its first checkpoint and "
+                          f"files podsrl did not write ({_shown(others)}); podsrl removes only its own "
+                          "files: move those out to start the run afresh there, or choose another "
+                          "--output_dir")
 
 
 def _refuse_a_stopped_run_with_other_files(path: Path) -> None:
@@ -178,11 +179,11 @@ def check_output_dir(output_dir: str, resume: bool) -> Path:
         if not is_run_folder(path):
             others = _other_files(path)
             # advice that works: a folder with others' files takes no new run either
-            way_on = (f"it holds {_shown(others)}, so no new run starts there either: name the run's folder, or "
-                      f"start a new run in another --output_dir" if others else
+            way_on = (f"it holds {_shown(others)}, so no new run starts there either: name the run's folder, "
+                      "or start a new run in another --output_dir" if others else
                       "drop --resume to start a new run there, or name the run's folder")
-            raise RunDirError(f"resume: {path} holds no podsrl run to resume (no metrics.jsonl and config.json); "
-                              f"{way_on}")
+            raise RunDirError(f"resume: {path} holds no podsrl run to resume (no metrics.jsonl and "
+                              f"config.json); {way_on}")
         return path
     _refuse_a_stopped_run_with_other_files(path)
     if is_run_folder(path):
@@ -193,8 +194,8 @@ def check_output_dir(output_dir: str, resume: bool) -> Path:
                           f"podsrl never writes into a model folder: choose another --output_dir")
     others = _other_files(path)
     if others:
-        raise RunDirError(f"output_dir: {path} is not empty (holds {_shown(others)}); a run starts in a new or empty "
-                          f"folder: choose another --output_dir")
+        raise RunDirError(f"output_dir: {path} is not empty (holds {_shown(others)}); a run starts in a new "
+                          "or empty folder: choose another --output_dir")
     return path
 
 
@@ -222,9 +223,10 @@ def check_resume_config(run_dir: Path, config: dict) -> list[str]:
     if unsafe:
         shown = "; ".join(f"{name}: run {saved.get(name)!r}, now {config.get(name)!r}" for name in unsafe[:6])
         more = f" and {len(unsafe) - 6} more" if len(unsafe) > 6 else ""
-        raise RunDirError(f"resume: the config differs from {run_dir / 'config.json'} in {shown}{more}; resume "
-                          f"with the run's values (only {', '.join(sorted(RESUME_SAFE_FIELDS - {'resume'}))} "
-                          f"may change), or start a new run in another --output_dir")
+        raise RunDirError(f"resume: the config differs from {run_dir / 'config.json'} in {shown}{more}; "
+                          "resume with the run's values (only "
+                          f"{', '.join(sorted(RESUME_SAFE_FIELDS - {'resume'}))} may change), or start a new "
+                          "run in another --output_dir")
     return [name for name in changed if name != "resume"]
 
 
@@ -252,8 +254,8 @@ class RunLock:
         except OSError:
             holder = _holder(fd)
             os.close(fd)
-            raise RunDirError(f"output_dir: {self.run_dir} is in use by another run ({holder}); wait for it to "
-                              f"finish or choose another --output_dir") from None
+            raise RunDirError(f"output_dir: {self.run_dir} is in use by another run ({holder}); wait for it "
+                              "to finish or choose another --output_dir") from None
         self.stale_holder = os.read(fd, 4096).decode(errors="replace").strip()
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
@@ -338,8 +340,8 @@ def _lock_and_recheck(cfg: Config, run_dir: Path, resume: bool) -> RunLock:
     lock = RunLock(run_dir).acquire()
     try:
         if lock.stale_holder:
-            say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit cleanly "
-                f"(killed?); that process is gone, so this run takes the folder over")
+            say(f"output_dir: the lock of {run_dir} still names {lock.stale_holder}, which did not exit "
+                "cleanly (killed?); that process is gone, so this run takes the folder over")
         check_output_dir(cfg.output_dir, resume)
         cleared = not resume and stopped_before_first_checkpoint(run_dir)
         if cleared:

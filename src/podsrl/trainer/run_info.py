@@ -12,9 +12,9 @@ from pathlib import Path
 from podsrl.metrics import read_metrics
 
 # the fields a model card lists as the run's key settings (the whole config follows them)
-CARD_KEYS = ("model", "task", "method", "num_generations", "num_kept", "downsampling_rule", "prompts_per_step",
-             "learning_rate", "lr_scheduler_type", "max_steps", "beta", "temperature", "max_completion_length",
-             "lora_rank", "lora_alpha", "dtype", "seed")
+CARD_KEYS = ("model", "task", "method", "num_generations", "num_kept", "downsampling_rule",
+             "prompts_per_step", "learning_rate", "lr_scheduler_type", "max_steps", "beta", "temperature",
+             "max_completion_length", "lora_rank", "lora_alpha", "dtype", "seed")
 
 
 @dataclass
@@ -52,7 +52,8 @@ def read_json(path: Path, kind: type = dict):
         value = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         line = raw[:err.start].count(b"\n") + 1
-        raise ValueError(f"{path} line {line}: not valid UTF-8 (byte {raw[err.start:err.start + 1]!r})") from None
+        raise ValueError(f"{path} line {line}: not valid UTF-8 (byte "
+                         f"{raw[err.start:err.start + 1]!r})") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None  # its line and column
     if not isinstance(value, kind):
@@ -66,7 +67,8 @@ def read_run_info(run_dir: Path) -> RunInfo:
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{run_dir}: not a podsrl run directory (no config.json)")
-    metrics, data, environment = run_dir / "metrics.jsonl", run_dir / "data.json", run_dir / "environment.json"
+    metrics, data, environment = (run_dir / "metrics.jsonl", run_dir / "data.json",
+                                  run_dir / "environment.json")
     return RunInfo(run_dir=run_dir, config=read_json(config_path),
                    records=read_metrics(metrics) if metrics.is_file() else [],
                    environment=read_json(environment, list) if environment.exists() else [],

@@ -27,8 +27,9 @@ def reward_bounds(scorer: Scorer) -> tuple[float, float]:
         stacks = [scorer.custom] if scorer.custom is not None else [scorer.correct, scorer.format]
         missing = [getattr(fn, "__name__", repr(fn)) for stack in stacks for fn in stack.fns
                    if getattr(fn, "reward_bounds", None) is None]
-        raise ValueError(f"group_early_stop: needs the reward's bounds, and reward function(s) {', '.join(missing)} "
-                         f"declare none; set fn.reward_bounds = (low, high) (podsrl.rewards.bounded)")
+        raise ValueError("group_early_stop: needs the reward's bounds, and reward function(s) "
+                         f"{', '.join(missing)} declare none; set fn.reward_bounds = (low, high) "
+                         "(podsrl.rewards.bounded)")
     if not bounds[0] < bounds[1]:
         raise ValueError(f"group_early_stop: the reward's bounds {bounds} are empty (low must be < high)")
     return bounds
@@ -60,7 +61,8 @@ class SaturationStopper:
             return []
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         try:
-            scores = self.scorer.sample_scores(self.split, prompt_index, texts, completion_ids, self.trainer_state)
+            scores = self.scorer.sample_scores(self.split, prompt_index, texts, completion_ids,
+                                               self.trainer_state)
         except RewardError as err:
             self.failure = err
             return []
@@ -76,7 +78,8 @@ class SaturationStopper:
         table = torch.full((len(open_prompts), width), float("nan"), dtype=torch.float64)
         for row, prompt in enumerate(open_prompts):
             table[row, :len(self.rewards[prompt])] = torch.tensor(self.rewards[prompt], dtype=torch.float64)
-        now = [p for p, done in zip(open_prompts, saturated(table, self.num_kept, *self.bounds).tolist()) if done]
+        now = [p for p, done in zip(open_prompts, saturated(table, self.num_kept, *self.bounds).tolist())
+               if done]
         self.saturated.update(now)
         return now
 

@@ -128,8 +128,8 @@ class Stops:
         """Around the evaluation due after this step. A stop does not wait for it (an
         evaluation of a large model can outlast a scheduler's grace period between SIGTERM and
         SIGKILL): asked for before it, the evaluation is not begun; asked for during it, it
-        gets the grace, then is cut short (:class:`~podsrl.trainer.jobs.RunEvaluation`). Either way the step is
-        checkpointed with its record held back (:meth:`hold_back_evaluation`). A multi-process
+        gets the grace, then is cut short (:class:`~podsrl.trainer.jobs.RunEvaluation`). Either way the step
+        is checkpointed with its record held back (:meth:`hold_back_evaluation`). A multi-process
         run waits for the evaluation: a signal may reach one process only, and a checkpoint
         needs every process."""
         single = self.run.procs.world_size == 1
@@ -160,13 +160,13 @@ class Stops:
         """After a signal's checkpoint: the stop."""
         if signum:
             run = self.run
-            raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}; checkpoint "
-                                  f"written to {run.checkpoints.folder}; continue with the same command plus --resume "
-                                  f"true", signum=signum)
+            raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}; "
+                                  f"checkpoint written to {run.checkpoints.folder}; continue with the same "
+                                  "command plus --resume true", signum=signum)
 
     def during_set_up(self, interrupted: StopNow) -> TrainingStopped:
-        return TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained: run the "
-                               f"same command again", signum=interrupted.signum)
+        return TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained: run "
+                               "the same command again", signum=interrupted.signum)
 
     def outside_step(self, interrupted: StopNow) -> TrainingStopped:
         """A second signal outside a step (evaluating, logging, writing a checkpoint)."""
@@ -181,9 +181,10 @@ class Stops:
         to raise. The resumed run evaluates the step first, then logs it (:meth:`Run.resume_or_start`)."""
         run = self.run
         run.checkpoints.write(held_back=HeldBackStep(record, run.log.rollout_rows(outcome)))
-        return TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}, before its "
-                               f"evaluation; checkpoint written to {run.checkpoints.folder}; continue with the same "
-                               f"command plus --resume true (it evaluates step {run.state.step} first)",
+        return TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}, "
+                               f"before its evaluation; checkpoint written to {run.checkpoints.folder}; "
+                               "continue with the same command plus --resume true (it evaluates step "
+                               f"{run.state.step} first)",
                                signum=signum)
 
     def _kept_setting(self, err: UserCodeError) -> str:
@@ -193,7 +194,8 @@ class Stops:
         component, named = (re.match(r"\w*", str(e)).group() for e in (err, err.__cause__ or ""))
         if named == component or named not in self.run.resume.keeps:
             return ""
-        return f" (a resume keeps the run's {named}: with another {named}, start a new run in another --output_dir)"
+        return (f" (a resume keeps the run's {named}: with another {named}, start a new run in another "
+                "--output_dir)")
 
     def abandon(self, before: dict[str, dict], reason: BaseException, fix: str = "",
                 update_began: bool = False, kept: str = "") -> TrainingStopped:
@@ -218,10 +220,11 @@ class Stops:
         if update_began or not agreed or (fix and state.step == 0):
             last = run.checkpoints.last()
             if last == "none":  # --resume would be refused: there is nothing to resume
-                return TrainingStopped(f"stopped in step {state.step + 1}: {how}; no checkpoint yet: {first}run the "
-                                       f"same command again to start afresh (podsrl reuses the folder)", signum=signum)
-            return TrainingStopped(f"stopped in step {state.step + 1}: {how}; last checkpoint, left as it was: "
-                                   f"{last}; {resume}", signum=signum)
+                return TrainingStopped(f"stopped in step {state.step + 1}: {how}; no checkpoint yet: "
+                                       f"{first}run the same command again to start afresh (podsrl reuses "
+                                       "the folder)", signum=signum)
+            return TrainingStopped(f"stopped in step {state.step + 1}: {how}; last checkpoint, left as it "
+                                   f"was: {last}; {resume}", signum=signum)
         state.roll_back(before)
         if not run.checkpoints.holds(state.step):
             run.checkpoints.write()
