@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 from podsrl.cli import FIELD_TABLE, field_rows
-from podsrl.rollout import ENGINES, FLAT_OPTIONS, options_class
+from podsrl.options import flat_names
+from podsrl.rollout import ENGINES, EngineOptions, options_class
 from podsrl.trainer.config import FIELDS, Config
 from podsrl.trainer.eval_command import EVAL_FIELDS
 
@@ -57,14 +58,14 @@ def render() -> str:
 
 def engine_tables() -> str:
     """Each built-in engine's own options (its options class, in its module), set as the engine
-    spec's arguments or by their flat config names (podsrl.rollout.FLAT_OPTIONS)."""
-    flat_names = {option: name for name, option in FLAT_OPTIONS.items()}
+    spec's arguments or by their flat config names (podsrl.options.flat_names)."""
+    spelled = {option: name for name, option in flat_names(Config, EngineOptions).items()}
     sections = []
     for name, engine in ENGINES.items():
         kind = options_class(engine)
         own = [f for f in dataclasses.fields(kind) if f.name not in kind.run_fields]
         rows = "\n".join(f"| `{f.name}` | `{f.default!r}` | "
-                         f"{'`' + flat_names[f.name] + '`' if f.name in flat_names else ''} | {f.metadata['help']} |"
+                         f"{'`' + spelled[f.name] + '`' if f.name in spelled else ''} | {f.metadata['help']} |"
                          for f in own)
         sections.append(f"### `{name}`: `{kind.__module__}.{kind.__name__}`\n\n| option | default | flat name | "
                         f"meaning |\n| --- | --- | --- | --- |\n{rows}\n")

@@ -295,8 +295,9 @@ def test_an_engine_is_judged_by_its_options_class_and_one_that_declares_none_get
                     "        self.options = options\nclass LikeVllm(VLLMEngine):\n    pass\n")
     # the vllm engine (not validated here: vLLM need not be installed)
     assert ignored_fields(Config(generation_engine="vllm", generation_micro_group=8, share_prefill=False)) == [
-        "generation_engine vllm does not read share_prefill = false (read by hf), generation_micro_group = 8 (read by "
-        "slots): they have no effect in this run"]
+        # the fields in the config's order of declaration
+        "generation_engine vllm does not read generation_micro_group = 8 (read by slots), share_prefill = false "
+        "(read by hf): they have no effect in this run"]
     options = {"vllm_enforce_eager": "true", "generation_micro_group": "8"}
     assert ignored_fields(make_config(overrides={"generation_engine": f"{path}:Mine", **options})) == [
         f"generation_engine {path}:Mine does not read generation_micro_group = 8 (read by slots), vllm_enforce_eager "

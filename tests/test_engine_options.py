@@ -1,7 +1,7 @@
 """Engines take their own options (#59 item 2): each engine's options class in its module, set
 by a spec's arguments (``generation_engine: {name: slots, micro_group: 8}``) or by the flat
-``generation_*`` / ``vllm_*`` names mapped in one table (podsrl.rollout.FLAT_OPTIONS), checked
-at validation before any model loads."""
+``generation_*`` / ``vllm_*`` names, each declared by the config field that spells it
+(podsrl.options.flat_names), checked at validation before any model loads."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import json
 import pytest
 
 from podsrl.config_checks import validate
-from podsrl.rollout import ENGINES, FLAT_OPTIONS, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, options_class
+from podsrl.options import flat_names
+from podsrl.rollout import ENGINES, EngineOptions, HFOptions, SlotsOptions, VLLMOptions, options_class
 from podsrl.trainer.config import FIELDS, Config, make_config
 from podsrl.trainer.setup import set_up
 from tests.conftest import quick
@@ -24,7 +25,7 @@ def option_fields(options_type) -> dict[str, dataclasses.Field]:
 
 
 def test_each_flat_name_sets_an_option_of_a_built_in_engine_with_the_same_default():
-    for flat, option in FLAT_OPTIONS.items():
+    for flat, option in flat_names(Config, EngineOptions).items():
         owners = [kind for kind in BUILT_IN_OPTIONS if option in option_fields(kind)]
         assert owners, f"{flat} -> {option}: no engine has it"
         for kind in owners:

@@ -8,6 +8,7 @@ imports this module and re-exports ``validate``; kept apart so the field list st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from pathlib import Path
@@ -20,18 +21,19 @@ from podsrl.config_layouts import former_layout_refusal
 from podsrl.methods import METHODS
 from podsrl.models import check_model_name
 from podsrl.models.loading import check_dtype
-from podsrl.options import bind, check_numbers
+from podsrl.options import bind, check_numbers, flat_names
 from podsrl.prompt_selection import PROMPT_SELECTORS
 from podsrl.registry import component_label, spec_parts
 from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rollout import (
     ENGINES,
-    FLAT_OPTIONS,
     KIND_METHODS,
     PRUNE_RUNNING,
     SCHEDULES,
     STOP_GROUPS,
     WATCHERS,
+    Capabilities,
+    EngineOptions,
     capabilities,
     reads_option,
     watcher_kind,
@@ -73,9 +75,9 @@ def validate(cfg) -> None:
     require(not refusal, refusal)
     check_numbers(cfg)
     _check_owners(cfg)
-    _check_names(cfg)
+    engine = _check_names(cfg)
     _check_data(cfg)
-    _check_combinations(cfg)
+    _check_combinations(cfg, engine)
 
 
 def _check_owners(cfg) -> None:
@@ -86,8 +88,27 @@ def _check_owners(cfg) -> None:
             bind(owner, cfg).check()
 
 
-def _check_names(cfg) -> None:
-    """Fields that name something registered: each against its registry."""
+class ConfiguredEngine:
+    """The run's engine as the checks read it, its spec resolved once per validation: its label (as
+    the config names it), the resolved spec, and on first use its declared capabilities (a check
+    that needs none never asks) and the options it is built with."""
+
+    def __init__(self, cfg) -> None:
+        self.label = component_label(cfg.generation_engine)
+        self.resolved = ENGINES.resolve(cfg.generation_engine)
+        self._cfg = cfg
+
+    @functools.cached_property
+    def declared(self) -> Capabilities:
+        return capabilities(self.resolved, self.label)
+
+    @functools.cached_property
+    def options(self) -> EngineOptions:
+        return self._cfg.generation_options(engine=self.resolved)
+
+
+def _check_names(cfg) -> ConfiguredEngine:
+    """Fields that name something registered: each against its registry. Returns the engine."""
     require(isinstance(cfg.resume, bool) or cfg.resume == "auto",
             f"resume: expected true, false or auto, got {cfg.resume!r}")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
@@ -98,7 +119,7 @@ def _check_names(cfg) -> None:
     RULES.resolve(cfg.downsampling_rule)
     ADVANTAGES.resolve(cfg.advantage_estimator)
     PROMPT_SELECTORS.resolve(cfg.prompt_selector)
-    _check_engine(cfg)
+    engine = _check_engine(cfg)
     loss = spec_parts(cfg.loss_type, "loss_type")[0]
     require(loss in LOSSES or ":" in loss,
             f"loss_type: {loss!r} is not implemented; podsrl has {' and '.join(LOSSES)} (TRL's others run "
@@ -124,20 +145,22 @@ def _check_names(cfg) -> None:
     weights = cfg.reward_weight_values  # without reward_funcs they weight train()'s, counted there
     require(not cfg.reward_specs or len(weights) == len(cfg.reward_specs),
              f"reward_weights: {len(weights)} weights for {len(cfg.reward_specs)} reward_funcs")
+    return engine
 
 
-def _check_engine(cfg) -> None:
+def _check_engine(cfg) -> ConfiguredEngine:
     """The engine's spec (its arguments against its options class), its options' own rules, and
     the flat fields that only some engines read, by what the engine declares, never its name."""
-    engine = ENGINES.resolve(cfg.generation_engine)
-    cfg.generation_options().check()
-    label = component_label(cfg.generation_engine)
-    require(not cfg.generation_memory_mb or reads_option(engine, "memory_mb"),
+    engine = ConfiguredEngine(cfg)
+    engine.options.check()
+    label = engine.label
+    require(not cfg.generation_memory_mb or reads_option(engine.resolved, "memory_mb"),
             f"generation_memory_mb: caps what the hf and slots engines decode at once; generation_engine {label} "
             f"sizes its own memory (the vllm engine: vllm_kv_cache_memory_mb, vllm_gpu_memory_utilization)")
-    require(cfg.generation_dtype in ("", "auto") or reads_option(engine, "copy_dtype"),
+    require(cfg.generation_dtype in ("", "auto") or reads_option(engine.resolved, "copy_dtype"),
             f"generation_dtype: the generation copy is the hf engine's (got generation_engine {label}; vllm "
             f"computes in its own dtype, the slots engine generates from the policy)")
+    return engine
 
 
 def _check_data(cfg) -> None:
@@ -150,7 +173,7 @@ def _check_data(cfg) -> None:
     check_task_options(bind(TaskOptions, cfg))  # the spec's arguments and the task's own rules
 
 
-def _check_combinations(cfg) -> None:
+def _check_combinations(cfg, engine: ConfiguredEngine) -> None:
     _check_groups(cfg)
     require(cfg.correct_weight + cfg.format_weight > 0,
             "correct_weight/format_weight: must not both be 0 (the task's reward would be 0 for every rollout)")
@@ -169,13 +192,13 @@ def _check_combinations(cfg) -> None:
         except ValueError as err:
             raise ValueError(f"max_train_prompts: {err}") from None
     if cfg.group_early_stop:
-        _check_early_stop(cfg)
+        _check_early_stop(cfg, engine)
     for spec in cfg.watcher_specs:
-        _check_watcher(cfg, spec)
+        _check_watcher(cfg, spec, engine)
     if cfg.partial_rollouts:
-        _check_partial_rollouts(cfg)
+        _check_partial_rollouts(cfg, engine)
     if cfg.prune_running:
-        _check_pruning(cfg)
+        _check_pruning(cfg, engine)
     if cfg.adaptive_n:
         require(METHODS[cfg.method].selects, f"adaptive_n: chooses how many rollouts pods selects from; method "
                                              f"{cfg.method} trains on what it generates")
@@ -195,40 +218,32 @@ def _check_groups(cfg) -> None:
                                      f"advantage is 0 and training does nothing), got {getattr(cfg, name)}")
 
 
-def _check_early_stop(cfg) -> None:
+def _check_early_stop(cfg, engine: ConfiguredEngine) -> None:
     # a rule's declaration
     lossless = getattr(RULES.resolve(cfg.downsampling_rule), "early_stop_lossless", False)
     require(METHODS[cfg.method].selects and lossless,
             f"group_early_stop: stops groups whose max-variance selection cannot improve; it needs method pods "
             f"with downsampling_rule max_variance (got {cfg.method} / {cfg.downsampling_rule})")
-    label, declared = _engine_capabilities(cfg)
-    require(STOP_GROUPS in declared.watches,
-            f"group_early_stop: generation_engine {label} does not stop groups early (its capabilities declare no "
-            f"watcher kind {STOP_GROUPS!r}); use generation_engine slots")
-    _require_watch_allowed(cfg, STOP_GROUPS, "group_early_stop")
+    require(STOP_GROUPS in engine.declared.watches,
+            f"group_early_stop: generation_engine {engine.label} does not stop groups early (its capabilities "
+            f"declare no watcher kind {STOP_GROUPS!r}); use generation_engine slots")
+    _require_watch_allowed(engine, STOP_GROUPS, "group_early_stop")
 
 
-def _engine_capabilities(cfg):
-    """The configured engine's label (as the config names it) and its declared capabilities."""
-    label = component_label(cfg.generation_engine)
-    return label, capabilities(ENGINES.resolve(cfg.generation_engine), label)
-
-
-def _require_watch_allowed(cfg, kind: str, field: str) -> None:
+def _require_watch_allowed(engine: ConfiguredEngine, kind: str, field: str) -> None:
     """The engine's options allow a watcher of ``kind`` (``field``: the setting that asked for it)."""
-    refusal = cfg.generation_options().watch_refusal(kind)
+    refusal = engine.options.watch_refusal(kind)
     require(not refusal, f"{field}: {refusal}")
 
 
-def _check_watcher(cfg, spec) -> None:
+def _check_watcher(cfg, spec, engine: ConfiguredEngine) -> None:
     """A ``generation_watchers`` factory: a kind its engine declares, options that allow it, and
     (``stop_groups``, which leaves groups with fewer samples) a method that selects from them."""
     label, kind = component_label(spec), watcher_kind(spec)
-    engine_label, declared = _engine_capabilities(cfg)
-    require(kind in declared.watches, f"generation_watchers: {label} is a watcher of kind {kind!r}, and "
-                                      f"generation_engine {engine_label} runs none of that kind (it declares "
-                                      f"{declared.declared_kinds()})")
-    _require_watch_allowed(cfg, kind, f"generation_watchers: {label}")
+    require(kind in engine.declared.watches, f"generation_watchers: {label} is a watcher of kind {kind!r}, and "
+                                             f"generation_engine {engine.label} runs none of that kind (it "
+                                             f"declares {engine.declared.declared_kinds()})")
+    _require_watch_allowed(engine, kind, f"generation_watchers: {label}")
     factory = WATCHERS.resolve(spec)
     if isinstance(factory, type):  # a class is its watchers' type: it has the methods its kind calls
         missing = [name for name in KIND_METHODS.get(kind, ()) if not callable(getattr(factory, name, None))]
@@ -240,25 +255,24 @@ def _check_watcher(cfg, spec) -> None:
             f"generates; use method pods")
 
 
-def _check_pruning(cfg) -> None:
+def _check_pruning(cfg, engine: ConfiguredEngine) -> None:
     require(cfg.group_early_stop, "prune_running: needs group_early_stop true (it counts the finished samples early "
                                   "stop scores as they finish, against the reward's bounds)")
-    label, declared = _engine_capabilities(cfg)
-    require(PRUNE_RUNNING in declared.watches,
-            f"prune_running: generation_engine {label} stops no running sample (its capabilities declare no watcher "
-            f"kind {PRUNE_RUNNING!r}); use generation_engine slots")
-    _require_watch_allowed(cfg, PRUNE_RUNNING, "prune_running")
+    require(PRUNE_RUNNING in engine.declared.watches,
+            f"prune_running: generation_engine {engine.label} stops no running sample (its capabilities declare "
+            f"no watcher kind {PRUNE_RUNNING!r}); use generation_engine slots")
+    _require_watch_allowed(engine, PRUNE_RUNNING, "prune_running")
     require(not any(watcher_kind(spec) == PRUNE_RUNNING for spec in cfg.watcher_specs),
             "prune_running: a call runs one watcher of running samples, and generation_watchers names one too")
 
 
-def _check_partial_rollouts(cfg) -> None:
-    label, declared = _engine_capabilities(cfg)
+def _check_partial_rollouts(cfg, engine: ConfiguredEngine) -> None:
+    label, declared = engine.label, engine.declared
     require(declared.partial_rollouts,
             f"partial_rollouts: generation_engine {label} cannot stop a step's generation at a quota and resume "
             f"samples in the next step (its capabilities do not declare partial_rollouts); use the slots or vllm "
             f"engine")
-    refusal = getattr(cfg.generation_options(), "partial_rollouts_refusal", lambda: "")()  # optional
+    refusal = getattr(engine.options, "partial_rollouts_refusal", lambda: "")()  # optional
     require(not refusal, f"partial_rollouts: {refusal}")
     require(cfg.partial_stale_correction != "mask" or not declared.reports_sampling_logp,
             f"partial_stale_correction: 'mask' leaves out the tokens with a sampling log-prob, and generation_engine "
@@ -280,7 +294,7 @@ def ignored_fields(cfg) -> list[str]:
     engine = ENGINES.resolve(cfg.generation_engine)
     warnings = []
     readers = {name: _readers(lambda engine, option=option: reads_option(engine, option))
-               for name, option in FLAT_OPTIONS.items() if not reads_option(engine, option)}
+               for name, option in flat_names(cfg, EngineOptions).items() if not reads_option(engine, option)}
     if not (capabilities(engine).reports_sampling_logp or cfg.partial_rollouts):
         reporters = _readers(lambda engine: capabilities(engine).reports_sampling_logp)
         readers.update(dict.fromkeys(SAMPLER_FIELDS, reporters))
@@ -289,20 +303,23 @@ def ignored_fields(cfg) -> list[str]:
         shown = ", ".join(f"{name} = {json.dumps(getattr(cfg, name))} (read by {readers[name]})" for name in unread)
         warnings.append(f"generation_engine {component_label(cfg.generation_engine)} does not read {shown}: "
                         f"{'it has' if len(unread) == 1 else 'they have'} no effect in this run")
-    partial = [name for name in ("partial_extra_prompts", "partial_max_staleness", "partial_stale_correction")
-               if name in changed]
-    if partial and not cfg.partial_rollouts:
-        warnings.append(f"{', '.join(partial)}: read only with partial_rollouts true; no effect in this run")
-    pruning = [name for name in ("prune_points", "prune_threshold", "prune_warmup_steps", "prune_rule",
-                                 "prune_head_decay") if name in changed]
-    if pruning and not cfg.prune_running:
-        warnings.append(f"{', '.join(pruning)}: read only with prune_running true; no effect in this run")
+    warnings += _switched_off(cfg, changed)
     if cfg.prune_running:
         warnings += _pruning_warnings(cfg)
-    if "dynamic_sampling_rounds" in changed and not cfg.dynamic_sampling:
-        warnings.append(f"dynamic_sampling_rounds = {cfg.dynamic_sampling_rounds}: read only with dynamic_sampling "
-                        f"true; it has no effect in this run")
     return warnings
+
+
+def _switched_off(cfg, changed: set[str]) -> list[str]:
+    """Fields set that only a switch, turned off, reads: each such field says so first in its help
+    ("partial_rollouts: ...", "prune_running: ..."), so the list is taken from the declarations."""
+    switches = {f.name for f in dataclasses.fields(cfg) if type(f.default) is bool}
+    off: dict[str, list[str]] = {}
+    for f in dataclasses.fields(cfg):
+        switch = f.metadata.get("help", "").split(": ", 1)[0]
+        if switch in switches and f.name in changed and not getattr(cfg, switch):
+            off.setdefault(switch, []).append(f"{f.name} = {json.dumps(getattr(cfg, f.name))}")
+    return [f"{', '.join(shown)}: read only with {switch} true; {'it has' if len(shown) == 1 else 'they have'} "
+            f"no effect in this run" for switch, shown in off.items()]
 
 
 def _pruning_warnings(cfg) -> list[str]:

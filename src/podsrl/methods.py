@@ -37,10 +37,10 @@ class Method:
         """Rollouts trained on per prompt."""
         return m if self.selects or not self.generates_n else n
 
-    def bound(self, m: int, rule: Spec) -> Keeping:
+    def bound(self, m: int, rule: Spec, generator: torch.Generator | None = None) -> Keeping:
         """This method bound to m and, when it selects, to the down-sampling ``rule`` (resolved and
-        checked here; a method that keeps every rollout ignores it)."""
-        return Keeping(self, m, RULES.checked(rule) if self.selects else None)
+        checked here; a method that keeps every rollout ignores it) and the rule's random stream."""
+        return Keeping(self, m, RULES.checked(rule) if self.selects else None, generator)
 
     def arm_name(self, n: int, m: int, rule) -> str:
         """How comparisons label a run of this method: 'grpo 4/4', 'grpo-ga 16', 'pods 16->4 max_variance'
@@ -64,21 +64,24 @@ class Method:
 
 @dataclass(frozen=True)
 class Keeping:
-    """A run's method bound to m (num_kept) and its checked rule (None for a method that keeps
-    every rollout): what generation, early stop, adaptive n and selection ask of it."""
+    """A run's method bound to m (num_kept), its checked rule (None for a method that keeps every
+    rollout) and the rule's random stream (the ``random`` rule's; a checkpoint restores it in
+    place): what generation, early stop, adaptive n and selection ask of it. Called on a step's
+    groups, it is the step's select stage."""
 
     method: Method
     m: int
     rule: Checked | None
+    generator: torch.Generator | None = None
 
     def generated_per_prompt(self, n: int) -> int:
         """Rollouts generated per prompt with n rollouts per group."""
         return self.method.generated_per_prompt(n, self.m)
 
-    def keep(self, groups: Groups, generator: torch.Generator | None) -> torch.Tensor:
+    def __call__(self, groups: Groups) -> torch.Tensor:
         """Indices [P, trained] of the rollouts to train on, from the groups [P, generated]."""
         if self.rule is not None:
-            return select(self.rule, groups, self.m, generator=generator)
+            return select(self.rule, groups, self.m, generator=self.generator)
         return torch.arange(groups.rewards.shape[1]).expand(groups.rewards.shape[0], -1)
 
 

@@ -57,25 +57,31 @@ FRACTION = Range(0, 1, high_closed=False)  # [0, 1)
 SEED = Range(0, 2**32 - 1, why="numpy's seed range, which torch accepts too")
 
 
-def option(default: Any, help: str, range: Range | None = None, unchecked: str = "", flat_of: str = "") -> Any:
+def option(default: Any, help: str, range: Range | None = None, unchecked: str = "") -> Any:
     """A setting: its default, its help text (``--help``, docs/configuration.md) and, for a
-    number, its ``range``, or why it has none (``unchecked``: checked elsewhere, or by nobody).
-    ``flat_of``: the ``Class.name`` option this one spells flat (:func:`flat_option`)."""
+    number, its ``range``, or why it has none (``unchecked``: checked elsewhere, or by nobody)."""
     metadata = {"help": help, **({"range": range} if range else {})}
     if unchecked:
         metadata["unchecked"] = unchecked
-    if flat_of:
-        metadata["flat_of"] = flat_of
     return dataclasses.field(default=default, metadata=metadata)
 
 
 def flat_option(options_type: type, name: str) -> Any:
     """A config field that sets the option ``name`` of a component's ``options_type`` (its flat
     spelling, generation_micro_group for SlotsOptions.micro_group): the option's default, help
-    and range, declared once, beside the component that reads it."""
+    and range, declared once, beside the component that reads it; ``flat_of`` names the option
+    (``SlotsOptions.micro_group``), ``flat_owner`` is its class (:func:`flat_names`)."""
     f = options_type.__dataclass_fields__[name]
-    return option(f.default, f.metadata["help"], f.metadata.get("range"), f.metadata.get("unchecked", ""),
-                  flat_of=f"{options_type.__name__}.{name}")
+    return dataclasses.field(default=f.default, metadata={**f.metadata, "flat_of": f"{options_type.__name__}.{name}",
+                                                          "flat_owner": options_type})
+
+
+def flat_names(config: Any, owner: type) -> dict[str, str]:
+    """{config field: option} for the fields of ``config`` (a dataclass or its class) that spell
+    an option of ``owner``, or of a class derived from it, flat (:func:`flat_option`): the table
+    the flat names are read by, taken from the fields that declare them."""
+    return {f.name: f.metadata["flat_of"].rsplit(".", 1)[1] for f in dataclasses.fields(config)
+            if issubclass(f.metadata.get("flat_owner", type(None)), owner)}
 
 
 def check_numbers(options: Any) -> None:

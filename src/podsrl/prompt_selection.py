@@ -42,7 +42,7 @@ from podsrl.registry import Registry, bind_options
 class PromptSelectionOptions:
     """A selector's settings: the run's (seed, prompts_per_step) and pass_rate's own, set as its
     spec's arguments (``{name: pass_rate, half_life: 20}``) or by their flat config names
-    (:data:`FLAT_OPTIONS`; a spec's argument wins)."""
+    (pass_rate_half_life: podsrl.options.flat_option; a spec's argument wins)."""
 
     run_fields: ClassVar[frozenset[str]] = frozenset({"seed", "prompts_per_step"})
 
@@ -55,11 +55,6 @@ class PromptSelectionOptions:
     exploration: float = option(0.1, "pass_rate: share of each draw spread evenly over the train split, so every "
                                      "prompt keeps a chance of at least this / train prompts.",
                                      Range(0, 1, low_closed=False, why="0 could starve a prompt forever"))
-
-
-# the config's flat spellings of pass_rate's options
-FLAT_OPTIONS = {"pass_rate_half_life": "half_life", "pass_rate_prior_strength": "prior_strength",
-                "pass_rate_exploration": "exploration"}
 
 
 class PromptSelector(Protocol):

@@ -58,40 +58,23 @@ from podsrl.rollout.schedule import REFILLS, SCHEDULES, LengthPredictor, PrefixL
 from podsrl.rollout.slots import SlotsEngine, SlotsOptions, generate_in_slots
 from podsrl.rollout.vllm import VLLMEngine, VLLMOptions
 
-# The config's flat spellings of engine options (generation_* and TRL's vllm_* names), each setting
-# the option of that name in whichever engine's options class has it; a spec's own arguments win:
-# generation_engine: {name: vllm, gpu_memory_utilization: 0.5} over vllm_gpu_memory_utilization.
-FLAT_OPTIONS = {
-    "generation_memory_mb": "memory_mb",
-    "share_prefill": "share_prefill",
-    "generation_dtype": "copy_dtype",
-    "generation_static_cache": "static_cache",
-    "generation_micro_group": "micro_group",
-    "generation_refill": "refill",
-    "generation_schedule": "schedule",
-    "generation_probe_tokens": "probe_tokens",
-    "generation_decode_path": "decode_path",
-    "vllm_gpu_memory_utilization": "gpu_memory_utilization",
-    "vllm_kv_cache_memory_mb": "kv_cache_memory_mb",
-    "vllm_max_model_length": "max_model_length",
-    "vllm_enable_sleep_mode": "enable_sleep_mode",
-    "vllm_enforce_eager": "enforce_eager",
-}
-
 
 def engine_options(engine, flat: Mapping[str, Any], run: Mapping[str, Any]) -> EngineOptions:
     """The options ``engine`` (``ENGINES.resolve(spec)``) is built with: its ``options_type``
-    filled from the config's ``flat`` fields (by :data:`FLAT_OPTIONS`) and the ``run``'s own
-    values (max_completion_length, temperature, ...: each taken where the class has the field), then
-    the spec's arguments over them (checked when the spec was resolved)."""
+    filled from the config's ``flat`` values (by option name: the config's generation_* and TRL's
+    vllm_* fields, each setting the option it spells in whichever engine's class has it,
+    podsrl.options.flat_names) and the ``run``'s own values (max_completion_length, temperature,
+    ...: each taken where the class has the field), then the spec's arguments over them (checked
+    when the spec was resolved: ``{name: vllm, gpu_memory_utilization: 0.5}`` wins over
+    vllm_gpu_memory_utilization)."""
     options_type = options_class(engine)
     names = {f.name for f in dataclasses.fields(options_type) if f.init}
-    values = {option: flat[name] for name, option in FLAT_OPTIONS.items() if option in names and name in flat}
+    values = {option: value for option, value in flat.items() if option in names}
     values.update((name, value) for name, value in run.items() if name in names)
     return dataclasses.replace(options_type(**values), **getattr(engine, "fields", {}))
 
 
-__all__ = ["Capabilities", "CheckedEngine", "CheckedWatcher", "ENGINES", "EngineOptions", "FLAT_OPTIONS",
+__all__ = ["Capabilities", "CheckedEngine", "CheckedWatcher", "ENGINES", "EngineOptions",
            "GenerationCopy", "GenerationEngine", "HFEngine", "HFOptions", "KIND_METHODS", "LengthPredictor",
            "MemoryCapOptions", "PRUNE_RUNNING", "PrefixLengthPredictor", "REFILLS", "SCHEDULES",
            "STOP_GROUPS", "Sampling", "Schedule",

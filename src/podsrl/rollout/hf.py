@@ -32,7 +32,7 @@ from podsrl.types import Rollouts
 
 @dataclass(frozen=True)
 class HFOptions(MemoryCapOptions):
-    """The ``hf`` engine's options (their flat config names: podsrl.rollout.FLAT_OPTIONS). A call
+    """The ``hf`` engine's options (their flat config names: podsrl.options.flat_names). A call
     decodes the prompts it is given together, fewer groups at once under ``memory_mb``; the
     trainer's calls are already at most generation_batch_size sequences."""
 

@@ -78,7 +78,7 @@ from podsrl.types import Rollouts
 
 @dataclass(frozen=True)
 class SlotsOptions(MemoryCapOptions):
-    """The ``slots`` engine's options (their flat config names: podsrl.rollout.FLAT_OPTIONS)."""
+    """The ``slots`` engine's options (their flat config names: podsrl.options.flat_names)."""
 
     micro_group: int = option(0, "slots engine: sequences decoded at once (g); 0 = as many as generation_memory_mb "
                                  "allows, or all P*n without a cap.", NON_NEGATIVE)

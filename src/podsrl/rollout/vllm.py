@@ -75,7 +75,7 @@ INSTALL_HINT = ("generation_engine: 'vllm' needs vLLM, which is not installed he
 
 @dataclass(frozen=True)
 class VLLMOptions(EngineOptions):
-    """How the vLLM engine is built (their flat config names, TRL's: podsrl.rollout.FLAT_OPTIONS)."""
+    """How the vLLM engine is built (their flat config names, TRL's: podsrl.options.flat_names)."""
 
     run_fields: ClassVar[frozenset[str]] = EngineOptions.run_fields | {
         "compute_dtype", "seed", "processes", "device", "max_prompt_tokens"}

@@ -22,13 +22,11 @@ from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_layouts import current_layout
 from podsrl.config_yaml import as_text, check_reward_weights, read_yaml, split_list
 from podsrl.methods import METHODS
-from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, flat_option, option
-from podsrl.prompt_selection import FLAT_OPTIONS as SELECTION_FLAT_OPTIONS
+from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, flat_names, flat_option, option
 from podsrl.prompt_selection import PromptSelectionOptions
 from podsrl.registry import Spec
 from podsrl.rollout import (
     ENGINES,
-    FLAT_OPTIONS,
     EngineOptions,
     HFOptions,
     MemoryCapOptions,
@@ -228,17 +226,18 @@ class Config(ThreadOptions, PruningOptions, PartialRolloutOptions, LogOptions, E
     def prompt_selection_options(self) -> PromptSelectionOptions:
         """The prompt selector's options: the run's, and pass_rate's from their flat fields (a spec's
         arguments replace them when the selector is built: podsrl.registry.bind_options)."""
-        return bind(PromptSelectionOptions, self, **{option: getattr(self, name)
-                                                     for name, option in SELECTION_FLAT_OPTIONS.items()})
+        return bind(PromptSelectionOptions, self, **{option: getattr(self, name) for name, option
+                                                     in flat_names(self, PromptSelectionOptions).items()})
 
-    def generation_options(self, processes: int = 1, sharded: bool = False) -> EngineOptions:
+    def generation_options(self, processes: int = 1, sharded: bool = False, engine=None) -> EngineOptions:
         """The options the run's engine is built with (its own class, podsrl.rollout.engine_options):
-        the flat generation_* / vllm_* fields, the run's own values, then the spec's arguments."""
+        the flat generation_* / vllm_* fields, the run's own values, then the spec's arguments
+        (``engine``: the spec resolved already, where the caller holds it)."""
         run = dict(max_completion_length=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
                    compute_dtype="bfloat16" if self.computes_in_bfloat16 else "float32", sharded=sharded,
                    seed=self.seed, processes=processes, device=self.device, max_prompt_tokens=self.max_prompt_tokens)
-        return engine_options(ENGINES.resolve(self.generation_engine),
-                              {name: getattr(self, name) for name in FLAT_OPTIONS}, run)
+        flat = {option: getattr(self, name) for name, option in flat_names(self, EngineOptions).items()}
+        return engine_options(engine or ENGINES.resolve(self.generation_engine), flat, run)
 
     @property
     def reward_specs(self) -> list[str]:

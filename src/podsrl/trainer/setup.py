@@ -55,7 +55,6 @@ from podsrl.trainer.stages import (
     ProgressAt,
     RolloutGenerator,
     ScoreEverywhere,
-    Selection,
     StepStages,
     StopperFactory,
 )
@@ -188,7 +187,8 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
     optimizer, scheduler = make_optimizer((p for p in policy.parameters() if p.requires_grad),
                                           bind(OptimizerOptions, cfg), total_steps=cfg.max_steps)
-    keeping = METHODS[cfg.method].bound(cfg.num_kept, cfg.downsampling_rule)  # m bound once, here
+    rule_stream = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's
+    keeping = METHODS[cfg.method].bound(cfg.num_kept, cfg.downsampling_rule, rule_stream)  # m bound once, here
     group_size, log_options = group_size_policy(cfg, keeping), bind(LogOptions, cfg)
     components = Components(
         procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0],
@@ -201,14 +201,13 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
         hooks=step_hooks(cfg, procs, engine, group_size, cores),
         pruning=RunPruning.of(bind(PruningOptions, cfg), bundle.model.config.get_text_config().hidden_size,
                               keeping.m, cfg.max_completion_length))
-    select = Selection(keeping, torch.Generator().manual_seed(cfg.seed + 1))  # the `random` rule's stream
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
                             "generation_engine": PerProcess(engine),
-                            "rule_generator": GeneratorState(select.generator)}
+                            "rule_generator": GeneratorState(keeping.generator)}
                      | ({"quality_head": components.pruning} if components.pruning is not None else {}))
     partial = bind(PartialRolloutOptions, cfg)  # bound once: the pool and the prompt source read it
-    stages = step_stages(cfg, components, selector, group_size, select, bounds, partial,
+    stages = step_stages(cfg, components, selector, group_size, keeping, bounds, partial,
                          carried_pool(partial, state))
     cores.follow()  # the threads of the first evaluation and step: the cores left free during set-up
     return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
@@ -257,12 +256,12 @@ def resume(cfg: Config) -> Resume:
 
 
 def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,
-                select: Selection, reward_bounds: tuple[float, float] | None,
+                keeping: Keeping, reward_bounds: tuple[float, float] | None,
                 partial: PartialRolloutOptions, carried: CarriedPool | None) -> StepStages:
     """The step's stages, each bound to the config values it needs (the loop reads none), those
-    that need m to ``select``'s keeping; ``carried``: partial rollouts' pool when ``partial``
+    that need m to ``keeping`` (the select stage); ``carried``: partial rollouts' pool when ``partial``
     switches them on."""
-    procs, tokenizer, keeping = components.procs, components.bundle.tokenizer, select.keeping
+    procs, tokenizer = components.procs, components.bundle.tokenizer
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
                           train_prompts=len(components.train_split.examples), is_main=procs.is_main,
                           is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
@@ -286,7 +285,7 @@ def step_stages(cfg: Config, components: Components, selector: PromptSelector, g
     logprobs = (ExtraLogprobs(components.policy, components.reference, cfg.micro_batch_size, cfg.share_prompt_in_update,
                               old=needs_old, ref=needs_ref) if needs_old or needs_ref else None)
     return StepStages(
-        group_size=group_size, prompts=prompts, select=select,
+        group_size=group_size, prompts=prompts, select=keeping,
         advantages=Advantages(ADVANTAGES.checked(cfg.advantage_estimator), cfg.scale_rewards), logprobs=logprobs,
         update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations,
                             sampler_correction(cfg)))

@@ -23,7 +23,6 @@ import torch
 from podsrl.algorithms.early_stop import at_bounds
 from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
-from podsrl.algorithms.select import Groups
 from podsrl.contracts import UserCodeError
 from podsrl.distributed import Processes
 from podsrl.methods import Keeping
@@ -38,19 +37,6 @@ from podsrl.trainer.saturation import SaturationStopper
 from podsrl.trainer.state import sampling_seed
 from podsrl.types import Rollouts, Scores, UpdateBatch
 from podsrl.update import UpdateOptions, UpdateResult, batch_logprobs, update_policy
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The run's method's choice of the rollouts to train on (``keeping``: bound once to m and
-    its rule), with the rule's random stream (restored in place from a checkpoint)."""
-
-    keeping: Keeping
-    generator: torch.Generator
-
-    def __call__(self, groups: Groups) -> torch.Tensor:
-        """Indices [P, trained] into the group axis of the groups [P, generated]."""
-        return self.keeping.keep(groups, self.generator)
 
 
 @dataclass(frozen=True)
@@ -308,7 +294,7 @@ class StepStages:
 
     group_size: GroupSizePolicy  # n per step: fixed, or adaptive_n's controller
     prompts: PromptSource  # the step's prompt groups, generated and scored
-    select: Selection  # groups [P, n] -> indices kept [P, m]
+    select: Keeping  # groups [P, n] -> indices kept [P, m]
     advantages: Advantages  # kept rewards [P, m] -> advantages [P, m]
     logprobs: ExtraLogprobs | None  # old / reference log-probs (None: the update needs neither)
     update: PolicyUpdate  # the optimizer step(s)
