@@ -265,6 +265,12 @@ IGNORED = [  # (overrides, the warning's lines): #57, options an engine does not
     ({"dynamic_sampling_rounds": "5"},
      ["dynamic_sampling_rounds = 5: read only with dynamic_sampling true; it has no effect in this run"]),
     ({"dynamic_sampling_rounds": "5", "dynamic_sampling": "true"}, []),
+    # every field read only with a switch says so first in its help: the warning is taken from that
+    ({"num_generations_max": "32"}, ["num_generations_max = 32: read only with adaptive_n true; it has no effect in "
+                                     "this run"]),
+    ({"partial_extra_prompts": "4", "partial_stale_correction": "mask"},
+     ["partial_extra_prompts = 4, partial_stale_correction = \"mask\": read only with partial_rollouts true; they "
+      "have no effect in this run"]),
     ({"generation_engine": "slots", "generation_micro_group": "8", "generation_schedule": "round_robin"}, []),
     ({"vllm_enforce_eager": "false", "generation_micro_group": "0", "dynamic_sampling_rounds": "3"}, []),  # defaults
     # #80: pruning that can never act, or may not (a reward of several terms)
