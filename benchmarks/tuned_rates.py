@@ -34,7 +34,14 @@ import statistics
 import sys
 from pathlib import Path
 
-from podsrl.experiments.compare import analyze, format_table, planned_arm_names, run_comparison, write_report
+from podsrl.experiments.compare import (
+    analyze,
+    format_table,
+    planned_arm_names,
+    provenance,
+    run_comparison,
+    write_report,
+)
 from podsrl.experiments.runs import arm_name, load_run
 from podsrl.experiments.stats import mean_ci
 from podsrl.trainer.config import split_list
@@ -107,6 +114,15 @@ def sweep_table(rows: list[dict], chosen: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def runs_line(run_dirs: list[Path]) -> str:
+    """When, at which commit and on which machine the runs ran (each run's environment.json)."""
+    found = provenance([load_run(path) for path in run_dirs])
+    if not found:
+        return "runs: no environment recorded"
+    return (f"runs started {found['first_start']} to {found['last_start']} (UTC); code {', '.join(found['commits'])}; "
+            f"machine: {'; '.join(found['machines'])}; torch {'; '.join(found['torch'])}")
+
+
 def check_budgets(parser, args, arms: int, rates: list[float]) -> None:
     if len(rates) < 3 or max(rates) / min(rates) < 10 - 1e-9:  # 6e-4 / 6e-5 is 9.999999999999998
         parser.error("--learning_rates: at least 3 rates spanning at least 10x (#81 item 4)")
@@ -142,7 +158,8 @@ def main() -> int:
     rows = sweep_rows(sweep_dirs, 60 * args.sweep_minutes)
     chosen = chosen_rates(rows)
     sections = [f"Sweep: {len(rates)} rates x {args.sweep_seeds} seeds x {args.sweep_minutes:g} minutes, late accuracy "
-                f"= mean of the evaluations after {LATE:.0%} of the budget\n\n{sweep_table(rows, chosen)}"]
+                f"= mean of the evaluations after {LATE:.0%} of the budget\n{runs_line(sweep_dirs)}\n\n"
+                f"{sweep_table(rows, chosen)}"]
     if not args.sweep_only:
         tuned = [{**arm, "learning_rate": chosen[arm_name({**base.to_dict(), **arm})]} for arm in arms]
         run_dirs = run_comparison(base, tuned, args.seeds, args.budget_minutes, args.output_dir / "runs")
