@@ -44,6 +44,17 @@ def plan_arms(base, extra: int, grpo_plain: bool) -> list[dict]:
             {**grpo, **partial}]
 
 
+def baseline_sections(run_dirs: list[Path], baselines: list[str], output_dir: Path, title: str) -> list[str]:
+    """The comparison's table against each of ``baselines`` (its report written under ``output_dir``)."""
+    sections = []
+    for baseline in baselines:
+        result = analyze(run_dirs, baseline=baseline)
+        write_report(result, output_dir / baseline.replace(" ", "_").replace("/", "_"),
+                     title=f"{title}, baseline {baseline}")
+        sections.append(f"Baseline {baseline}:\n\n{format_table(result)}")
+    return sections
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -59,12 +70,8 @@ def main() -> int:
     arms = plan_arms(base, args.extra, args.grpo_plain)
     run_dirs = run_comparison(base, arms, args.seeds, args.budget_minutes, args.output_dir / "runs")
     names = planned_arm_names(base, arms)
-    sections = []
-    for baseline in names[1:]:  # PODS against each GRPO arm, and the GRPO arms against each other
-        result = analyze(run_dirs, baseline=baseline)
-        write_report(result, args.output_dir / baseline.replace(" ", "_").replace("/", "_"),
-                     title=f"methods at their best, baseline {baseline}")
-        sections.append(f"Baseline {baseline}:\n\n{format_table(result)}")
+    # PODS against each GRPO arm, and the GRPO arms against each other
+    sections = baseline_sections(run_dirs, names[1:], args.output_dir, "methods at their best")
     trained = {"pods": base.num_kept, "grpo": base.num_kept, "grpo-ga": base.num_generations}
     configs = {}
     for path in run_dirs:

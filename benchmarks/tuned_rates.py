@@ -35,19 +35,16 @@ import sys
 from pathlib import Path
 
 from podsrl.experiments.compare import (
-    analyze,
-    format_table,
     planned_arm_names,
     provenance,
     run_comparison,
-    write_report,
 )
 from podsrl.experiments.runs import arm_name, load_run
 from podsrl.experiments.stats import mean_ci
 from podsrl.trainer.config import split_list
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from methods_at_best import plan_arms  # noqa: E402 (benchmarks/ is not a package)
+from methods_at_best import baseline_sections, plan_arms  # noqa: E402 (benchmarks/ is not a package)
 from partial_rollouts import base_config  # noqa: E402
 from results_md import record  # noqa: E402
 
@@ -70,12 +67,11 @@ def late_accuracy(evals: list[tuple[float, float]], budget: float) -> list[float
     return [accuracy for seconds, accuracy in evals if seconds >= LATE * budget]
 
 
-def sweep_rows(run_dirs: list[Path], budget: float) -> list[dict]:
+def sweep_rows(runs: list, budget: float) -> list[dict]:
     """Per arm and rate: seeds, steps, late accuracy (mean over seeds of each run's late mean, its
     95% half-width) and how far dropping the evaluation that moves it most would move it."""
     groups: dict[tuple[str, float], list] = {}
-    for path in run_dirs:
-        run = load_run(path)
+    for run in runs:
         groups.setdefault((arm_name(run.config), run.config["learning_rate"]), []).append(run)
     rows = []
     for (arm, rate), runs in groups.items():
@@ -114,9 +110,9 @@ def sweep_table(rows: list[dict], chosen: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def runs_line(run_dirs: list[Path]) -> str:
+def runs_line(runs: list) -> str:
     """When, at which commit and on which machine the runs ran (each run's environment.json)."""
-    found = provenance([load_run(path) for path in run_dirs])
+    found = provenance(runs)
     if not found:
         return "runs: no environment recorded"
     return (f"runs started {found['first_start']} to {found['last_start']} (UTC); code {', '.join(found['commits'])}; "
@@ -155,19 +151,17 @@ def main() -> int:
     swept = [{**arm, "learning_rate": rate} for arm in arms for rate in rates]
     sweep_base = dataclasses.replace(base, seed=base.seed + SWEEP_SEED_OFFSET, eval_steps=args.sweep_eval_steps)
     sweep_dirs = run_comparison(sweep_base, swept, args.sweep_seeds, args.sweep_minutes, args.output_dir / "sweep")
-    rows = sweep_rows(sweep_dirs, 60 * args.sweep_minutes)
+    sweep_runs = [load_run(path) for path in sweep_dirs]
+    rows = sweep_rows(sweep_runs, 60 * args.sweep_minutes)
     chosen = chosen_rates(rows)
     sections = [f"Sweep: {len(rates)} rates x {args.sweep_seeds} seeds x {args.sweep_minutes:g} minutes, late accuracy "
-                f"= mean of the evaluations after {LATE:.0%} of the budget\n{runs_line(sweep_dirs)}\n\n"
+                f"= mean of the evaluations after {LATE:.0%} of the budget\n{runs_line(sweep_runs)}\n\n"
                 f"{sweep_table(rows, chosen)}"]
     if not args.sweep_only:
         tuned = [{**arm, "learning_rate": chosen[arm_name({**base.to_dict(), **arm})]} for arm in arms]
         run_dirs = run_comparison(base, tuned, args.seeds, args.budget_minutes, args.output_dir / "runs")
-        for baseline in [name for name in planned_arm_names(base, tuned) if name.startswith("grpo")]:
-            result = analyze(run_dirs, baseline=baseline)
-            write_report(result, args.output_dir / baseline.replace(" ", "_").replace("/", "_"),
-                         title=f"methods at their tuned rates, baseline {baseline}")
-            sections.append(f"Baseline {baseline}:\n\n{format_table(result)}")
+        baselines = [name for name in planned_arm_names(base, tuned) if name.startswith("grpo")]
+        sections += baseline_sections(run_dirs, baselines, args.output_dir, "methods at their tuned rates")
     body = "\n\n".join(sections)
     print(body)
     if args.record:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from test_compare import fake_run
 
+from podsrl.experiments.runs import load_run
+
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("tuned_rates", REPO / "benchmarks" / "tuned_rates.py")
 tuned_rates = importlib.util.module_from_spec(spec)
@@ -29,7 +31,7 @@ def test_the_sweep_chooses_the_rate_of_the_highest_late_accuracy_not_the_best_si
             # one lucky evaluation (0.9) but a lower late mean: (0.2 + 0.2 + 0.9) / 3 and 0.3
             swept_run(tmp_path, 1e-3, 0, [(0, 0.2), (25, 0.6), (50, 0.2), (75, 0.2), (100, 0.9)]),
             swept_run(tmp_path, 1e-3, 1, [(0, 0.2), (25, 0.6), (50, 0.3), (75, 0.3), (100, 0.3)])]
-    rows = {row["learning_rate"]: row for row in tuned_rates.sweep_rows(runs, 100.0)}
+    rows = {row["learning_rate"]: row for row in tuned_rates.sweep_rows(list(map(load_run, runs)), 100.0)}
     assert rows[1e-4]["late_accuracy"] == pytest.approx((0.5 + 0.5) / 2)
     assert rows[1e-3]["late_accuracy"] == pytest.approx(((0.2 + 0.2 + 0.9) / 3 + 0.3) / 2)
     assert rows[1e-4]["seeds"] == 2 and rows[1e-4]["evaluations"] == 3
