@@ -32,13 +32,13 @@ import torch
 from podsrl.algorithms.early_stop import fill_skipped
 from podsrl.algorithms.select import max_variance
 from podsrl.experiments.stats import mean_ci
+from podsrl.generation.saturation import SaturationStopper, reward_bounds
 from podsrl.models import load_model
 from podsrl.rewards import bounded, completion_text
 from podsrl.rollout import SlotsOptions, generate_in_slots
 from podsrl.rollout.schedule import PrefixLengthPredictor
 from podsrl.scoring import Scorer, ScoringOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
-from podsrl.trainer.saturation import SaturationStopper, reward_bounds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import record  # noqa: E402 (benchmarks/ is not a package)

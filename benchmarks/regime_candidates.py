@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from podsrl.run_folder.eval_command import run_eval
 from podsrl.trainer.config import make_config
-from podsrl.trainer.eval_command import run_eval
 from podsrl.trainer.setup import task_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -14,8 +14,8 @@ from pathlib import Path
 from podsrl.cli import FIELD_TABLE, field_rows
 from podsrl.options import flat_names
 from podsrl.rollout import ENGINES, EngineOptions, options_class
+from podsrl.run_folder.eval_command import EVAL_FIELDS
 from podsrl.trainer.config import FIELDS, Config
-from podsrl.trainer.eval_command import EVAL_FIELDS
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """# Configuration

@@ -70,8 +70,8 @@ def test_help_of_every_command_imports_neither_torch_nor_transformers():
 def test_the_command_lines_field_table_is_the_configs():
     """`podsrl train --help` prints config_fields.json, generated from the config: stale, it fails here."""
     from podsrl.cli import FIELD_TABLE, field_rows
+    from podsrl.run_folder.eval_command import EVAL_FIELDS
     from podsrl.trainer.config import Config
-    from podsrl.trainer.eval_command import EVAL_FIELDS
 
     assert json.loads(FIELD_TABLE.read_text()) == field_rows(Config, EVAL_FIELDS), \
         "src/podsrl/config_fields.json is stale: run python scripts/config_table.py"

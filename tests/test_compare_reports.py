@@ -322,7 +322,7 @@ def test_a_run_records_its_tokenizers_end_of_turn_in_a_file_podsrl_still_proves_
     from types import SimpleNamespace
 
     from podsrl.provenance import record_environment
-    from podsrl.trainer.ownership import is_podsrls
+    from podsrl.run_folder.ownership import is_podsrls
 
     record_environment(tmp_path, SimpleNamespace(eos_token_id=2, eos_token="<|im_end|>"))
     record_environment(tmp_path)  # a start without a tokenizer (benchmarks' TRL runs) records none

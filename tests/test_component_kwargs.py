@@ -22,8 +22,8 @@ from podsrl.rewards import REWARDS, load_reward_fn
 from podsrl.rewards.stack import runs_in_worker
 from podsrl.rollout import SCHEDULES, Schedule
 from podsrl.rollout.schedule import PendingSamples
+from podsrl.run_folder.claim import RunDirError, check_resume_config
 from podsrl.trainer.config import FIELDS, Config, make_config, parse_value
-from podsrl.trainer.run_dir import RunDirError, check_resume_config
 
 USER_CODE = '''
 import zlib

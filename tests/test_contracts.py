@@ -486,7 +486,7 @@ def test_a_user_engine_failing_over_a_setting_a_resume_keeps_says_a_change_means
                                                                                          random_model_dir):
     """After a checkpoint, a component whose error names a setting a resume may not change
     says so: a resume with it changed is refused (as said), the same command resumes."""
-    from podsrl.trainer.run_dir import RunDirError
+    from podsrl.run_folder.claim import RunDirError
 
     (tmp_path / "bug").touch()
     with pytest.raises(TrainingStopped) as stopped:

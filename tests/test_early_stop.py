@@ -13,6 +13,7 @@ import torch
 
 from podsrl.algorithms.early_stop import fill_skipped, max_kept_variance, saturated
 from podsrl.algorithms.select import max_variance
+from podsrl.generation.saturation import SaturationStopper, reward_bounds
 from podsrl.rewards import RewardError, bounded, in_process
 from podsrl.rollout import ENGINES, STOP_GROUPS, HFOptions, SlotsOptions, generate_in_slots
 from podsrl.scoring import Scorer, ScoringOptions
@@ -20,7 +21,6 @@ from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer import train
 from podsrl.trainer.config import Config, validate
 from podsrl.trainer.logging import group_stats
-from podsrl.trainer.saturation import SaturationStopper, reward_bounds
 
 
 def best_subset_variance(values: list[float], m: int) -> float:

@@ -115,7 +115,7 @@ def test_eval_offers_only_what_evaluation_reads(tmp_path, capsys):
 
 
 def test_the_model_of_a_run_in_progress_is_named_as_such(lora_run, tmp_path, capsys):
-    from podsrl.trainer.run_dir import RunLock
+    from podsrl.run_folder.claim import RunLock
 
     live = tmp_path / "live"
     shutil.copytree(lora_run, live, ignore=shutil.ignore_patterns("model"))

@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from podsrl.cli import main
 from podsrl.metrics import read_metrics
 from podsrl.provenance import REPORTED_PACKAGES, installed, read_environment
+from podsrl.run_folder.export import EXPORT_MARKER
+from podsrl.run_folder.model_card import base_model_id
 from podsrl.trainer import train
 from podsrl.trainer.config import make_config
-from podsrl.trainer.export import EXPORT_MARKER
-from podsrl.trainer.model_card import base_model_id
 
 PROMPTS = ["What is 12 + 30? Answer in format: 'Answer: {result}'\n", "What is 7 - 9?"]
 
@@ -214,7 +214,7 @@ def test_refusals_name_the_path(full_run, tmp_path, capsys):
 def test_a_damaged_json_file_of_the_run_is_one_line_naming_it(full_run, tmp_path, monkeypatch, capsys, name, content,
                                                                message):
     """#57: a run's damaged config.json (and the like) came out as Python's message, naming no file."""
-    import podsrl.trainer.export as export_module
+    import podsrl.run_folder.export as export_module
 
     run = shutil.copytree(full_run, tmp_path / "run")
     (run / name).write_bytes(content)
@@ -291,7 +291,7 @@ def users_weights(folder):
 @pytest.mark.parametrize("spoil", [users_readme, users_weights, hand_made_marker])
 def test_overwrite_refuses_before_loading_a_model_when_a_file_it_keeps_has_a_name_the_export_writes(
         full_run, tmp_path, monkeypatch, capsys, spoil):
-    import podsrl.trainer.export as export_module
+    import podsrl.run_folder.export as export_module
 
     export(full_run, tmp_path / "hf")
     (tmp_path / "hf" / "my_eval.csv").write_text("mine")
@@ -380,7 +380,7 @@ def test_a_full_disk_during_an_export_is_one_line_and_leaves_no_staging_folder(f
 
 
 def test_a_failed_export_leaves_the_destination_as_it_was(full_run, tmp_path, monkeypatch, capsys):
-    import podsrl.trainer.export as export_module
+    import podsrl.run_folder.export as export_module
 
     def disk_full(path):
         raise OSError(28, "No space left on device")
@@ -400,7 +400,7 @@ def test_a_failed_export_leaves_the_destination_as_it_was(full_run, tmp_path, mo
 
 def test_a_ctrl_c_during_an_export_is_one_line_exit_130_and_leaves_the_destination_as_it_was(
         full_run, tmp_path, monkeypatch, capsys):
-    import podsrl.trainer.export as export_module
+    import podsrl.run_folder.export as export_module
 
     def ctrl_c(path):
         raise KeyboardInterrupt  # after the files are written, before the folder is renamed into place

@@ -71,7 +71,7 @@ def test_the_config_composes_each_owners_options_under_their_names(owner):
         if "range" in f.metadata:
             with pytest.raises(ValueError, match=rf"^{f.name}: must be "):
                 make_config(None, {f.name: str(f.metadata["range"].low - 1)})
-    assert next(iter(FIELDS)) == "model"  # config.json begins as every earlier one did (trainer/ownership.py)
+    assert next(iter(FIELDS)) == "model"  # config.json begins as every earlier one did (run_folder/ownership.py)
 
 
 @pytest.mark.parametrize("seed", range(6))

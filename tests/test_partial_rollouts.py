@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from podsrl.algorithms.importance import STALE_MASK, SamplerCorrection, sampler_importance_weights
+from podsrl.generation.partial_rollouts import CarriedPool
 from podsrl.models.logprobs import token_logprobs
 from podsrl.rollout import SlotsEngine, SlotsOptions, generate_in_slots
 from podsrl.rollout.partial import CarriedGroup
@@ -17,7 +18,6 @@ from podsrl.tasks import TaskOptions, build_task, render_prompt
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.config import Config, validate
-from podsrl.trainer.partial_rollouts import CarriedPool
 from podsrl.update import flatten_for_update
 from tests.conftest import quick
 
@@ -314,7 +314,7 @@ class CountingSelector:
 def test_each_process_draws_exactly_the_fresh_prompts_it_lacks_from_one_shared_list(rank, mine, other, slice_):
     """Dynamic sampling's rounds leave processes lacking different numbers of groups: one list is
     drawn for both (the selector's draws stay the same on every process), each takes its slice."""
-    from podsrl.trainer.partial_rollouts import PartialRolloutOptions, PartialRolloutSource
+    from podsrl.generation.partial_rollouts import PartialRolloutOptions, PartialRolloutSource
 
     selector = CountingSelector()
     source = PartialRolloutSource(selector, 4, None, None, None, TwoProcesses(rank, torch.tensor([other])),

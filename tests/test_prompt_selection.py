@@ -13,6 +13,7 @@ import torch
 
 from podsrl.algorithms.group_stats import is_constant
 from podsrl.algorithms.pass_rate import PassRatePosterior, beta_power_mean, draw_probabilities, nonconstant_probability
+from podsrl.generation.prompt_source import informative_first
 from podsrl.metrics import read_metrics
 from podsrl.prompt_selection import (
     PROMPT_SELECTORS,
@@ -21,7 +22,6 @@ from podsrl.prompt_selection import (
 )
 from podsrl.trainer import train
 from podsrl.trainer.config import make_config
-from podsrl.trainer.prompt_source import informative_first
 
 
 def beta_integral(f, alpha: float, beta: float, points: int = 200_001) -> float:
@@ -319,8 +319,8 @@ def test_dynamic_sampling_keeps_the_selectors_numbers_and_refuses_one_named_like
     silent overwrite."""
     from podsrl.contracts import UserCodeError
     from podsrl.distributed import Processes
+    from podsrl.generation.prompt_source import DynamicSamplingSource
     from podsrl.tasks.base import Example, PreparedSplit
-    from podsrl.trainer.prompt_source import DynamicSamplingSource
     from podsrl.trainer.timer import StageTimer
     from podsrl.types import Rollouts, Scores
 

@@ -1,4 +1,4 @@
-"""The trainer's quota-aware pruner (podsrl.trainer.pruning.QuotaPruner), a prune_running
+"""The trainer's quota-aware pruner (podsrl.generation.pruning.QuotaPruner), a prune_running
 watcher: what it names, what it learns from, and the skill it reports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from podsrl.algorithms.quality_head import QualityHead, statistics
-from podsrl.trainer.pruning import QuotaPruner, detection_lengths
+from podsrl.generation.pruning import QuotaPruner, detection_lengths
 
 
 def skilled_head() -> QualityHead:

@@ -156,7 +156,7 @@ def test_resume_auto_after_a_kill_before_the_first_checkpoint_starts_the_run_afr
                                                                                      uninterrupted):
     """--resume true refuses a run killed before its first checkpoint (nothing to resume), so a
     job script that always passes it failed there; --resume auto starts it afresh in its folder."""
-    from podsrl.trainer.run_dir import stopped_before_first_checkpoint
+    from podsrl.run_folder.claim import stopped_before_first_checkpoint
 
     out = tmp_path / "run"
     args = run_args(random_model_dir, out, 6, "--save_steps", "0", "--resume", "auto")
@@ -227,7 +227,7 @@ def test_a_ctrl_c_during_start_up_is_one_line_exit_130_and_leaves_what_a_stopped
     """Before the first step: while podsrl's libraries import, nothing is written; while the
     model loads, the run stops once set up, without evaluating, its folder as a run stopped
     before its first checkpoint leaves it, which the same command starts afresh."""
-    from podsrl.trainer.run_dir import stopped_before_first_checkpoint
+    from podsrl.run_folder.claim import stopped_before_first_checkpoint
 
     out = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT if moment == "importing" else SLOW_LOAD,
@@ -298,7 +298,7 @@ def test_a_checkpoint_holding_another_prompt_selectors_state_does_not_fit_and_is
     """A selector's load_state_dict that meets another selector's state (KeyError: 'posterior')
     is the checkpoint not fitting, like a model's: skipped for the previous one with a warning,
     or, none fitting, the resume refused in one line with nothing changed."""
-    from podsrl.trainer.run_dir import RunDirError
+    from podsrl.run_folder.claim import RunDirError
 
     full = train(quick(random_model_dir, tmp_path / "full", max_steps=4)).run_dir
     out = tmp_path / "run"

@@ -16,11 +16,11 @@ import torch
 
 from podsrl.metrics import read_metrics
 from podsrl.models.loading import TINY_DIR
+from podsrl.run_folder.claim import LOCK_FILE, RunDirError, RunLock, check_resume_config
 from podsrl.trainer import TrainingStopped, train
 from podsrl.trainer import checkpoints as checkpoints_module
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.config import make_config
-from podsrl.trainer.run_dir import LOCK_FILE, RunDirError, RunLock, check_resume_config
 from podsrl.update import update_policy
 from tests.conftest import quick
 
@@ -122,7 +122,7 @@ def test_a_run_that_fails_before_writing_leaves_no_folder(random_model_dir, tmp_
     assert not (tmp_path / "new").exists()
 
 
-LOCK_HOLDER = ("import sys, time; from pathlib import Path; from podsrl.trainer.run_dir import RunLock; "
+LOCK_HOLDER = ("import sys, time; from pathlib import Path; from podsrl.run_folder.claim import RunLock; "
                "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(600)")
 
 
@@ -400,7 +400,7 @@ def test_checkpoints_from_before_parts_pt_are_called_an_older_format_that_still_
                                                                                         finished_run, tmp_path, capfd):
     """#57: an older podsrl's checkpoints (no parts.pt) were 'unreadable (FileNotFoundError ...)'
     with 'resume with the settings that wrote it', which no settings do; podsrl export does."""
-    from podsrl.trainer.export import export_run
+    from podsrl.run_folder.export import export_run
 
     run = copy_of(finished_run, tmp_path)
     found = list_checkpoints(run / "checkpoints")
@@ -549,7 +549,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(random_model_di
 
 def test_resume_on_a_folder_without_a_run_gives_advice_that_works(tmp_path):
     """--resume on a folder with a user's file: "drop --resume" would be refused too (not empty)."""
-    from podsrl.trainer.run_dir import check_output_dir
+    from podsrl.run_folder.claim import check_output_dir
 
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(RunDirError) as refused:

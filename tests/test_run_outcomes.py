@@ -52,7 +52,7 @@ def test_a_full_disk_at_the_final_save_keeps_the_model_and_checkpoint_and_says_h
         random_model_dir, tmp_path, monkeypatch, error):
     from transformers import PreTrainedModel
 
-    from podsrl.trainer.export import export_run
+    from podsrl.run_folder.export import export_run
 
     out = tmp_path / "run"
     train(quick(random_model_dir, out, max_steps=2))

@@ -328,7 +328,7 @@ def test_lora_update_changes_only_the_adapter(random_model_dir):
 def test_the_saved_lora_model_is_the_trained_one(random_model_dir, tmp_path):
     """Reloading run/model (base + saved adapter) gives the greedy accuracy the run logged at
     its end: nothing the run trained (e.g. a base weight) is missing from what it saved."""
-    from podsrl.trainer.eval_command import run_eval
+    from podsrl.run_folder.eval_command import run_eval
     from podsrl.trainer.setup import task_options
 
     result = train(quick_config(random_model_dir, tmp_path / "lora", max_steps=3, lora_rank=4, learning_rate=1e-2))

@@ -43,8 +43,8 @@ def _lazy(module: str, name: str):
 
 
 train = _lazy("podsrl.trainer", "train")
-run_eval = _lazy("podsrl.trainer.eval_command", "run_eval")
-export_run = _lazy("podsrl.trainer.export", "export_run")
+run_eval = _lazy("podsrl.run_folder.eval_command", "run_eval")
+export_run = _lazy("podsrl.run_folder.export", "export_run")
 run_comparison = _lazy("podsrl.experiments.compare", "run_comparison")
 analyze = _lazy("podsrl.experiments.compare", "analyze")
 write_report = _lazy("podsrl.experiments.compare", "write_report")
@@ -163,7 +163,7 @@ EVAL_DESCRIPTION = ("Accuracy of a model or a run's model/ folder on a task's he
 
 def cmd_eval(argv: list[str]) -> int:
     args, _ = _config_parser("podsrl eval", EVAL_DESCRIPTION).parse_known_args(argv)  # --help ends here
-    from podsrl.trainer import eval_command
+    from podsrl.run_folder import eval_command
     from podsrl.trainer.setup import task_options
 
     try:  # a run's folders that are not a model, before the config calls them unknown models

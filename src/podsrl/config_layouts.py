@@ -6,7 +6,7 @@ with the command's. Without these mappings an old run could be resumed neither w
 command was refused (a setting that is no longer read) and today's spelling differed from its
 config.json (a change of configuration, refused on resume). :func:`current_layout` maps a
 config's values (a YAML file's and the command line's in :func:`podsrl.trainer.config.make_config`,
-the run's config.json in :func:`podsrl.trainer.run_dir.check_resume_config`);
+the run's config.json in :func:`podsrl.run_folder.claim.check_resume_config`);
 :func:`former_layout_refusal` names the mapping where a ``Config`` built in Python still holds
 the former spelling. A change that cannot be mapped (its old meaning has no spelling today)
 belongs here too, as a refusal that says what to run instead.

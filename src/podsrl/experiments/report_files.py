@@ -3,7 +3,7 @@ report files they can prove, by content, that they wrote there.
 
 A report folder holds compare.md, compare.json, accuracy.png and step_time.png beside
 REPORT_MARKER, which records the sha256 digest of each as podsrl wrote it (as
-``podsrl export`` records its files: :mod:`podsrl.trainer.ownership`). A report file is
+``podsrl export`` records its files: :mod:`podsrl.run_folder.ownership`). A report file is
 podsrl's only while its content has a recorded digest: a user's own compare.md, a report
 edited since, a link, or the reports of a podsrl before the marker existed are kept, and the
 command refuses before any run starts, naming the file. Files are replaced atomically, and
@@ -20,8 +20,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from podsrl.run_folder.ownership import digest
 from podsrl.trainer.checkpoints import umask
-from podsrl.trainer.ownership import digest
 
 REPORT_MARKER = "podsrl_report.json"
 REPORT_NAMES = ("compare.md", "compare.json", "accuracy.png", "step_time.png")

@@ -1,5 +1,11 @@
 """Models: loading (built-in ``tiny``, ``tiny-chain``, ``smollm2-135m-instruct``, local folders, hub
-names; LoRA through peft) and per-token log-probabilities."""
+names; LoRA through peft) and per-token log-probabilities.
+
+- :mod:`~podsrl.models.loading`: built-in models, local folders, hub names, LoRA adapters
+- :mod:`~podsrl.models.logprobs`: per-token log-probabilities of completions
+- :mod:`~podsrl.models.precision`: mixed precision and activation checkpointing
+- :mod:`~podsrl.models.memory`: what the update costs in memory
+"""
 
 from podsrl.models.loading import (
                                    BUILTIN_MODELS,

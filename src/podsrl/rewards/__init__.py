@@ -6,6 +6,11 @@ Built-ins are registered by name in ``REWARDS``; user functions load from
 ``module:function`` or ``path/to/file.py:function`` (:func:`load_reward_fn`). User
 functions run in a worker process that a timeout can kill (:mod:`podsrl.rewards.stack`);
 :func:`in_process` keeps one in the trainer.
+
+- :mod:`~podsrl.rewards.functions`: the built-in reward functions (TRL's signature)
+- :mod:`~podsrl.rewards.grading`: answer extraction and grading for GSM8K and MATH
+- :mod:`~podsrl.rewards.stack`: the weighted reward stack, which no function can take down
+- :mod:`~podsrl.rewards.worker`: the worker process user functions run in
 """
 
 from __future__ import annotations

@@ -27,6 +27,21 @@ The registries and the contracts a user's engine and watchers are held to:
 :mod:`podsrl.rollout.registries`. An engine may also have ``close()``, ``step_record()`` and a
 ``generate`` with the signature of :func:`generate`, which evaluation then uses
 (:class:`~podsrl.rollout.base.GenerationEngine`).
+
+The engines' parts:
+
+- :mod:`~podsrl.rollout.base`: the engine protocol, :class:`Capabilities`, the :class:`Watcher` hook
+- :mod:`~podsrl.rollout.memory`: estimated generation memory (``memory_mb``)
+- :mod:`~podsrl.rollout.generation_copy`: a copy of the policy to generate from (LoRA merged)
+- :mod:`~podsrl.rollout.partial`: what a call with a quota of complete groups hands back and is handed
+- :mod:`~podsrl.rollout.slot_decoder`: the slots engine's decoder; its cache rows
+  (:mod:`~podsrl.rollout.kv_rows`, :mod:`~podsrl.rollout.decode_step`), token sampling
+  (:mod:`~podsrl.rollout.sampling`), which sample starts next (:mod:`~podsrl.rollout.schedule`,
+  :mod:`~podsrl.rollout.lanes`) and what it keeps for a watcher of running samples
+  (:mod:`~podsrl.rollout.running_watch`)
+- :mod:`~podsrl.rollout.vllm_partial`: partial rollouts on the vllm engine; its weights
+  (:mod:`~podsrl.rollout.weights`), config folders (:mod:`~podsrl.rollout.vllm_folders`) and
+  expected log records (:mod:`~podsrl.rollout.vllm_logs`)
 """
 
 from __future__ import annotations

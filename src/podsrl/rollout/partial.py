@@ -5,7 +5,7 @@ A step's generation ends once ``quota`` groups are complete (every sample finish
 skipped by early stop); the other groups' samples keep their tokens, and resume first in the
 next step under the new weights (their keys and values recomputed: the weights changed). Every
 token keeps the step whose weights drew it and its log-prob then, so the update knows how stale
-it is and can correct for it (:mod:`podsrl.trainer.partial_rollouts`). Whole groups are the unit:
+it is and can correct for it (:mod:`podsrl.generation.partial_rollouts`). Whole groups are the unit:
 PODS selects within a group and every advantage estimator normalises over one.
 """
 

@@ -8,6 +8,11 @@ it in the config as ``module:builder`` / ``file.py:builder`` (:mod:`podsrl.regis
 ``builder(options: TaskOptions, with_train: bool) -> Task``. A builder may declare its own rules on
 the options with :func:`checks` (``builder.check_options(options)``): validation runs them before
 any data or model loads (:func:`check_task_options`).
+
+- :mod:`~podsrl.tasks.base`: the task records and prompt rendering
+- :mod:`~podsrl.tasks.arithmetic`, :mod:`~podsrl.tasks.chain`, :mod:`~podsrl.tasks.gsm8k`,
+  :mod:`~podsrl.tasks.math`, :mod:`~podsrl.tasks.jsonl`, :mod:`~podsrl.tasks.reasoning_gym`: the tasks
+- :mod:`~podsrl.tasks.data`: reading a dataset's rows (a local file, or the hub when reachable)
 """
 
 from __future__ import annotations

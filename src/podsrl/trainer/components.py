@@ -17,16 +17,16 @@ from typing import Protocol
 import torch
 
 from podsrl.distributed import Processes
+from podsrl.generation.pruning import RunPruning
 from podsrl.metrics import MetricsLog
 from podsrl.models import ModelBundle
 from podsrl.rollout import GenerationEngine
+from podsrl.run_folder.claim import RunLock
 from podsrl.scoring import Scorer
 from podsrl.tasks import PreparedSplit, Task
 from podsrl.tracking import Trackers
 from podsrl.trainer.evaluate import Evaluator
 from podsrl.trainer.logging import LogOptions
-from podsrl.trainer.pruning import RunPruning
-from podsrl.trainer.run_dir import RunLock
 from podsrl.trainer.stages import StepOutcome
 from podsrl.trainer.timer import StageTimer
 

@@ -21,6 +21,8 @@ from podsrl.algorithms.select import RULES
 from podsrl.config_checks import parse_component, require, validate
 from podsrl.config_layouts import current_layout
 from podsrl.config_yaml import as_text, check_reward_weights, read_yaml, split_list
+from podsrl.generation.partial_rollouts import PartialRolloutOptions
+from podsrl.generation.pruning import PruningOptions
 from podsrl.methods import METHODS
 from podsrl.options import FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, bind, flat_names, flat_option, option
 from podsrl.prompt_selection import PromptSelectionOptions
@@ -41,8 +43,6 @@ from podsrl.trainer.cores import ThreadOptions
 from podsrl.trainer.evaluate import EvalOptions
 from podsrl.trainer.limits import StopOptions
 from podsrl.trainer.logging import LogOptions
-from podsrl.trainer.partial_rollouts import PartialRolloutOptions
-from podsrl.trainer.pruning import PruningOptions
 from podsrl.update import OptimizerOptions, UpdateOptions
 
 __all__ = ["BOOKKEEPING_FIELDS", "Config", "FIELDS", "RESUME_AUTO", "load_yaml", "make_config",
@@ -270,9 +270,9 @@ class Config(ThreadOptions, PruningOptions, PartialRolloutOptions, LogOptions, E
 
 
 FIELDS = {f.name: f for f in fields(Config)}
-RESUME_AUTO = "auto"  # resume where output_dir holds a checkpoint, else start afresh (podsrl.trainer.run_dir)
+RESUME_AUTO = "auto"  # resume where output_dir holds a checkpoint, else afresh (podsrl.run_folder.claim)
 # Where and how a run is written, logged and checkpointed, not what it trains: a resume may
-# change these (podsrl.trainer.run_dir), and seeds of one arm may differ in them
+# change these (podsrl.run_folder.claim), and seeds of one arm may differ in them
 # (podsrl.experiments.seeds)
 BOOKKEEPING_FIELDS = frozenset({"output_dir", "resume", "progress", "report_to", "log_rollouts", "save_steps",
                                 "checkpoint_minutes", "save_total_limit", "device", "torch_threads"})

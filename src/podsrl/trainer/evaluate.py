@@ -1,5 +1,5 @@
 """Held-out evaluation, one function for training and ``podsrl eval``
-(:mod:`podsrl.trainer.eval_command`): sampled accuracy (several samples per prompt, at the
+(:mod:`podsrl.run_folder.eval_command`): sampled accuracy (several samples per prompt, at the
 paper's temperature 0.9) and greedy accuracy, with per-sample records. Its settings
 (:class:`EvalOptions`: when, on how many prompts, how) are declared here and nowhere else;
 the config composes them. During training :class:`Evaluator` is the run's evaluation.

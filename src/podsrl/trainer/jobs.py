@@ -18,6 +18,7 @@ from typing import Callable
 from podsrl.interrupts import interruptible
 from podsrl.prompt_selection import add_selector_record
 from podsrl.registry import error_line
+from podsrl.run_folder.claim import RunDirError
 from podsrl.trainer.checkpoints import (
     WRITE_ERRORS,
     CheckpointSchedule,
@@ -32,7 +33,6 @@ from podsrl.trainer.checkpoints import (
 from podsrl.trainer.components import Components
 from podsrl.trainer.limits import Limits
 from podsrl.trainer.logging import rollout_rows, say, step_record
-from podsrl.trainer.run_dir import RunDirError
 from podsrl.trainer.stages import StepOutcome
 from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer

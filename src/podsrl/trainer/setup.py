@@ -21,6 +21,15 @@ from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, Ro
 from podsrl.config_checks import ignored_fields
 from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
+from podsrl.generation.partial_rollouts import (
+    CarriedPool,
+    PartialRolloutOptions,
+    PartialRolloutSource,
+    carried_pool,
+)
+from podsrl.generation.prompt_source import DynamicSamplingSource, PromptSource
+from podsrl.generation.pruning import PruningOptions, RunPruning
+from podsrl.generation.saturation import reward_bounds
 from podsrl.methods import METHODS, Keeping
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
@@ -31,6 +40,7 @@ from podsrl.registry import component_label
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.worker import reward_name
 from podsrl.rollout import ENGINES, WatcherFactory, capabilities, generate
+from podsrl.run_folder.claim import RESUME_SAFE_FIELDS, claim_run_dir
 from podsrl.scoring import Scorer, ScoringOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
@@ -42,12 +52,7 @@ from podsrl.trainer.fits import agreed, available_bytes, check_fits
 from podsrl.trainer.hooks import step_hooks
 from podsrl.trainer.limits import Limits, StopOptions
 from podsrl.trainer.logging import LogOptions, say
-from podsrl.trainer.partial_rollouts import CarriedPool, PartialRolloutOptions, PartialRolloutSource, carried_pool
-from podsrl.trainer.prompt_source import DynamicSamplingSource, PromptSource
-from podsrl.trainer.pruning import PruningOptions, RunPruning
 from podsrl.trainer.run import Run
-from podsrl.trainer.run_dir import RESUME_SAFE_FIELDS, claim_run_dir
-from podsrl.trainer.saturation import reward_bounds
 from podsrl.trainer.stages import (
     Advantages,
     ExtraLogprobs,

@@ -9,7 +9,7 @@ config values it needs, so the loop calls them and reads no config:
     update(batch)                                    # num_iterations optimizer steps
 
 :class:`RolloutGenerator` and :class:`ScoreEverywhere` are what the prompt source
-(:mod:`podsrl.trainer.prompt_source`) generates and scores with.
+(:mod:`podsrl.generation.prompt_source`) generates and scores with.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from podsrl.algorithms.importance import SamplerCorrection
 from podsrl.algorithms.rollout_budget import GroupSizePolicy
 from podsrl.contracts import UserCodeError
 from podsrl.distributed import Processes
+from podsrl.generation.prompt_source import PromptSource
+from podsrl.generation.pruning import QuotaPruner, RunPruning
+from podsrl.generation.saturation import SaturationStopper
 from podsrl.methods import Keeping
 from podsrl.rewards import RewardError
 from podsrl.rollout import GenerationEngine, WatcherFactory
 from podsrl.rollout.partial import CarriedGroup, PartialGeneration
 from podsrl.scoring import Scorer, TrainerProgress
 from podsrl.tasks.base import Example, PreparedSplit
-from podsrl.trainer.prompt_source import PromptSource
-from podsrl.trainer.pruning import QuotaPruner, RunPruning
-from podsrl.trainer.saturation import SaturationStopper
 from podsrl.trainer.state import sampling_seed
 from podsrl.types import Rollouts, Scores, UpdateBatch
 from podsrl.update import UpdateOptions, UpdateResult, batch_logprobs, update_policy
@@ -249,7 +249,7 @@ class RolloutGenerator:
 
     def partial(self, split: PreparedSplit, carried: dict[int, CarriedGroup], quota: int, n: int, step: int,
                 round_index: int = 0) -> PartialGeneration:
-        """Partial rollouts (:mod:`podsrl.trainer.partial_rollouts`): one engine call on the
+        """Partial rollouts (:mod:`podsrl.generation.partial_rollouts`): one engine call on the
         split, whose prompts at the positions in ``carried`` continue their groups, stopped once
         ``quota`` groups are complete; seeded by the step, the round and this process. Quota 0
         (dynamic sampling's round where this process has its share): no engine call, every

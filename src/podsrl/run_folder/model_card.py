@@ -10,7 +10,7 @@ from pathlib import Path
 from podsrl.methods import METHODS
 from podsrl.models.loading import HUB_ID, OFFLINE_FALLBACKS
 from podsrl.registry import component_label
-from podsrl.trainer.run_info import CARD_KEYS, RunInfo, Source
+from podsrl.run_folder.run_info import CARD_KEYS, RunInfo, Source
 
 TAGS = ("podsrl", "pods", "grpo", "reinforcement-learning")
 

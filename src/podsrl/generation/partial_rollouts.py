@@ -34,17 +34,17 @@ from dataclasses import dataclass
 import torch
 
 from podsrl.distributed import Processes
-from podsrl.options import POSITIVE, Range, option
-from podsrl.prompt_selection import PromptSelector, add_selector_record
-from podsrl.rollout.partial import CarriedGroup
-from podsrl.tasks.base import PreparedSplit
-from podsrl.trainer.prompt_source import (
+from podsrl.generation.prompt_source import (
     PromptSource,
     ScoredGroups,
     ScoreFn,
     informative_share,
     rounds_until_informative,
 )
+from podsrl.options import POSITIVE, Range, option
+from podsrl.prompt_selection import PromptSelector, add_selector_record
+from podsrl.rollout.partial import CarriedGroup
+from podsrl.tasks.base import PreparedSplit
 from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
 

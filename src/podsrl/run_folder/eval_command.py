@@ -16,10 +16,10 @@ from podsrl.models import load_model
 from podsrl.models.loading import BUILTIN_PATH_TAILS
 from podsrl.options import bind
 from podsrl.registry import component_label
+from podsrl.run_folder.claim import RunLock, is_run_folder
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import STATE_FILE, WEIGHTS_FILE, list_checkpoints
 from podsrl.trainer.evaluate import EvalOptions, cut_share, cut_warning, eval_shortfall, evaluate
-from podsrl.trainer.run_dir import RunLock, is_run_folder
 
 FINAL_MODEL = "model"  # a run's final model: RUN/model
 # the config fields podsrl eval reads, so the options it offers (the command line's field table marks

@@ -8,7 +8,7 @@ place at the end, so a failed export (a full disk) leaves no half-written folder
 carries EXPORT_MARKER with the sha256 digest of every file it wrote, and ``--overwrite``
 replaces only a folder that does, and of it only the files whose content still has their
 digest: whatever else is there (a user's results, an edited file) is kept, moved into the new
-export, and listed (:mod:`podsrl.trainer.ownership`). podsrl deletes nothing it did not write.
+export, and listed (:mod:`podsrl.run_folder.ownership`). podsrl deletes nothing it did not write.
 
 An ``OUTPUT_DIR`` that is a link to a folder is exported into that folder and stays a link:
 users link an export folder to another disk (``hf -> /scratch/hf``) and expect the files
@@ -32,6 +32,10 @@ import torch
 
 from podsrl.models import ModelBundle, load_model
 from podsrl.registry import error_line
+from podsrl.run_folder.claim import MODEL_FILES, is_model_folder, is_run_folder
+from podsrl.run_folder.model_card import model_card
+from podsrl.run_folder.ownership import digests, unproven_exported
+from podsrl.run_folder.run_info import RunInfo, Source, read_json, read_run_info
 from podsrl.trainer.checkpoints import (
     STATE_FILE,
     WEIGHTS_FILE,
@@ -44,10 +48,6 @@ from podsrl.trainer.checkpoints import (
 )
 from podsrl.trainer.config import split_list
 from podsrl.trainer.logging import say
-from podsrl.trainer.model_card import model_card
-from podsrl.trainer.ownership import digests, unproven_exported
-from podsrl.trainer.run_dir import MODEL_FILES, is_model_folder, is_run_folder
-from podsrl.trainer.run_info import RunInfo, Source, read_json, read_run_info
 
 # what was exported, from where, each file's digest; --overwrite requires it
 EXPORT_MARKER = "podsrl_export.json"

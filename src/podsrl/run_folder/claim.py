@@ -7,7 +7,7 @@ current directory's files or another run are refused before anything loads
 (docs/reliability.md, "Output folders"). The one exception is podsrl's own: a run that
 stopped before its first checkpoint has nothing to resume, so the same command starts it
 afresh there, removing only the files podsrl can prove by their content it wrote
-(:mod:`podsrl.trainer.ownership`) and keeping the trackers' folder. ``--resume auto`` (verl's
+(:mod:`podsrl.run_folder.ownership`) and keeping the trackers' folder. ``--resume auto`` (verl's
 ``resume_mode: auto``, for job scripts that always pass it) resumes where the folder holds a
 checkpoint and is ``--resume false`` everywhere else, its refusals included.
 """
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from podsrl.config_layouts import current_layout
 from podsrl.distributed import Processes
+from podsrl.run_folder.ownership import LOCK_FILE, TRACKING, is_podsrls, stopped_run_files
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.config import BOOKKEEPING_FIELDS, RESUME_AUTO, Config
 from podsrl.trainer.logging import say
-from podsrl.trainer.ownership import LOCK_FILE, TRACKING, is_podsrls, stopped_run_files
 
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                "adapter_config.json", "adapter_model.safetensors", "tokenizer.json")

@@ -4,7 +4,7 @@ At each detection point (a fraction of the expected completion length) a running
 shown with its pooled hidden state; the run's :class:`~podsrl.algorithms.quality_head.QualityHead`
 scores it, and the group's running samples are put to the pruning rule
 (:mod:`podsrl.algorithms.pruning`) with the group's finished samples, which early stop's
-:class:`~podsrl.trainer.saturation.SaturationStopper` has already scored as they finished. What
+:class:`~podsrl.generation.saturation.SaturationStopper` has already scored as they finished. What
 the pruner saw is kept for the head to learn from once the step's samples are scored (a pruned
 sample is never scored: it teaches nothing). Two-valued rewards (the reward's bounds) are what
 the rule's guarantee is about: a finished reward strictly inside the bounds fills no place.
