@@ -137,8 +137,8 @@ def test_a_run_builds_its_engine_from_the_spec(random_model_dir, tmp_path):
                 generation_micro_group=2)
     run = set_up(cfg)
     try:
-        engine = run.components.engine
+        engine = run.engine
         assert (type(engine.options), engine.options.micro_group,
                 engine.options.max_completion_length) == (SlotsOptions, 5, 6)
     finally:
-        run.components.lock.release()
+        run.lock.release()

@@ -19,7 +19,7 @@ from podsrl.models import load_model
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
 from podsrl.trainer.config import make_config
-from podsrl.trainer.stops import Stops, TrainingStopped
+from podsrl.trainer.stops import Signals, TrainingStopped
 from tests.conftest import default_signals
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,13 +177,13 @@ def test_a_second_ctrl_c_interrupts_at_once():
     """The first SIGINT asks for a clean stop after the step; the second raises
     KeyboardInterrupt immediately; the previous handlers come back afterwards."""
     previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with Stops() as stop:
+    with Signals() as stop:
         os.kill(os.getpid(), signal.SIGINT)  # the handler runs before os.kill returns (same thread)
         assert stop.signum == signal.SIGINT  # a request, no exception
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
-    with Stops() as stop:
+    with Signals() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.signum == signal.SIGTERM
         with pytest.raises(KeyboardInterrupt):  # a Ctrl-C after a SIGTERM does not wait either

@@ -7,15 +7,14 @@ stop, pruning) is :mod:`podsrl.generation`.
 - :mod:`~podsrl.trainer.training`: ``train(cfg)``: set-up, then the loop
 - :mod:`~podsrl.trainer.loop`: the loop and one step of the pipeline (it reads no config)
 - :mod:`~podsrl.trainer.stages`: the step's stages, bound to the config at set-up
-- :mod:`~podsrl.trainer.setup`: Config -> the stages and the run's components
-  (:mod:`~podsrl.trainer.components`); :mod:`~podsrl.trainer.fits`: the bounds no constant gives
-  (split size, model width, memory)
+- :mod:`~podsrl.trainer.setup`: Config -> the run, each stage, job and hook built with what it
+  reads; :mod:`~podsrl.trainer.fits`: the bounds no constant gives (split size, model width, memory)
 - :mod:`~podsrl.trainer.run`: the run: starting or resuming, a step's timing, finishing
 - :mod:`~podsrl.trainer.jobs`: the jobs the loop calls around each step (evaluate, log, checkpoint)
-- :mod:`~podsrl.trainer.hooks`: step hooks, what sees a finished step besides the jobs
+- :mod:`~podsrl.trainer.hooks`: step hooks (``StepHook``), what sees a finished step besides the jobs
 - :mod:`~podsrl.trainer.state`: what a checkpoint restores besides the weights (the learned
   parts, the counters), rollout seeds
-- :mod:`~podsrl.trainer.stops`: where a run stops before its end (signals, abandoned steps,
+- :mod:`~podsrl.trainer.stops`: the signals, where a run stops before its end (abandoned steps,
   held-back evaluations) and the line it ends with
 - :mod:`~podsrl.trainer.limits`: when the run ends or gives up (max_steps, max_minutes,
   max_consecutive_skips)

@@ -2,8 +2,8 @@
 :class:`RunEvaluation` (when the held-out accuracy is due, and taking it), :class:`RunLog`
 (the step's record, metrics.jsonl, rollouts.jsonl, the trackers, the progress bar) and
 :class:`Checkpointer`, the one owner of the run's checkpoint files and its final model/ (what
-goes into a checkpoint is the run's: its :class:`~podsrl.trainer.state.RunState`). Built by
-:class:`~podsrl.trainer.run.Run` from the components set-up made; none reads the config."""
+goes into a checkpoint is the run's: its :class:`~podsrl.trainer.state.RunState`). Each is built
+by set-up (:func:`podsrl.trainer.setup.set_up`) with what it reads; none reads the config."""
 
 from __future__ import annotations
 
@@ -15,10 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
+from podsrl.distributed import Processes
 from podsrl.interrupts import interruptible
+from podsrl.metrics import MetricsLog
 from podsrl.prompt_selection import add_selector_record
 from podsrl.registry import error_line
 from podsrl.run_folder.claim import RunDirError
+from podsrl.scoring import Scorer
+from podsrl.tracking import Trackers
 from podsrl.trainer.checkpoints import (
     WRITE_ERRORS,
     CheckpointSchedule,
@@ -30,9 +36,10 @@ from podsrl.trainer.checkpoints import (
     load_checkpoint,
     older_format,
 )
-from podsrl.trainer.components import Components
+from podsrl.trainer.evaluate import Evaluator
+from podsrl.trainer.hooks import StepHook
 from podsrl.trainer.limits import Limits
-from podsrl.trainer.logging import rollout_rows, say, step_record
+from podsrl.trainer.logging import LogOptions, rollout_rows, say, step_record
 from podsrl.trainer.stages import StepOutcome
 from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
@@ -43,22 +50,28 @@ class RunEvaluation:
     """Held-out evaluation during the run: due on the evaluator's schedule and after the last
     step; taken under the forward passes' precision (``autocast``)."""
 
-    components: Components
+    evaluator: Evaluator
+    procs: Processes
     state: RunState
     limits: Limits
     autocast: Callable
 
+    @property
+    def prompts(self) -> int:
+        """The held-out prompts each evaluation uses."""
+        return self.evaluator.prompts
+
     def due(self) -> bool:
         """The evaluator's schedule, and after the last step."""
-        return self.components.evaluator.due(self.state.step, last=not self.limits.more_steps(self.state))
+        return self.evaluator.due(self.state.step, last=not self.limits.more_steps(self.state))
 
     def __call__(self) -> dict[str, float]:
         """Held-out accuracy now. A stop does not wait for it in a single-process run (it gets
         the grace, then :class:`StopNow` is raised: :mod:`podsrl.interrupts`); a multi-process
         run waits, since a signal may reach one process only."""
-        stoppable = interruptible("evaluation") if self.components.procs.world_size == 1 else nullcontext()
+        stoppable = interruptible("evaluation") if self.procs.world_size == 1 else nullcontext()
         with self.autocast(), stoppable:
-            return self.components.evaluator()
+            return self.evaluator()
 
     def into(self, record: dict) -> dict[str, float]:
         """The evaluation, its accuracies and its seconds (``time_eval``) added to ``record``."""
@@ -74,32 +87,47 @@ class RunLog:
     of its rollouts (rollouts.jsonl and a table), and the progress bar; the other processes
     hold no logs. ``stopped_here``: what a failed write says is kept, and how to go on."""
 
-    components: Components
+    procs: Processes
     state: RunState
+    metrics: MetricsLog | None  # only the main process writes
+    rollout_log: MetricsLog | None  # rollouts.jsonl (log_rollouts groups per step); only the main process
+    trackers: Trackers  # none but on the main process with report_to
+    options: LogOptions  # the progress bar, rollout samples, trackers
+    method: str  # the progress bar's label
+    scorer: Scorer  # its reward failures go into each record
+    hooks: list[StepHook]  # run after each step, in order
     stopped_here: Callable[[], str]
 
+    def start(self, recorded_config: dict, first_step: int) -> None:
+        """The trackers' run, from ``first_step`` on."""
+        self.trackers.start(recorded_config, first_step=first_step)
+
+    def truncate_after(self, step: int) -> None:
+        """The logs cut after ``step`` (a resumed run redoes the steps after its checkpoint)."""
+        if self.procs.is_main:
+            for log in (self.metrics, self.rollout_log):
+                log.truncate_after(step)
+
+    def close(self) -> None:
+        """The trackers flushed and closed."""
+        self.trackers.finish()
+
     def progress_bar(self, max_steps: int):
-        components = self.components
-        return components.log_options.progress_bar(max_steps, self.state.step,
-                                                   components.recorded_config["method"],
-                                                   components.procs.is_main)
+        return self.options.progress_bar(max_steps, self.state.step, self.method, self.procs.is_main)
 
     def step_record(self, outcome: StepOutcome, timer: StageTimer) -> dict:
         """The step's metrics record: its numbers over every process, the prompt source's, and
         each step hook's (:mod:`podsrl.trainer.hooks`)."""
-        components = self.components
-        record = step_record(components.procs, self.state.step, self.state.train_seconds, outcome,
-                             timer.seconds, components.scorer.failures)
+        record = step_record(self.procs, self.state.step, self.state.train_seconds, outcome,
+                             timer.seconds, self.scorer.failures)
         add_selector_record(outcome.prompt_record, record)
-        for hook in components.hooks:
-            hook.after_step(components, outcome, timer, record)
+        for hook in self.hooks:
+            hook.after_step(outcome, timer, record)
         return record
 
     def rollout_rows(self, outcome: StepOutcome) -> list[dict]:
         """The step's first ``log_rollouts`` groups, one row per rollout (none off the main process)."""
-        components = self.components
-        return rollout_rows(self.state.step, outcome,
-                            components.log_options.rollout_groups(components.procs.is_main))
+        return rollout_rows(self.state.step, outcome, self.options.rollout_groups(self.procs.is_main))
 
     def write_step(self, record: dict, outcome: StepOutcome) -> None:
         """The step's record and, on the main process, its first ``log_rollouts`` groups."""
@@ -108,17 +136,16 @@ class RunLog:
     def write(self, record: dict, rollouts: list[dict] = ()) -> None:
         """A metrics record (metrics.jsonl, and its numbers to the trackers) and rollout rows
         (rollouts.jsonl, and a table)."""
-        components = self.components
         try:
-            if components.metrics:
-                components.metrics.write(record)
-            if components.rollout_log and rollouts:
-                components.rollout_log.write_many(rollouts)
+            if self.metrics:
+                self.metrics.write(record)
+            if self.rollout_log and rollouts:
+                self.rollout_log.write_many(rollouts)
         # a full disk: each log still ends at a whole record; say what is kept and what to do
         except OSError as err:
             raise OSError(f"{err}; free space, then go on: {self.stopped_here()}") from None
-        components.trackers.log_metrics(record)
-        components.trackers.log_table("rollouts", list(rollouts), record["step"])
+        self.trackers.log_metrics(record)
+        self.trackers.log_table("rollouts", list(rollouts), record["step"])
 
 
 @dataclass
@@ -127,14 +154,21 @@ class Checkpointer:
     writing one of the run's state, restoring the newest usable one (``resume``), and the model
     written at the end. Every process takes part in writing; the main process writes files."""
 
-    components: Components
+    procs: Processes
     state: RunState
     schedule: CheckpointSchedule
     resume: Resume
+    run_dir: Path
+    policy: torch.nn.Module  # the bare model: its weights are saved and restored
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    tokenizer: object  # saved beside the final model
+    uses_lora: bool  # the final model is the LoRA adapter
+    logs: tuple[MetricsLog, ...]  # synced before a checkpoint says their steps are done (main process)
 
     @property
     def folder(self) -> Path:
-        return self.components.checkpoints
+        return self.run_dir / "checkpoints"
 
     def holds(self, step: int) -> bool:
         """Whether the checkpoint of ``step`` is on disk."""
@@ -159,7 +193,7 @@ class Checkpointer:
     def due(self) -> bool:
         """Every save_steps steps, or checkpoint_minutes after the last one on any process's
         clock (every process takes part, and they agree)."""
-        by_time = bool(self.components.procs.max([float(self.schedule.due_by_time())])[0])
+        by_time = bool(self.procs.max([float(self.schedule.due_by_time())])[0])
         return self.schedule.due_by_steps(self.state.step) or by_time
 
     def write(self, held_back: HeldBackStep | None = None) -> None:
@@ -167,22 +201,21 @@ class Checkpointer:
         the optimizer, the scheduler and every process's learned parts; ``held_back``: the
         step's record and rollout rows, not logged yet
         (:meth:`podsrl.trainer.stops.Stops.hold_back_evaluation`)."""
-        components, state = self.components, self.state
-        # gathered when sharded
-        weights, optimizer_state = components.procs.full_state(components.policy, components.optimizer)
-        part_states = components.procs.gather_objects(state.snapshot())  # each process's own
-        if components.procs.is_main:  # whole parameters and optimizer state are the same on every process
-            for log in (components.metrics, components.rollout_log):
+        state, procs = self.state, self.procs
+        weights, optimizer_state = procs.full_state(self.policy, self.optimizer)  # gathered when sharded
+        part_states = procs.gather_objects(state.snapshot())  # each process's own
+        if procs.is_main:  # whole parameters and optimizer state are the same on every process
+            for log in self.logs:
                 log.sync()  # the logs up to this step are on disk before a checkpoint says the step is done
             try:
                 self.schedule.save(self.folder, step=state.step, weights=weights,
-                                   optimizer_state=optimizer_state, scheduler=components.scheduler,
+                                   optimizer_state=optimizer_state, scheduler=self.scheduler,
                                    part_states=part_states,
                                    trainer_state={"train_seconds": state.train_seconds,
                                                   **(held_back.trainer_state() if held_back else {})})
             except OSError as err:  # a full disk: say what is kept and the command that goes on
                 raise OSError(f"{err}; once there is room, go on: {self.stopped_here()}") from None
-        components.procs.barrier()
+        procs.barrier()
         self.schedule.restart_clock()
 
     def restore(self) -> tuple[Path, HeldBackStep | None]:
@@ -191,12 +224,11 @@ class Checkpointer:
         selector's, say), is skipped with a warning (loading is all-or-nothing, so a failed
         attempt changes nothing). Returns it and its held-back step; refuses in one line when
         none loads, leaving the run's files as they were."""
-        components, state = self.components, self.state
+        state, rank = self.state, self.procs.rank
         for candidate in reversed(list_checkpoints(self.folder)):
             try:
-                saved = load_checkpoint(candidate, model=components.policy, optimizer=components.optimizer,
-                                        scheduler=components.scheduler, parts=state.parts,
-                                        rank=components.procs.rank)
+                saved = load_checkpoint(candidate, model=self.policy, optimizer=self.optimizer,
+                                        scheduler=self.scheduler, parts=state.parts, rank=rank)
             except OlderFormat as older:
                 say(f"warning: {older}; trying the previous one")
                 continue
@@ -211,7 +243,7 @@ class Checkpointer:
             state.step, state.train_seconds = saved["step"], saved["train_seconds"]
             for name in saved["fresh"]:
                 if state.parts[name].state_dict():
-                    say(f"resume: {candidate} holds no {name} state for process {components.procs.rank} "
+                    say(f"resume: {candidate} holds no {name} state for process {rank} "
                         "(written by fewer processes): it starts afresh, so rollouts differ from an "
                         "uninterrupted run")
             return candidate, HeldBackStep.saved_in(saved)
@@ -233,7 +265,7 @@ class Checkpointer:
         elif all(map(older_format, found)):  # no settings would resume these: say what still works
             return RunDirError(f"resume: the {len(found)} checkpoint(s) in {checkpoints} are in an older "
                                "podsrl's format (no parts.pt), which this podsrl cannot resume; nothing was "
-                               f"changed. `podsrl export {self.components.run_dir} OUTPUT_DIR --checkpoint "
+                               f"changed. `podsrl export {self.run_dir} OUTPUT_DIR --checkpoint "
                                f"{found[-1].name}` still exports the model, or start a new run in another "
                                "--output_dir")
         else:
@@ -246,17 +278,15 @@ class Checkpointer:
         """Write model/ as a whole: into model.tmp, then swapped in, so a crash while saving
         leaves the previous model/ (a resumed run's) loadable. A write error (a full disk) is
         one line saying how to export the last checkpoint instead; model.tmp is removed."""
-        components = self.components
-        final, staging, previous = (components.run_dir / name
-                                    for name in ("model", "model.tmp", "model.previous"))
+        final, staging, previous = (self.run_dir / name for name in ("model", "model.tmp", "model.previous"))
         for leftover in (staging, previous):
             shutil.rmtree(leftover, ignore_errors=True)
         # podsrl never resizes the vocabulary, so the adapter needs no embedding weights;
         # peft's default ("auto") would look the base's config up on the hub to check
-        lora = {"save_embedding_layers": False} if components.bundle.uses_lora else {}
+        lora = {"save_embedding_layers": False} if self.uses_lora else {}
         try:
-            components.policy.save_pretrained(staging, state_dict=weights, **lora)
-            components.bundle.tokenizer.save_pretrained(staging)
+            self.policy.save_pretrained(staging, state_dict=weights, **lora)
+            self.tokenizer.save_pretrained(staging)
             if final.exists():
                 os.replace(final, previous)
             os.replace(staging, final)
@@ -272,10 +302,9 @@ class Checkpointer:
     def _save_failed(self, final: Path, err: BaseException) -> str:
         """The one line for a final model that could not be written: what is kept, and the
         export that redoes it once there is room."""
-        components = self.components
         good = list_checkpoints(self.folder)
         kept = "the previous model/ is as it was" if final.exists() else "no model/ was written"
-        redo = (f"free space, then export the last checkpoint: podsrl export {components.run_dir} OUTPUT_DIR "
+        redo = (f"free space, then export the last checkpoint: podsrl export {self.run_dir} OUTPUT_DIR "
                 f"--checkpoint {good[-1].name}" if good else "no checkpoint to export")
         return (f"model: could not write {final} ({error_line(err)}); removed model.tmp, {kept}; the "
                 f"training is kept in {good[-1] if good else 'no checkpoint'}: {redo}")

@@ -1,11 +1,13 @@
-"""From the run's Config to its components: the one place that maps config fields onto the
-stages' option objects (the stages themselves never see the Config)."""
+"""From the run's Config to the run: the one place that maps config fields onto the stages'
+option objects (the stages themselves never see the Config), and builds each stage, job and hook
+with what it reads."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import filecmp
+import functools
 import json
 import random
 from pathlib import Path
@@ -33,6 +35,7 @@ from podsrl.generation.saturation import reward_bounds
 from podsrl.methods import METHODS, Keeping
 from podsrl.metrics import MetricsLog
 from podsrl.models import load_model
+from podsrl.models.precision import autocast
 from podsrl.options import bind
 from podsrl.prompt_selection import PROMPT_SELECTORS, PromptSelector
 from podsrl.provenance import record_environment
@@ -40,16 +43,16 @@ from podsrl.registry import component_label
 from podsrl.rewards import RewardFn, load_reward_fn
 from podsrl.rewards.worker import reward_name
 from podsrl.rollout import ENGINES, WatcherFactory, capabilities, generate
-from podsrl.run_folder.claim import RESUME_SAFE_FIELDS, claim_run_dir
+from podsrl.run_folder.claim import RESUME_SAFE_FIELDS, RunLock, claim_run_dir
 from podsrl.scoring import Scorer, ScoringOptions
 from podsrl.tasks import TaskOptions, build_task, prepare_split
 from podsrl.trainer.checkpoints import CheckpointOptions, CheckpointSchedule, Resume
-from podsrl.trainer.components import Components
 from podsrl.trainer.config import FIELDS, Config, validate
 from podsrl.trainer.cores import CoreShare
 from podsrl.trainer.evaluate import EvalOptions, Evaluator, eval_shortfall
 from podsrl.trainer.fits import agreed, available_bytes, check_fits
 from podsrl.trainer.hooks import step_hooks
+from podsrl.trainer.jobs import Checkpointer, RunEvaluation, RunLog
 from podsrl.trainer.limits import Limits, StopOptions
 from podsrl.trainer.logging import LogOptions, say
 from podsrl.trainer.run import Run
@@ -148,13 +151,11 @@ def set_up(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) ->
     # `auto` decided: config.json and the run read true or false
     cfg = dataclasses.replace(cfg, resume=resume)
     try:
-        run = _build_run(cfg, fns, procs, run_dir)
+        return _build_run(cfg, fns, procs, run_dir, lock)
     except BaseException:
         if lock:
             lock.release()
         raise
-    run.components.lock = lock
-    return run
 
 
 def _check_sharding(cfg: Config, procs: Processes) -> None:
@@ -165,7 +166,8 @@ def _check_sharding(cfg: Config, procs: Processes) -> None:
                          f"whose vLLM path gathers them")
 
 
-def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path) -> Run:
+def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path,
+               lock: RunLock | None) -> Run:
     cores = CoreShare.of(cfg)  # what other processes use of the cores, from here on
     _check_sharding(cfg, procs)
     engine_options = cfg.generation_options(procs.world_size, procs.sharded)
@@ -186,7 +188,7 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
     engine = ENGINES.checked(cfg.generation_engine)(engine_options)
     if procs.is_main and not cfg.resume:  # a resume rewrites config.json only once a checkpoint is restored
         _write_run_files(run_dir, cfg, task, splits, system_prompt, procs, bundle.tokenizer)
-    policy = bundle.model.to(procs.device(cfg.device))
+    policy = bundle.model.to(procs.device(cfg.device))  # the bare model: generation, log-probs, saving
     policy.train()
     # KL reference: with LoRA the base model with the adapter disabled, else a frozen copy.
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.beta > 0 and not bundle.uses_lora else None
@@ -194,29 +196,49 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
                                           bind(OptimizerOptions, cfg), total_steps=cfg.max_steps)
     rule_stream = torch.Generator().manual_seed(cfg.seed + 1)  # the `random` rule's
     keeping = METHODS[cfg.method].bound(cfg.num_kept, cfg.downsampling_rule, rule_stream)  # m bound once, here
-    group_size, log_options = group_size_policy(cfg, keeping), bind(LogOptions, cfg)
-    components = Components(
-        procs=procs, run_dir=run_dir, task=task, bundle=bundle, train_split=splits[0],
-        scorer=scorer, engine=engine, policy=policy, reference=reference, optimizer=optimizer, scheduler=scheduler,
-        metrics=MetricsLog(run_dir / "metrics.jsonl") if procs.is_main else None,
-        rollout_log=MetricsLog(run_dir / "rollouts.jsonl") if procs.is_main else None,
-        trackers=log_options.trackers(run_dir, procs.is_main), log_options=log_options,
-        recorded_config=cfg.to_dict(), forward_dtype="bfloat16" if cfg.bf16 else "",
-        evaluator=evaluator(cfg, bundle, task, splits[1], procs, engine),
-        hooks=step_hooks(cfg, procs, engine, group_size, cores),
-        pruning=RunPruning.of(bind(PruningOptions, cfg), bundle.model.config.get_text_config().hidden_size,
-                              keeping.m, cfg.max_completion_length))
+    group_size = group_size_policy(cfg, keeping)
+    # prune_running: the quality head, a run part
+    pruning = RunPruning.of(bind(PruningOptions, cfg), bundle.model.config.get_text_config().hidden_size,
+                            keeping.m, cfg.max_completion_length)
     # what a checkpoint restores besides the weights, a step snapshots and an abandoned step rolls back
     state = RunState(parts={PROMPT_SELECTOR_STATE: selector, "group_size": group_size,
                             "generation_engine": PerProcess(engine),
                             "rule_generator": GeneratorState(keeping.generator)}
-                     | ({"quality_head": components.pruning} if components.pruning is not None else {}))
+                     | ({"quality_head": pruning} if pruning is not None else {}))
     partial = bind(PartialRolloutOptions, cfg)  # bound once: the pool and the prompt source read it
-    stages = step_stages(cfg, components, selector, group_size, keeping, bounds, partial,
-                         carried_pool(partial, state))
+    progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
+                          train_prompts=len(splits[0].examples), is_main=procs.is_main,
+                          is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
+    generator = rollout_generator(cfg, procs, bundle.tokenizer, scorer, engine, policy, pruning, keeping,
+                                  bounds, progress)
+    score = ScoreEverywhere(scorer, procs, progress)
+    prompts = prompt_source(cfg, procs, bundle.tokenizer, splits[0], generator, score, selector, partial,
+                            carried_pool(partial, state))
+    stages = step_stages(cfg, procs, prompts, group_size, keeping, policy, reference, scheduler)
+    run = _run(cfg, procs, run_dir, lock, state, stages, bundle, policy, optimizer, scheduler, scorer, engine,
+               evaluator(cfg, bundle, task, splits[1], procs, engine),
+               step_hooks(cfg, procs, policy, engine, group_size, cores, pruning))
     cores.follow()  # the threads of the first evaluation and step: the cores left free during set-up
-    return Run(stages, components, state, Limits(bind(StopOptions, cfg)),
-               CheckpointSchedule(bind(CheckpointOptions, cfg)), resume(cfg))
+    return run
+
+
+def _run(cfg: Config, procs: Processes, run_dir: Path, lock: RunLock | None, state: RunState,
+         stages: StepStages, bundle, policy: torch.nn.Module, optimizer, scheduler, scorer: Scorer, engine,
+         run_evaluator: Evaluator, hooks: list) -> Run:
+    """The run and its jobs, each built with what it reads."""
+    limits, resumed = Limits(bind(StopOptions, cfg)), resume(cfg)
+    forward_precision = functools.partial(autocast, policy.device, "bfloat16" if cfg.bf16 else "")
+    log_options = bind(LogOptions, cfg)
+    logs = ((MetricsLog(run_dir / "metrics.jsonl"), MetricsLog(run_dir / "rollouts.jsonl")) if procs.is_main
+            else (None, None))  # only the main process writes
+    checkpoints = Checkpointer(procs, state, CheckpointSchedule(bind(CheckpointOptions, cfg)), resumed,
+                               run_dir, policy, optimizer, scheduler, bundle.tokenizer, bundle.uses_lora,
+                               tuple(log for log in logs if log is not None))
+    log = RunLog(procs, state, *logs, log_options.trackers(run_dir, procs.is_main), log_options, cfg.method,
+                 scorer, hooks, checkpoints.stopped_here)
+    evaluation = RunEvaluation(run_evaluator, procs, state, limits, forward_precision)
+    return Run(stages, state, limits, resumed, procs, evaluation, log, checkpoints, forward_precision, policy,
+               optimizer, scorer, engine, run_dir, cfg.to_dict(), bundle.tokenizer, lock)
 
 
 def _checked_splits(cfg: Config, task, bundle, procs: Processes, engine_options, system_prompt: str) -> list:
@@ -260,39 +282,49 @@ def resume(cfg: Config) -> Resume:
                   keeps=frozenset(FIELDS) - RESUME_SAFE_FIELDS)
 
 
-def step_stages(cfg: Config, components: Components, selector: PromptSelector, group_size: GroupSizePolicy,
-                keeping: Keeping, reward_bounds: tuple[float, float] | None,
-                partial: PartialRolloutOptions, carried: CarriedPool | None) -> StepStages:
-    """The step's stages, each bound to the config values it needs (the loop reads none), those
-    that need m to ``keeping`` (the select stage); ``carried``: partial rollouts' pool when ``partial``
-    switches them on."""
-    procs, tokenizer = components.procs, components.bundle.tokenizer
-    progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
-                          train_prompts=len(components.train_split.examples), is_main=procs.is_main,
-                          is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
-    early_stop = (StopperFactory(components.scorer, tokenizer, keeping, reward_bounds, progress, components.pruning)
+def rollout_generator(cfg: Config, procs: Processes, tokenizer, scorer: Scorer, engine,
+                      policy: torch.nn.Module, pruning: RunPruning | None, keeping: Keeping,
+                      reward_bounds: tuple[float, float] | None, progress: ProgressAt) -> RolloutGenerator:
+    """The generate stage: the engine's calls on the step's prompts, with early stop's watcher (and
+    pruning's beside it) when ``group_early_stop`` is on, and the user's watchers."""
+    early_stop = (StopperFactory(scorer, tokenizer, keeping, reward_bounds, progress, pruning)
                   if cfg.group_early_stop else None)
-    generate_rollouts = RolloutGenerator(components.engine, components.policy, tokenizer, procs, keeping,
-                                         cfg.generation_batch_size, cfg.prompts_per_step, cfg.seed,
-                                         early_stop, tuple(map(WatcherFactory, cfg.watcher_specs)))
-    source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=components.train_split,
-                  generate=generate_rollouts, score=ScoreEverywhere(components.scorer, procs, progress), procs=procs)
+    return RolloutGenerator(engine, policy, tokenizer, procs, keeping, cfg.generation_batch_size,
+                            cfg.prompts_per_step, cfg.seed, early_stop,
+                            tuple(map(WatcherFactory, cfg.watcher_specs)))
+
+
+def prompt_source(cfg: Config, procs: Processes, tokenizer, train_split, generate: RolloutGenerator,
+                  score: ScoreEverywhere, selector: PromptSelector, partial: PartialRolloutOptions,
+                  carried: CarriedPool | None) -> PromptSource:
+    """Where the step's prompt groups come from: a round per step, dynamic sampling's rounds, or
+    partial rollouts' calls stopped at a quota (``carried``: their pool, when ``partial`` switches
+    them on)."""
+    source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=train_split,
+                  generate=generate, score=score, procs=procs)
     if partial.partial_rollouts:
-        prompts = PartialRolloutSource(**source, options=partial, pool=carried,
-                                       extra_rounds=cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else None,
-                                       pad_token_id=tokenizer.pad_token_id)
-    elif cfg.dynamic_sampling:
-        prompts = DynamicSamplingSource(**source, extra_rounds=cfg.dynamic_sampling_rounds,
-                                        pad_token_id=tokenizer.pad_token_id)
-    else:
-        prompts = PromptSource(**source)
+        extra_rounds = cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else None
+        return PartialRolloutSource(**source, options=partial, pool=carried, extra_rounds=extra_rounds,
+                                    pad_token_id=tokenizer.pad_token_id)
+    if cfg.dynamic_sampling:
+        return DynamicSamplingSource(**source, extra_rounds=cfg.dynamic_sampling_rounds,
+                                     pad_token_id=tokenizer.pad_token_id)
+    return PromptSource(**source)
+
+
+def step_stages(cfg: Config, procs: Processes, prompts: PromptSource, group_size: GroupSizePolicy,
+                keeping: Keeping, policy: torch.nn.Module, reference: torch.nn.Module | None,
+                scheduler) -> StepStages:
+    """The step's stages, each bound to the config values it needs (the loop reads none), those
+    that need m to ``keeping`` (the select stage); ``reference``: the KL's frozen model (None: none,
+    or LoRA's adapter-free base)."""
     needs_old, needs_ref = cfg.num_iterations > 1, cfg.beta > 0
-    logprobs = (ExtraLogprobs(components.policy, components.reference, cfg.micro_batch_size, cfg.share_prompt_in_update,
+    logprobs = (ExtraLogprobs(policy, reference, cfg.micro_batch_size, cfg.share_prompt_in_update,
                               old=needs_old, ref=needs_ref) if needs_old or needs_ref else None)
     return StepStages(
         group_size=group_size, prompts=prompts, select=keeping,
         advantages=Advantages(ADVANTAGES.checked(cfg.advantage_estimator), cfg.scale_rewards), logprobs=logprobs,
-        update=PolicyUpdate(components.scheduler, update_options(cfg), procs, cfg.num_iterations,
+        update=PolicyUpdate(scheduler, update_options(cfg), procs, cfg.num_iterations,
                             sampler_correction(cfg)))
 
 

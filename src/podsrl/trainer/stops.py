@@ -1,8 +1,9 @@
-"""Where a run stops before its end, in one place: :class:`Stops` owns the signals (SIGINT /
-SIGTERM ask for a clean stop, a second one stops at once: :mod:`podsrl.interrupts`), what a
-stop does at each point of the run (before the steps, in a step, before or during its
-evaluation, after it, outside any step), and the one line each stop ends with
-(:class:`TrainingStopped`). The loop asks it at those points and reads on.
+"""Where a run stops before its end, in one place: :class:`Signals` owns the signals (SIGINT /
+SIGTERM ask for a clean stop, a second one stops at once: :mod:`podsrl.interrupts`) from before
+the run is set up; :class:`Stops`, built for the run once it is, decides what a stop does at
+each point of the run (before the steps, in a step, before or during its evaluation, after it,
+outside any step), and the one line each stop ends with (:class:`TrainingStopped`). The loop
+asks it at those points and reads on.
 
 Where a stop lands:
 
@@ -21,16 +22,20 @@ import re
 import signal
 import sys
 import threading
-from contextlib import contextmanager
-from typing import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from podsrl import interrupts
 from podsrl.contracts import UserCodeError
+from podsrl.distributed import Processes
 from podsrl.interrupts import StopNow
 from podsrl.rewards import RewardError
 from podsrl.trainer.checkpoints import HeldBackStep
-from podsrl.trainer.run import Run
+from podsrl.trainer.jobs import Checkpointer
+from podsrl.trainer.limits import Limits
 from podsrl.trainer.stages import StepOutcome
+from podsrl.trainer.state import RunState
 from podsrl.trainer.timer import StageTimer
 
 
@@ -43,22 +48,19 @@ class TrainingStopped(RuntimeError):
         self.signum = signum
 
 
-class Stops:
+class Signals:
     """SIGINT / SIGTERM request a clean stop; user code running then (or later in the step)
     gets a few seconds to return before it is interrupted, and a second SIGINT or SIGTERM
     interrupts at once (both raise ``StopNow``, a ``KeyboardInterrupt``). Handlers are
-    installed only in the main thread, and restored. :meth:`watch` gives it the run whose
-    stops it then decides."""
+    installed only in the main thread, and restored."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         # until the first step: a stop then comes before it, with no checkpoint to write
         self.setting_up = True
-        self.run: Run | None = None
         self._previous: dict[int, object] = {}
 
-    # --- the signals ---------------------------------------------------------------------------
-    def __enter__(self) -> "Stops":
+    def __enter__(self) -> "Signals":
         main = threading.current_thread() is threading.main_thread()
         interrupts.clear(owned=main)
         if main:
@@ -84,9 +86,28 @@ class Stops:
             if handler is not None:  # None: a handler not installed from Python, left as it is
                 signal.signal(sig, handler)
 
-    def watch(self, run: Run) -> None:
-        """The run whose stops this decides, once it is set up."""
-        self.run = run
+    def during_set_up(self, interrupted: StopNow) -> TrainingStopped:
+        return TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained: run "
+                               "the same command again", signum=interrupted.signum)
+
+
+@dataclass(frozen=True)
+class Stops:
+    """What a stop does at each point of a run (its :class:`Signals`): built for the run once it
+    is set up (:meth:`podsrl.trainer.run.Run.stops`), with what the stops read and write."""
+
+    signals: Signals
+    procs: Processes
+    state: RunState  # the step, and the parts an abandoned step rolls back
+    limits: Limits  # when the run gives up
+    checkpoints: Checkpointer
+    rollout_rows: Callable[[StepOutcome], list[dict]]  # the step's rows, kept with a held-back record
+    keeps: frozenset[str]  # the settings a resume may not change
+    timed_step: Callable[[], AbstractContextManager[StageTimer]]  # around the step's pipeline
+
+    @property
+    def signum(self) -> int | None:
+        return self.signals.signum
 
     # --- the points of the run where a stop lands -------------------------------------------------
     def before_steps(self, where: str = "") -> None:
@@ -95,25 +116,24 @@ class Stops:
         signum = self.agreed_signal()
         if signum:
             raise TrainingStopped(f"stopped by {signal.Signals(signum).name} "
-                                  f"{where or f'before step {self.run.state.step + 1}'}; "
-                                  f"{self.run.checkpoints.stopped_here()}",
+                                  f"{where or f'before step {self.state.step + 1}'}; "
+                                  f"{self.checkpoints.stopped_here()}",
                                   signum=signum)
 
     def first_step_begins(self) -> None:
         """The last stop before the steps; from here a signal waits for the step to end."""
         self.before_steps()
-        self.setting_up = False
+        self.signals.setting_up = False
 
     @contextmanager
     def guard_step(self) -> Iterator[StageTimer]:
-        """Around the step (:meth:`Run.timed_step`: its timer, precision and training time): a
-        reward failure (the 'raise' policy), a user component's failure or a stop that could
-        not wait abandons the step (:meth:`abandon`)."""
-        run = self.run
-        before = run.state.snapshot()
+        """Around the step (``timed_step``: its timer, precision and training time): a reward
+        failure (the 'raise' policy), a user component's failure or a stop that could not wait
+        abandons the step (:meth:`abandon`)."""
+        before = self.state.snapshot()
         timer = None
         try:
-            with run.timed_step() as timer:
+            with self.timed_step() as timer:
                 yield timer
         except RewardError as err:
             raise self.abandon(before, err, "fix the reward function") from None
@@ -132,7 +152,7 @@ class Stops:
         is checkpointed with its record held back (:meth:`hold_back_evaluation`). A multi-process
         run waits for the evaluation: a signal may reach one process only, and a checkpoint
         needs every process."""
-        single = self.run.procs.world_size == 1
+        single = self.procs.world_size == 1
         if single and self.signum:
             raise self.hold_back_evaluation(record, outcome, self.signum)
         try:
@@ -145,46 +165,40 @@ class Stops:
     def give_up_after(self, outcome: StepOutcome) -> None:
         """Give up where the run's :class:`~podsrl.trainer.limits.Limits` say so after this
         step (too many non-finite steps in a row), leaving the last good checkpoint as it is."""
-        run = self.run
-        given_up = run.limits.give_up(outcome)
+        given_up = self.limits.give_up(outcome)
         if given_up:
-            raise TrainingStopped(f"stopped at step {run.state.step}: {given_up}; last good checkpoint: "
-                                  f"{run.checkpoints.last()}")
+            raise TrainingStopped(f"stopped at step {self.state.step}: {given_up}; last good checkpoint: "
+                                  f"{self.checkpoints.last()}")
 
     def agreed_signal(self) -> int:
         """The signal any process got since the run began (a signal may reach one process
         only), or 0: the run checkpoints, then :meth:`stop_on` stops it."""
-        return int(self.run.procs.max([float(self.signum or 0)])[0])
+        return int(self.procs.max([float(self.signum or 0)])[0])
 
     def stop_on(self, signum: int) -> None:
         """After a signal's checkpoint: the stop."""
         if signum:
-            run = self.run
-            raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}; "
-                                  f"checkpoint written to {run.checkpoints.folder}; continue with the same "
+            raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {self.state.step}; "
+                                  f"checkpoint written to {self.checkpoints.folder}; continue with the same "
                                   "command plus --resume true", signum=signum)
-
-    def during_set_up(self, interrupted: StopNow) -> TrainingStopped:
-        return TrainingStopped(f"stopped by {interrupted} while setting the run up; nothing was trained: run "
-                               "the same command again", signum=interrupted.signum)
 
     def outside_step(self, interrupted: StopNow) -> TrainingStopped:
         """A second signal outside a step (evaluating, logging, writing a checkpoint)."""
-        return TrainingStopped(f"stopped by {interrupted} after step {self.run.state.step}; "
-                               f"{self.run.checkpoints.stopped_here()}",
+        return TrainingStopped(f"stopped by {interrupted} after step {self.state.step}; "
+                               f"{self.checkpoints.stopped_here()}",
                                signum=interrupted.signum)
 
     # --- what a stop leaves -----------------------------------------------------------------------
     def hold_back_evaluation(self, record: dict, outcome: StepOutcome, signum: int) -> TrainingStopped:
         """A stop came before the finished step's evaluation or during it: checkpoint the step
         with its record and rollout rows held back (not logged), and return the one-line stop
-        to raise. The resumed run evaluates the step first, then logs it (:meth:`Run.resume_or_start`)."""
-        run = self.run
-        run.checkpoints.write(held_back=HeldBackStep(record, run.log.rollout_rows(outcome)))
-        return TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {run.state.step}, "
-                               f"before its evaluation; checkpoint written to {run.checkpoints.folder}; "
+        to raise. The resumed run evaluates the step first, then logs it
+        (:meth:`podsrl.trainer.run.Run.resume_or_start`)."""
+        self.checkpoints.write(held_back=HeldBackStep(record, self.rollout_rows(outcome)))
+        return TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {self.state.step}, "
+                               f"before its evaluation; checkpoint written to {self.checkpoints.folder}; "
                                "continue with the same command plus --resume true (it evaluates step "
-                               f"{run.state.step} first)",
+                               f"{self.state.step} first)",
                                signum=signum)
 
     def _kept_setting(self, err: UserCodeError) -> str:
@@ -192,7 +206,7 @@ class Stops:
         change (a user's engine over generation_memory_mb: podsrl's errors name their field
         first): changing it means a new run, which '--resume true' would refuse to be."""
         component, named = (re.match(r"\w*", str(e)).group() for e in (err, err.__cause__ or ""))
-        if named == component or named not in self.run.resume.keeps:
+        if named == component or named not in self.keeps:
             return ""
         return (f" (a resume keeps the run's {named}: with another {named}, start a new run in another "
                 "--output_dir)")
@@ -208,17 +222,16 @@ class Stops:
         is nothing to resume. Nor in step 1 for a failure to fix: nothing was trained, so the
         same command starts afresh whatever the fix changes, where a checkpoint of step 0 would
         hold the run to a resume that refuses a changed setting."""
-        run = self.run
-        state = run.state
+        state, checkpoints = self.state, self.checkpoints
         state.step -= 1
         signum = getattr(reason, "signum", None)
-        agreed = isinstance(reason, RewardError) or run.procs.world_size == 1
+        agreed = isinstance(reason, RewardError) or self.procs.world_size == 1
         how = f"by {reason}" if isinstance(reason, StopNow) else f"{reason}"
         first = f"{fix}, then " if fix else ""
         resume = f"{fix}{kept}, then " if fix else ""
         resume += "continue with the same command plus --resume true"
         if update_began or not agreed or (fix and state.step == 0):
-            last = run.checkpoints.last()
+            last = checkpoints.last()
             if last == "none":  # --resume would be refused: there is nothing to resume
                 return TrainingStopped(f"stopped in step {state.step + 1}: {how}; no checkpoint yet: "
                                        f"{first}run the same command again to start afresh (podsrl reuses "
@@ -226,10 +239,10 @@ class Stops:
             return TrainingStopped(f"stopped in step {state.step + 1}: {how}; last checkpoint, left as it "
                                    f"was: {last}; {resume}", signum=signum)
         state.roll_back(before)
-        if not run.checkpoints.holds(state.step):
-            run.checkpoints.write()
+        if not checkpoints.holds(state.step):
+            checkpoints.write()
         return TrainingStopped(f"stopped in step {state.step + 1}: {how}; checkpoint of step {state.step} in "
-                               f"{run.checkpoints.folder}: {resume}", signum=signum)
+                               f"{checkpoints.folder}: {resume}", signum=signum)
 
 
 def _update_began(timer: StageTimer | None) -> bool:

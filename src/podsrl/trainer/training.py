@@ -11,7 +11,7 @@ from podsrl.trainer.config import Config
 from podsrl.trainer.loop import run_steps
 from podsrl.trainer.run import RunResult
 from podsrl.trainer.setup import set_up
-from podsrl.trainer.stops import Stops
+from podsrl.trainer.stops import Signals
 
 
 def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> RunResult:
@@ -22,12 +22,12 @@ def train(cfg: Config, reward_funcs: Sequence[RewardFn | str] | None = None) -> 
     config's ``reward_weights``. A run that finished but learned nothing (no reward applied,
     or every step skipped) returns with ``RunResult.failure`` saying why (``podsrl train``
     exits 1 then)."""
-    with Stops() as stops:
+    with Signals() as signals:
         try:
             run = set_up(cfg, reward_funcs)
         except StopNow as interrupted:
-            raise stops.during_set_up(interrupted) from None
-        stops.watch(run)
+            raise signals.during_set_up(interrupted) from None
+        stops = run.stops(signals)
         try:
             return run_steps(run, stops)
         except StopNow as interrupted:  # outside a step: evaluating, logging, writing a checkpoint
