@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from podsrl.algorithms.importance import STALE_MASK, SamplerCorrection, sampler_importance_weights
-from podsrl.generation.partial_rollouts import CarriedPool
+from podsrl.generation.partial_rollouts import CarriedPool, PartialRolloutOptions
 from podsrl.models.logprobs import token_logprobs
 from podsrl.rollout import SlotsEngine, SlotsOptions, generate_in_slots
-from podsrl.rollout.partial import CarriedGroup
+from podsrl.rollout.partial import CarriedGroup, PartialCall
 from podsrl.tasks import TaskOptions, build_task, render_prompt
 from podsrl.trainer import train
 from podsrl.trainer.checkpoints import list_checkpoints
@@ -31,8 +31,8 @@ def prompts(tiny):
 def partial(bundle, prompts, n, *, carried=None, quota, version, slots=4, temperature=0.0, watchers=()):
     engine = SlotsEngine(SlotsOptions(max_completion_length=8, temperature=temperature, micro_group=slots,
                                       schedule="round_robin"))
-    return engine.generate_partial(bundle.model, bundle.tokenizer, prompts, n, carried=carried or {}, quota=quota,
-                                   version=version, watchers=watchers)
+    return engine(bundle.model, bundle.tokenizer, prompts, n, watchers=watchers,
+                  partial=PartialCall(carried or {}, quota, version))
 
 
 def ended(tokens, eos, cap=8):
@@ -162,7 +162,8 @@ def test_every_group_completes_exactly_once_over_many_calls(tiny, prompts):
 @pytest.mark.parametrize("seed", range(20))
 def test_the_staleness_bound_restarts_exactly_the_samples_beyond_it(seed):
     rng = random.Random(seed)
-    pool, step, bound = CarriedPool(), rng.randint(3, 9), rng.randint(1, 3)
+    step, bound = rng.randint(3, 9), rng.randint(1, 3)
+    pool = CarriedPool(PartialRolloutOptions(partial_max_staleness=bound))
     for _ in range(rng.randint(1, 4)):
         n = rng.randint(2, 5)
         versions = []
@@ -175,7 +176,7 @@ def test_the_staleness_bound_restarts_exactly_the_samples_beyond_it(seed):
         pool.groups.append(CarriedGroup([[7] * len(v) for v in versions], versions,
                                         [[-1.0] * len(v) for v in versions], finished, skipped))
     before = [[v[0] if v else None for v in g.versions] for g in pool.groups]
-    restarted = pool.bound_staleness(step, bound)
+    restarted = pool.bound_staleness(step)
     assert restarted == sum(first is not None and step - first > bound for firsts in before for first in firsts)
     for group, firsts in zip(pool.groups, before):
         had_stale = any(first is not None and step - first > bound for first in firsts)
@@ -314,11 +315,11 @@ class CountingSelector:
 def test_each_process_draws_exactly_the_fresh_prompts_it_lacks_from_one_shared_list(rank, mine, other, slice_):
     """Dynamic sampling's rounds leave processes lacking different numbers of groups: one list is
     drawn for both (the selector's draws stay the same on every process), each takes its slice."""
-    from podsrl.generation.partial_rollouts import PartialRolloutOptions, PartialRolloutSource
+    from podsrl.generation.prompt_source import PromptSource
 
     selector = CountingSelector()
-    source = PartialRolloutSource(selector, 4, None, None, None, TwoProcesses(rank, torch.tensor([other])),
-                                  PartialRolloutOptions(partial_rollouts=True), CarriedPool())
+    source = PromptSource(selector, 4, None, None, None, TwoProcesses(rank, torch.tensor([other])),
+                          pool=CarriedPool(PartialRolloutOptions(partial_rollouts=True)))
     assert source.fresh_prompts(mine, step=1, n=4) == slice_
     assert selector.taken == ([mine + other] if mine + other else [])
 
@@ -332,14 +333,14 @@ def test_a_process_with_its_share_generates_nothing_and_carries_every_group_on(t
     from podsrl.trainer.stages import RolloutGenerator
 
     class NoCalls:
-        def generate_partial(self, *args, **kwargs):
+        def __call__(self, *args, **kwargs):
             raise AssertionError("the engine was called for quota 0")
 
     generator = RolloutGenerator(NoCalls(), tiny.model, tiny.tokenizer, Processes(),
                                  METHODS["pods"].bound(2, "max_variance"), 0, 4, 0, None)
     group = CarriedGroup([[5, 6], []], [[1, 1], []], [[-0.5, -0.7], []], [False, False], [False, False])
     split = PreparedSplit([None, None], prompts[:2], 0, False, "")
-    result = generator.partial(split, {0: group}, 0, 2, step=2, round_index=1)
+    result = generator(split, 2, 2, 1, carried={0: group}, quota=0)
     assert result.complete == [] and result.rollouts.completion_ids.shape == (0, 2, 1)
     assert result.carried == {0: group}
 
@@ -363,18 +364,15 @@ def test_samples_beyond_the_staleness_bound_are_generated_again(tmp_path):
 
 
 class GarbageEngine:
-    """A user's engine whose generate_partial returns the wrong number of groups."""
+    """A user's engine whose partial call returns the wrong number of groups."""
 
     def __init__(self, options):
         self.inner = None
 
-    def __call__(self, model, tokenizer, prompts, num_samples, watchers=()):
-        raise AssertionError("not called")
-
-    def generate_partial(self, model, tokenizer, prompts, num_samples, *, carried, quota, version, watchers=()):
+    def __call__(self, model, tokenizer, prompts, num_samples, watchers=(), partial=None):
+        assert partial is not None, "called without a partial call"
         engine = SlotsEngine(SlotsOptions(max_completion_length=4, temperature=0.0, micro_group=4))
-        result = engine.generate_partial(model, tokenizer, prompts, num_samples, carried=carried, quota=quota,
-                                         version=version)
+        result = engine(model, tokenizer, prompts, num_samples, partial=partial)
         result.complete = result.complete[:-1]
         return result
 
@@ -394,4 +392,4 @@ def test_a_user_engines_partial_generation_is_held_to_its_contract(tiny, prompts
 
     engine = CheckedEngine(GarbageEngine(None), "generation_engine", "my_engines:GarbageEngine")
     with pytest.raises(UserCodeError, match="^generation_engine: my_engines:GarbageEngine returned 1 complete groups"):
-        engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried={}, quota=2, version=1)
+        engine(tiny.model, tiny.tokenizer, prompts, 3, partial=PartialCall({}, 2, 1))

@@ -319,18 +319,20 @@ def test_dynamic_sampling_keeps_the_selectors_numbers_and_refuses_one_named_like
     silent overwrite."""
     from podsrl.contracts import UserCodeError
     from podsrl.distributed import Processes
-    from podsrl.generation.prompt_source import DynamicSamplingSource
+    from podsrl.generation.prompt_source import PromptSource
+    from podsrl.rollout.partial import PartialGeneration
     from podsrl.tasks.base import Example, PreparedSplit
     from podsrl.trainer.timer import StageTimer
     from podsrl.types import Rollouts, Scores
 
     split = PreparedSplit([Example(f"q{i}", "1") for i in range(12)], [f"q{i}" for i in range(12)], 0, False, "")
 
-    def generate(part, n, step, round_index):  # [P, n, 1]: one token per sample
+    def generate(part, n, step, round_index, carried, quota):  # [P, n, 1]: one token per sample, every group
         p = len(part.prompts)
-        return Rollouts(torch.zeros(p, 1, dtype=torch.long), torch.ones(p, 1, dtype=torch.long),
-                        torch.ones(p, n, 1, dtype=torch.long), torch.ones(p, n, 1, dtype=torch.long),
-                        [["x"] * n for _ in range(p)], {"generated_tokens": p * n, "decode_steps": 1})
+        rollouts = Rollouts(torch.zeros(p, 1, dtype=torch.long), torch.ones(p, 1, dtype=torch.long),
+                            torch.ones(p, n, 1, dtype=torch.long), torch.ones(p, n, 1, dtype=torch.long),
+                            [["x"] * n for _ in range(p)], {"generated_tokens": p * n, "decode_steps": 1})
+        return PartialGeneration(rollouts, list(range(p)))
 
     def score(part, rollouts, step):  # prompt i's group is constant unless i is a multiple of 3
         rewards = torch.tensor([[float(int(e.prompt[1:]) % 3 == 0 and j == 0) for j in range(rollouts.group_size)]
@@ -338,8 +340,8 @@ def test_dynamic_sampling_keeps_the_selectors_numbers_and_refuses_one_named_like
         return Scores(rewards, rewards, torch.full_like(rewards, float("nan")), torch.zeros_like(rewards).bool())
 
     def source(numbers):
-        return DynamicSamplingSource(RefillingRecorder(numbers), 4, split, generate, score, Processes(),
-                                     extra_rounds=2, pad_token_id=0)
+        return PromptSource(RefillingRecorder(numbers), 4, split, generate, score, Processes(), extra_rounds=2,
+                            pad_token_id=0)
 
     groups = source({"curriculum_level": 2.0}).scored_groups(1, 3, StageTimer())
     assert groups.record["curriculum_level"] == 2.0

@@ -9,6 +9,7 @@ import torch
 
 from podsrl.rollout import PRUNE_RUNNING, HFEngine, HFOptions, SlotsOptions, generate_in_slots
 from podsrl.rollout.base import refuse_watchers
+from podsrl.rollout.partial import PartialCall
 from podsrl.tasks import TaskOptions, build_task, render_prompt
 
 
@@ -137,8 +138,8 @@ def test_a_carried_sample_stopped_after_it_resumes_is_dropped_and_counted(tiny):
     engine = SlotsEngine(SlotsOptions(max_completion_length=8, temperature=0.0, micro_group=4, schedule="round_robin"))
 
     def call(prompts, carried, quota, version, watchers=()):
-        return engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried=carried, quota=quota,
-                                       version=version, watchers=watchers)
+        return engine(tiny.model, tiny.tokenizer, prompts, 3, watchers=watchers,
+                      partial=PartialCall(carried, quota, version))
     first = call(prompts, {}, 1, 1)
     order = sorted(first.carried)
     carried = {i: first.carried[p] for i, p in enumerate(order)}

@@ -58,12 +58,12 @@ from podsrl.rollout import Capabilities, SlotsEngine, STOP_GROUPS
 class Capped(SlotsEngine):
     capabilities = Capabilities(watches={STOP_GROUPS, "cap_length"}, partial_rollouts=True)
 
-    def __call__(self, model, tokenizer, prompts, num_samples, watchers=()):
+    def __call__(self, model, tokenizer, prompts, num_samples, watchers=(), partial=None):
         caps = [w.tokens(len(prompts)) for w in watchers if w.kind == "cap_length"]
         if caps:
             self.options = dataclasses.replace(self.options, max_completion_length=min(caps))
         return super().__call__(model, tokenizer, prompts, num_samples,
-                                tuple(w for w in watchers if w.kind != "cap_length"))
+                                tuple(w for w in watchers if w.kind != "cap_length"), partial=partial)
 
 class Three:
     kind = "cap_length"
@@ -109,6 +109,26 @@ def test_a_users_stop_groups_watcher_is_configured_and_acted_on_in_a_run(tmp_pat
     # a group it stopped keeps its finished 4 and those running at the time: fewer than 8 somewhere
     assert any(r["rollouts_generated"] < 4 * 8 for r in steps) and all(r["rollouts_generated"] >= 4 * 4
                                                                           for r in steps)
+
+
+@pytest.mark.slow
+def test_a_users_watcher_composes_with_partial_rollouts_and_early_stop_in_one_run(tmp_path):
+    """The one generation path (#82): a watcher from outside podsrl rides the same hook as early
+    stop, in the calls partial rollouts stop at a quota; each acts, and the run trains."""
+    path = user_file(tmp_path, "watch.py", WATCHER)
+    log = tmp_path / "reports.jsonl"
+    spec = json.dumps([{"name": f"{path}:Enough", "enough": 6, "log": str(log)}])
+    overrides = {**{k: str(v) for k, v in RUN.items()}, "max_steps": "3", "generation_watchers": spec,
+                 "group_early_stop": "true", "partial_rollouts": "true", "partial_extra_prompts": "2",
+                 "max_completion_length": "12", "output_dir": str(tmp_path / "run")}
+    train(make_config(overrides=overrides))
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) >= 3 and any(call["stopped"] for call in calls)  # it saw every step's samples, and stopped
+    steps = [r for r in metrics(tmp_path / "run") if "rollouts_generated" in r]
+    assert len(steps) == 3
+    assert any(r["partial_groups_carried"] > 0 for r in steps)  # partial rollouts carried groups on
+    assert any(r["rollouts_generated"] < 4 * 8 for r in steps)  # groups stopped early: fewer than n generated
+    assert all(r["rollouts_generated"] >= 4 * 4 for r in steps)  # each kept group had its m to select from
 
 
 def test_a_watcher_is_refused_on_an_engine_that_does_not_declare_its_kind(tmp_path):

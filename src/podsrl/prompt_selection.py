@@ -11,7 +11,7 @@ one wrong: advantages all 0, its n rollouts generated for nothing). Built-ins:
   get tried).
 
 DAPO's dynamic sampling (``dynamic_sampling``) is not a selector but a property of the prompt
-source (:class:`podsrl.generation.prompt_source.DynamicSamplingSource`): it asks any selector for
+source (:class:`podsrl.generation.prompt_source.PromptSource`'s rounds): it asks any selector for
 more prompts while groups come out constant, so it combines with each of these.
 
 Every selector is deterministic given its seed and what it observed, the same on every

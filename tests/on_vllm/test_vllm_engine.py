@@ -21,6 +21,7 @@ from greedy_oracle import assert_greedy_agrees  # noqa: E402
 from podsrl.models import load_model  # noqa: E402
 from podsrl.models.logprobs import token_logprobs  # noqa: E402
 from podsrl.rollout import Sampling, VLLMEngine, VLLMOptions, generate  # noqa: E402
+from podsrl.rollout.partial import PartialCall  # noqa: E402
 from podsrl.tasks.arithmetic import build_arithmetic  # noqa: E402
 
 PROMPTS = [example.prompt for example in build_arithmetic(level=3, num_train=10, num_test=24, seed=3).test]
@@ -201,15 +202,15 @@ def test_partial_rollouts_stop_at_the_quota_and_resume_where_they_stopped(tiny):
     engine = partial_engine()
     try:
         prompts = PROMPTS[:6]
-        first = engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried={}, quota=2, version=1)
+        first = engine(tiny.model, tiny.tokenizer, prompts, 3, partial=PartialCall({}, 2, 1))
         assert len(first.complete) == 2 and first.rollouts.completion_ids.shape[:2] == (2, 3)
         assert sorted([*first.complete, *first.carried]) == list(range(6))
         assert not engine.llm.llm_engine.has_unfinished_requests()  # the rest was aborted
         assert any(group.cut_off for group in first.carried.values())
         order = sorted(first.carried)
         kept = {i: first.carried[p] for i, p in enumerate(order)}
-        second = engine.generate_partial(tiny.model, tiny.tokenizer, [prompts[p] for p in order], 3,
-                                         carried=kept, quota=len(order), version=2)
+        second = engine(tiny.model, tiny.tokenizer, [prompts[p] for p in order], 3,
+                        partial=PartialCall(kept, len(order), 2))
         assert len(second.complete) == len(order) and not second.carried
         for row, i in enumerate(second.complete):
             for s, tokens in enumerate(kept[i].completions):  # a carried prefix is kept as it was
@@ -246,7 +247,7 @@ def test_partial_rollouts_stop_at_the_quota_and_resume_where_they_stopped(tiny):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(vllm_engine, "step", failing_step)
             with pytest.raises(RuntimeError, match="injected"):
-                engine.generate_partial(tiny.model, tiny.tokenizer, prompts, 3, carried={}, quota=6, version=3)
+                engine(tiny.model, tiny.tokenizer, prompts, 3, partial=PartialCall({}, 6, 3))
         assert not vllm_engine.has_unfinished_requests()
         after = engine.generate(tiny.model, tiny.tokenizer, prompts, 1, Sampling(max_completion_length=8,
                                                                                  temperature=0))

@@ -24,29 +24,19 @@ over it. With dynamic sampling (DAPO), the step's rounds run over the one pool, 
 once the informative groups still lacking are complete, so no informative group is generated
 beyond the step's share and thrown away; constant complete groups are set aside. The groups
 in flight are part of the run's learned state (:class:`CarriedPool`, one per process):
-checkpointed, restored, and rolled back with an abandoned step.
+checkpointed, restored, and rolled back with an abandoned step. The rounds over the pool are the
+prompt source's (:class:`podsrl.generation.prompt_source.PromptSource`); here, the settings and
+the pool.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from podsrl.distributed import Processes
-from podsrl.generation.prompt_source import (
-    PromptSource,
-    ScoredGroups,
-    ScoreFn,
-    informative_share,
-    rounds_until_informative,
-)
 from podsrl.options import POSITIVE, Range, option
-from podsrl.prompt_selection import PromptSelector, add_selector_record
 from podsrl.rollout.partial import CarriedGroup
-from podsrl.tasks.base import PreparedSplit
 from podsrl.trainer.state import RunState
-from podsrl.trainer.timer import StageTimer
 
 STALE_CORRECTIONS = ("importance", "mask")
 
@@ -82,28 +72,44 @@ class PartialRolloutOptions:
 
 class CarriedPool:
     """This process's groups in flight between steps: each one's prompt (its index in the train
-    split) and its samples so far. A run part (:class:`podsrl.trainer.state.PerProcess`)."""
+    split) and its samples so far, kept as ``options`` say. A run part
+    (:class:`podsrl.trainer.state.PerProcess`)."""
 
     per_process = True
 
-    def __init__(self) -> None:
+    def __init__(self, options: PartialRolloutOptions = PartialRolloutOptions()) -> None:
+        self.options = options
         self.prompts: list[int] = []
         self.groups: list[CarriedGroup] = []
 
     def __len__(self) -> int:
         return len(self.groups)
 
-    def bound_staleness(self, step: int, max_staleness: int) -> int:
-        """Restart every sample whose first token would train more than ``max_staleness``
+    def fresh_needed(self, quota: int) -> int:
+        """Fresh prompts a round takes: enough for ``quota`` + ``partial_extra_prompts`` groups in
+        flight (none where the round asks for no group)."""
+        return max(quota + self.options.partial_extra_prompts - len(self), 0) if quota else 0
+
+    def bound_staleness(self, step: int) -> int:
+        """Restart every sample whose first token would train more than ``partial_max_staleness``
         updates stale in ``step``; returns how many."""
         restarted = 0
         for group in self.groups:
             stale = [s for s, first in enumerate(group.oldest())
-                     if first is not None and step - first > max_staleness]
+                     if first is not None and step - first > self.options.partial_max_staleness]
             if stale:
                 group.restart(stale)
                 restarted += len(stale)
         return restarted
+
+    def step_record(self, resumed: int, restarted: int, procs: Processes) -> dict[str, int]:
+        """The step's numbers, summed over processes: the groups carried on, the carried samples
+        its rounds resumed (``resumed``) and restarted (``restarted``), and the samples cut off."""
+        cut_off = sum(len(group.cut_off) for group in self.groups)
+        carried, resumed, restarted, cut_off = procs.sum([float(len(self)), float(resumed), float(restarted),
+                                                          float(cut_off)])
+        return {"partial_groups_carried": int(carried), "partial_samples_resumed": int(resumed),
+                "partial_samples_restarted": int(restarted), "partial_samples_cut_off": int(cut_off)}
 
     def state_dict(self) -> dict:
         return {"prompts": list(self.prompts), "groups": [group.state_dict() for group in self.groups]}
@@ -123,82 +129,5 @@ def carried_pool(options: PartialRolloutOptions, state: RunState) -> CarriedPool
     """The run's groups in flight between steps, one of its learned parts (None: partial rollouts off)."""
     if not options.partial_rollouts:
         return None
-    state.parts["carried_groups"] = pool = CarriedPool()
+    state.parts["carried_groups"] = pool = CarriedPool(options)
     return pool
-
-
-class PartialRolloutSource(PromptSource):
-    """Generation calls over the carried groups (first) and fresh prompts from the selector,
-    each stopped once this process has the groups it asked for complete: its share of
-    ``prompts_per_step``, in one call; with dynamic sampling (``extra_rounds``), DAPO's rounds
-    over the one pool, each asking for the informative groups still lacking, the constant
-    complete groups set aside.
-
-    ``generate`` is the run's :class:`podsrl.trainer.stages.RolloutGenerator`; each process
-    draws the fresh prompts that bring its groups in flight to what it asks for plus
-    ``extra_prompts`` (the selector's list is shared: each takes its own slice of it)."""
-
-    def __init__(self, selector: PromptSelector, prompts_per_step: int, train_split: PreparedSplit, generate,
-                 score: ScoreFn, procs: Processes, options: PartialRolloutOptions, pool: CarriedPool,
-                 extra_rounds: int | None = None, pad_token_id: int = 0) -> None:
-        super().__init__(selector, prompts_per_step, train_split, generate, score, procs)
-        self.extra, self.max_staleness, self.pool = (options.partial_extra_prompts,
-                                                     options.partial_max_staleness, pool)
-        self.share = prompts_per_step // procs.world_size  # this process's groups per step
-        # extra_rounds None: no dynamic sampling
-        self.extra_rounds, self.pad_token_id = extra_rounds, pad_token_id
-
-    def scored_groups(self, step: int, n: int, timer: StageTimer) -> ScoredGroups:
-        pool, procs = self.pool, self.procs
-        restarted = pool.bound_staleness(step, self.max_staleness)
-        if self.extra_rounds is None:
-            rounds = [self.partial_round(step, n, 0, self.share, timer)]
-            groups = rounds[0][1]
-        else:
-            rounds = rounds_until_informative(
-                lambda round_index, quota: self.partial_round(step, n, round_index, quota, timer),
-                self.share, self.extra_rounds, procs)
-            groups = informative_share(rounds, self.share, self.train_split, procs, self.pad_token_id)
-        resumed = sum(r.record["partial_samples_resumed"] for _, r in rounds)  # a round's carried samples
-        cut_off = sum(len(group.cut_off) for group in pool.groups)
-        carried, resumed, restarted, cut_off = procs.sum([float(len(pool)), float(resumed), float(restarted),
-                                                          float(cut_off)])
-        groups.record.update({"partial_groups_carried": int(carried), "partial_samples_resumed": int(resumed),
-                              "partial_samples_restarted": int(restarted),
-                              "partial_samples_cut_off": int(cut_off)})
-        # a name of partial rollouts' own is refused
-        add_selector_record(self.selector.record(), groups.record)
-        return groups
-
-    def partial_round(self, step: int, n: int, round_index: int, quota: int,
-                      timer: StageTimer) -> tuple[list[int], ScoredGroups]:
-        """One generation call until ``quota`` groups are complete (0: this process generates
-        nothing and takes part in the collectives): their prompt indices and scored groups."""
-        pool, procs = self.pool, self.procs
-        resumed = sum(len(group.cut_off) for group in pool.groups) if quota else 0
-        in_flight = pool.prompts + self.fresh_prompts(max(quota + self.extra - len(pool), 0) if quota else 0,
-                                                      step, n)
-        split = self.train_split.at_prompts(in_flight)
-        with timer("generate"):
-            result = self.generate.partial(split, dict(enumerate(pool.groups)), quota, n, step, round_index)
-        pool.prompts = [in_flight[p] for p in sorted(result.carried)]
-        pool.groups = [result.carried[p] for p in sorted(result.carried)]
-        done = [in_flight[p] for p in result.complete]
-        split = self.train_split.at_prompts(done)
-        rollouts = result.rollouts  # [quota, n, Lc]
-        with timer("reward"):
-            scores = self.score(split, rollouts, step)
-        if self.selector.learns:  # collectives: every process's complete groups, in process order
-            correct = scores.correct.masked_fill(~rollouts.generated_mask, float("nan"))  # [quota, n]
-            every = procs.gather_objects((done, correct))
-            self.selector.observe(step, [i for indices, _ in every for i in indices],
-                                  torch.cat([rows for _, rows in every]))
-        return done, ScoredGroups(split, rollouts, scores, {"partial_samples_resumed": resumed})
-
-    def fresh_prompts(self, count: int, step: int, n: int) -> list[int]:
-        """``count`` new prompts for this process: one list drawn for every process's counts (a
-        collective), this process's slice of it."""
-        counts = [int(c) for c in self.procs.gather(torch.tensor([count])).tolist()]  # [world]
-        indices = self.selector.take(sum(counts), step, n) if sum(counts) else []
-        first = sum(counts[:self.procs.rank])
-        return indices[first:first + count]

@@ -91,8 +91,8 @@ class Capabilities:
     never an engine's name, so a user's engine is held to the same rules as the built-ins."""
 
     watches: frozenset[str] = frozenset()  # the watcher kinds it runs (Watcher.kind)
-    # partial rollouts (podsrl.rollout.partial): it has generate_partial(model, tokenizer, prompts, n, *,
-    # carried, quota, version, watchers) -> PartialGeneration, stopping at a quota and resuming samples
+    # partial rollouts (podsrl.rollout.partial): its call takes partial=PartialCall(carried, quota, version)
+    # and returns a PartialGeneration, stopping at a quota of complete groups and resuming samples
     partial_rollouts: bool = False
     needs_whole_weights: bool = False  # each process's engine needs the whole weights (refused under FSDP)
     # Rollouts.sampling_logp: what the vllm_importance_sampling_* correction reads
@@ -214,8 +214,8 @@ class GenerationEngine(Protocol):
 
     Class attributes: ``capabilities`` (:class:`Capabilities`), ``options_type``. Optional
     members, used where present: ``check_prompts(options, model_config, longest_prompt)``
-    (refuse, before any step, prompts it cannot take), ``generate_partial`` (declared by
-    ``Capabilities.partial_rollouts``), ``generate(model, tokenizer, prompts, num_samples, sampling)``
+    (refuse, before any step, prompts it cannot take),
+    ``generate(model, tokenizer, prompts, num_samples, sampling)``
     (a :class:`Sampling`; evaluation's sampler, as :func:`podsrl.rollout.generate`: evaluation
     then runs on the engine, at its speed),
     ``step_record() -> dict[str, float]`` (its numbers for each step's metrics record),
@@ -226,7 +226,11 @@ class GenerationEngine(Protocol):
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  watchers: tuple[Watcher, ...] = ()) -> Rollouts:
-        """Rollouts [P, num_samples, Lc] for the P prompts, the group axis kept."""
+        """Rollouts [P, num_samples, Lc] for the P prompts, the group axis kept. The one call: an
+        engine that declares ``Capabilities.partial_rollouts`` also takes ``partial``, a
+        :class:`~podsrl.rollout.partial.PartialCall` (None: every group wanted), and given one
+        returns a :class:`~podsrl.rollout.partial.PartialGeneration` of the ``quota`` groups
+        complete first and the rest to carry."""
 
     def state_dict(self) -> dict:
         """A snapshot (copies) of what it learned across steps: checkpointed."""

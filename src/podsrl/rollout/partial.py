@@ -69,6 +69,19 @@ class CarriedGroup:
                             [list(lp) for lp in self.logps], list(self.finished), list(self.skipped))
 
 
+@dataclass(frozen=True)
+class PartialCall:
+    """What a call with partial rollouts asks of an engine, beside its prompts: the groups it
+    continues (``carried``, by prompt position; the others start afresh), the ``quota`` of complete
+    groups it stops at, and the step (``version``) whose weights draw its tokens. An engine that
+    declares ``Capabilities.partial_rollouts`` takes it as its call's ``partial`` keyword and
+    returns a :class:`PartialGeneration`; a call without it wants every prompt's group."""
+
+    carried: dict[int, CarriedGroup]
+    quota: int
+    version: int
+
+
 @dataclass
 class PartialGeneration:
     """One step's generation with partial rollouts: ``rollouts`` [quota, n, Lc] of the groups

@@ -6,74 +6,80 @@ stopped, fails in one line naming it, and its output is checked)."""
 
 from __future__ import annotations
 
+import inspect
 import numbers
 
 from podsrl.contracts import UserCodeError, broken, calling, podsrl_own
 from podsrl.registry import Registry, bind_options, component_label
 from podsrl.rollout.base import KIND_METHODS, PRUNE_RUNNING, STOP_GROUPS, Watcher, capabilities
-from podsrl.rollout.partial import PartialGeneration
+from podsrl.rollout.partial import PartialCall, PartialGeneration
 from podsrl.types import Rollouts
 
 
 class CheckedEngine:
     """A user's engine held to its contract (:mod:`podsrl.contracts`): each call can be stopped,
     fails in one line naming it, and must return :class:`Rollouts` [P, num_samples, Lc] for its
-    P prompts; everything else (``state_dict``, ``close``, ``generate``, ...) is the engine's."""
+    P prompts, or, given a :class:`~podsrl.rollout.partial.PartialCall` (partial rollouts), a
+    :class:`PartialGeneration` of ``quota`` complete groups; everything else (``state_dict``,
+    ``close``, ``generate``, ...) is the engine's."""
 
     def __init__(self, inner, field: str, spec: str) -> None:
         for method in ("state_dict", "load_state_dict", "check_state"):
             if not callable(getattr(inner, method, None)):
                 raise ValueError(f"{field}: {spec} has no method {method}() "
                                  "(see podsrl.rollout.GenerationEngine)")
-        if (capabilities(inner, spec).partial_rollouts
-                and not callable(getattr(inner, "generate_partial", None))):
-            raise ValueError(f"{field}: {spec} declares partial_rollouts and has no method "
-                             "generate_partial() (see podsrl.rollout.GenerationEngine)")
+        if capabilities(inner, spec).partial_rollouts and not _takes_partial(inner):
+            raise ValueError(f"{field}: {spec} declares partial_rollouts and its call takes no partial= "
+                             "keyword (a podsrl.rollout.partial.PartialCall; see "
+                             "podsrl.rollout.GenerationEngine)")
         self.inner, self.field, self.spec = inner, field, spec
 
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
+                 watchers: tuple[Watcher, ...] = (),
+                 partial: PartialCall | None = None) -> Rollouts | PartialGeneration:
+        asked = {} if partial is None else {"partial": partial}  # an engine without partial rollouts: never
         with calling(self.field, self.spec):
-            rollouts = self.inner(model, tokenizer, prompts, num_samples, watchers=watchers)
-        if not isinstance(rollouts, Rollouts):
+            result = self.inner(model, tokenizer, prompts, num_samples, watchers=watchers, **asked)
+        if partial is not None:
+            return self.checked_partial(result, partial.quota, num_samples)
+        if not isinstance(result, Rollouts):
             raise broken(self.field, self.spec,
-                         f"a {type(rollouts).__name__}, expected podsrl.types.Rollouts")
+                         f"a {type(result).__name__}, expected podsrl.types.Rollouts")
         expected = (len(prompts), num_samples)
         for name in ("completion_ids", "completion_mask"):
-            shape = tuple(getattr(rollouts, name).shape)
+            shape = tuple(getattr(result, name).shape)
             if shape[:2] != expected or len(shape) != 3:
                 raise broken(self.field, self.spec, f"{name} of shape {list(shape)}, expected "
                                                     f"[{expected[0]}, {expected[1]}, Lc] ({expected[0]} "
                                                     f"prompts x {expected[1]})")
-        if rollouts.prompt_ids.dim() != 2 or rollouts.prompt_ids.shape[0] != len(prompts):
-            raise broken(self.field, self.spec, f"prompt_ids of shape {list(rollouts.prompt_ids.shape)}, "
+        if result.prompt_ids.dim() != 2 or result.prompt_ids.shape[0] != len(prompts):
+            raise broken(self.field, self.spec, f"prompt_ids of shape {list(result.prompt_ids.shape)}, "
                                                 f"expected [{len(prompts)}, Lp]")
-        return rollouts
+        return result
 
-    @property
-    def generate_partial(self):
-        """The engine's partial rollouts (absent when it has none), held to the same contract:
-        stoppable, one line naming it, and ``quota`` complete groups [quota, num_samples, Lc]."""
-        inner = getattr(self.inner, "generate_partial", None)
-        if inner is None:
-            raise AttributeError("generate_partial")
-
-        def checked(model, tokenizer, prompts: list[str], num_samples: int, *, quota: int, **kwargs):
-            with calling(self.field, self.spec):
-                result = inner(model, tokenizer, prompts, num_samples, quota=quota, **kwargs)
-            if not isinstance(result, PartialGeneration):
-                raise broken(self.field, self.spec, f"a {type(result).__name__} from generate_partial, "
-                                                    "expected podsrl.rollout.partial.PartialGeneration")
-            shape = tuple(result.rollouts.completion_ids.shape)
-            if len(result.complete) != quota or shape[:2] != (quota, num_samples):
-                raise broken(self.field, self.spec, f"{len(result.complete)} complete groups of shape "
-                                                    f"{list(shape)} from generate_partial, expected {quota} "
-                                                    f"x {num_samples}")
-            return result
-        return checked
+    def checked_partial(self, result, quota: int, num_samples: int) -> PartialGeneration:
+        """A partial call's result: ``quota`` complete groups [quota, num_samples, Lc]."""
+        if not isinstance(result, PartialGeneration):
+            raise broken(self.field, self.spec, f"a {type(result).__name__} from a partial call, "
+                                                "expected podsrl.rollout.partial.PartialGeneration")
+        shape = tuple(result.rollouts.completion_ids.shape)
+        if len(result.complete) != quota or shape[:2] != (quota, num_samples):
+            raise broken(self.field, self.spec, f"{len(result.complete)} complete groups of shape "
+                                                f"{list(shape)} from a partial call, expected {quota} "
+                                                f"x {num_samples}")
+        return result
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
+
+
+def _takes_partial(engine) -> bool:
+    """Whether ``engine``'s call takes a ``partial`` keyword (or any keyword)."""
+    try:
+        parameters = inspect.signature(engine).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: its first call says
+        return True
+    return any(p.name == "partial" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def checked_engine(value, args: tuple, field: str, spec: str):

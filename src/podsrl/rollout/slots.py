@@ -60,7 +60,7 @@ from podsrl.rollout.base import (
     to_rollouts,
 )
 from podsrl.rollout.kv_rows import DECODE_PATHS
-from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
+from podsrl.rollout.partial import CarriedGroup, PartialCall, PartialGeneration, token_tensors
 from podsrl.rollout.registries import ENGINES
 from podsrl.rollout.schedule import (
     SCHEDULES,
@@ -304,29 +304,25 @@ class SlotsEngine:
         self.schedule = SCHEDULES.resolve(options.schedule)
         self.predictor = self.schedule.new_predictor()
 
-    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
-        refuse_watchers(self, watchers)
-        return generate_in_slots(model, tokenizer, prompts, num_samples,
-                                 self.call_options(model, tokenizer, prompts, num_samples),
-                                 predictor=self.predictor, watchers=watchers)
-
     @torch.no_grad()
-    def generate_partial(self, model, tokenizer, prompts: list[str], num_samples: int, *,
-                         carried: dict[int, CarriedGroup], quota: int, version: int,
-                         watchers: tuple[Watcher, ...] = ()) -> PartialGeneration:
-        """Partial rollouts (:mod:`podsrl.rollout.partial`), the capability the trainer's
-        ``partial_rollouts`` asks of an engine: the ``prompts``, of which those at the positions
-        in ``carried`` continue their groups from an earlier step (cut-off samples first, their
-        keys and values recomputed under the current weights), decoded until ``quota`` groups
-        are complete (:meth:`SlotRun.partial`). Nothing more is decoded once the quota is met."""
+    def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
+                 watchers: tuple[Watcher, ...] = (),
+                 partial: PartialCall | None = None) -> Rollouts | PartialGeneration:
+        """Every prompt's group (:func:`generate_in_slots`); with ``partial`` (partial rollouts,
+        :mod:`podsrl.rollout.partial`), the prompts at the positions in ``partial.carried``
+        continue their groups from an earlier step (cut-off samples first, their keys and values
+        recomputed under the current weights), decoded until ``partial.quota`` groups are complete
+        (:meth:`SlotRun.partial`): nothing more is decoded once the quota is met."""
         refuse_watchers(self, watchers)
-        run = SlotRun(model, tokenizer, prompts, num_samples,
-                      self.call_options(model, tokenizer, prompts, num_samples), predictor=self.predictor,
+        options = self.call_options(model, tokenizer, prompts, num_samples)
+        if partial is None:
+            return generate_in_slots(model, tokenizer, prompts, num_samples, options,
+                                     predictor=self.predictor, watchers=watchers)
+        run = SlotRun(model, tokenizer, prompts, num_samples, options, predictor=self.predictor,
                       watchers=watchers)
-        run.resume(carried, quota, version)
+        run.resume(partial.carried, partial.quota, partial.version)
         run.decode()
-        return run.partial(quota, version)
+        return run.partial(partial.quota, partial.version)
 
     def call_options(self, model, tokenizer, prompts: list[str], num_samples: int) -> SlotsOptions:
         """The options of one call: ``micro_group`` the slots the memory cap allows for these

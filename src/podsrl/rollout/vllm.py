@@ -51,11 +51,11 @@ from podsrl.rollout.base import (
     refuse_watchers,
     to_rollouts,
 )
-from podsrl.rollout.partial import CarriedGroup, PartialGeneration
+from podsrl.rollout.partial import PartialCall, PartialGeneration
 from podsrl.rollout.registries import ENGINES
 from podsrl.rollout.vllm_folders import CONFIG_FOLDER_PREFIX, remove_stale_config_folders, write_owner
 from podsrl.rollout.vllm_logs import hide_expected_warnings
-from podsrl.rollout.vllm_partial import generate_partial_on_vllm
+from podsrl.rollout.vllm_partial import stepped_until_quota
 from podsrl.rollout.weights import inference_weights, weights_version
 from podsrl.types import Rollouts
 
@@ -166,10 +166,23 @@ class VLLMEngine(Stateless):
         """At set-up, every prompt: not the first long one some steps in (:func:`check_fits`)."""
         check_fits(options, model_config, longest_prompt, options.max_completion_length)
 
+    @torch.no_grad()
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
-                 watchers: tuple[Watcher, ...] = ()) -> Rollouts:
+                 watchers: tuple[Watcher, ...] = (),
+                 partial: PartialCall | None = None) -> Rollouts | PartialGeneration:
+        """Every prompt's group (:meth:`generate`); with ``partial`` (partial rollouts,
+        :mod:`podsrl.rollout.vllm_partial`), the prompts' samples as vLLM requests, the carried
+        cut-off ones first, until ``partial.quota`` groups are complete, the rest aborted and
+        handed back to carry on."""
         refuse_watchers(self, watchers)
-        return self.generate(model, tokenizer, prompts, num_samples, self.options.sampling())
+        options = self.options
+        if partial is None:
+            return self.generate(model, tokenizer, prompts, num_samples, options.sampling())
+        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, options.max_completion_length)
+        with self._serving(model) as llm:
+            return stepped_until_quota(llm, tokenizer, (prompt_ids, prompt_mask), num_samples,
+                                            carried=partial.carried, quota=partial.quota,
+                                            version=partial.version, sampling=options.sampling())
 
     @torch.no_grad()
     def generate(self, model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling) -> Rollouts:
@@ -190,20 +203,6 @@ class VLLMEngine(Stateless):
         with self._serving(model) as llm:
             outputs = llm.generate(requests, params, use_tqdm=False)
         return self._rollouts(tokenizer, prompt_ids, prompt_mask, outputs, num_samples)
-
-    @torch.no_grad()
-    def generate_partial(self, model, tokenizer, prompts: list[str], num_samples: int, *,
-                         carried: dict[int, CarriedGroup], quota: int, version: int,
-                         watchers: tuple[Watcher, ...] = ()) -> PartialGeneration:
-        """Partial rollouts (:mod:`podsrl.rollout.vllm_partial`): the prompts' samples as vLLM
-        requests, the carried cut-off ones first, until ``quota`` groups are complete; the rest
-        aborted and handed back to carry on."""
-        refuse_watchers(self, watchers)
-        options = self.options
-        prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, options.max_completion_length)
-        with self._serving(model) as llm:
-            return generate_partial_on_vllm(llm, tokenizer, (prompt_ids, prompt_mask), num_samples, carried=carried,
-                                            quota=quota, version=version, sampling=options.sampling())
 
     def _encode(self, model, tokenizer, prompts: list[str],
                 max_completion_length: int) -> tuple[torch.Tensor, torch.Tensor]:

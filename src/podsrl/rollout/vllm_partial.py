@@ -32,7 +32,7 @@ def _resume_order(groups: list[CarriedGroup]) -> list[tuple[int, int]]:
     return cut_off + unstarted
 
 
-def generate_partial_on_vllm(llm, tokenizer, prompt_batch: tuple[torch.Tensor, torch.Tensor],
+def stepped_until_quota(llm, tokenizer, prompt_batch: tuple[torch.Tensor, torch.Tensor],
                              num_samples: int, *, carried: dict[int, CarriedGroup], quota: int, version: int,
                              sampling: Sampling) -> PartialGeneration:
     """``prompt_batch``: the prompts' ids and mask [P, Lp] (left-padded), sampled as ``sampling``

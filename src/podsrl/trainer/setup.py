@@ -23,13 +23,8 @@ from podsrl.algorithms.rollout_budget import FixedGroupSize, GroupSizePolicy, Ro
 from podsrl.config_checks import ignored_fields
 from podsrl.contracts import check_reward_signature
 from podsrl.distributed import Processes
-from podsrl.generation.partial_rollouts import (
-    CarriedPool,
-    PartialRolloutOptions,
-    PartialRolloutSource,
-    carried_pool,
-)
-from podsrl.generation.prompt_source import DynamicSamplingSource, PromptSource
+from podsrl.generation.partial_rollouts import CarriedPool, PartialRolloutOptions, carried_pool
+from podsrl.generation.prompt_source import PromptSource
 from podsrl.generation.pruning import PruningOptions, RunPruning
 from podsrl.generation.saturation import reward_bounds
 from podsrl.methods import METHODS, Keeping
@@ -205,15 +200,14 @@ def _build_run(cfg: Config, fns: list[RewardFn], procs: Processes, run_dir: Path
                             "generation_engine": PerProcess(engine),
                             "rule_generator": GeneratorState(keeping.generator)}
                      | ({"quality_head": pruning} if pruning is not None else {}))
-    partial = bind(PartialRolloutOptions, cfg)  # bound once: the pool and the prompt source read it
     progress = ProgressAt(max_steps=cfg.max_steps, prompts_per_step=cfg.prompts_per_step,
                           train_prompts=len(splits[0].examples), is_main=procs.is_main,
                           is_local_main=getattr(procs.accelerator, "is_local_main_process", True))
     generator = rollout_generator(cfg, procs, bundle.tokenizer, scorer, engine, policy, pruning, keeping,
                                   bounds, progress)
     score = ScoreEverywhere(scorer, procs, progress)
-    prompts = prompt_source(cfg, procs, bundle.tokenizer, splits[0], generator, score, selector, partial,
-                            carried_pool(partial, state))
+    prompts = prompt_source(cfg, procs, bundle.tokenizer, splits[0], generator, score, selector,
+                            carried_pool(bind(PartialRolloutOptions, cfg), state))
     stages = step_stages(cfg, procs, prompts, group_size, keeping, policy, reference, scheduler)
     run = _run(cfg, procs, run_dir, lock, state, stages, bundle, policy, optimizer, scheduler, scorer, engine,
                evaluator(cfg, bundle, task, splits[1], procs, engine),
@@ -295,21 +289,14 @@ def rollout_generator(cfg: Config, procs: Processes, tokenizer, scorer: Scorer, 
 
 
 def prompt_source(cfg: Config, procs: Processes, tokenizer, train_split, generate: RolloutGenerator,
-                  score: ScoreEverywhere, selector: PromptSelector, partial: PartialRolloutOptions,
+                  score: ScoreEverywhere, selector: PromptSelector,
                   carried: CarriedPool | None) -> PromptSource:
-    """Where the step's prompt groups come from: a round per step, dynamic sampling's rounds, or
-    partial rollouts' calls stopped at a quota (``carried``: their pool, when ``partial`` switches
-    them on)."""
-    source = dict(selector=selector, prompts_per_step=cfg.prompts_per_step, train_split=train_split,
-                  generate=generate, score=score, procs=procs)
-    if partial.partial_rollouts:
-        extra_rounds = cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else None
-        return PartialRolloutSource(**source, options=partial, pool=carried, extra_rounds=extra_rounds,
-                                    pad_token_id=tokenizer.pad_token_id)
-    if cfg.dynamic_sampling:
-        return DynamicSamplingSource(**source, extra_rounds=cfg.dynamic_sampling_rounds,
-                                     pad_token_id=tokenizer.pad_token_id)
-    return PromptSource(**source)
+    """Where the step's prompt groups come from: rounds of one generation call each, over partial
+    rollouts' groups in flight (``carried``: their pool, None when they are off) and fresh prompts,
+    one per step or dynamic sampling's."""
+    return PromptSource(selector, cfg.prompts_per_step, train_split, generate, score, procs,
+                        extra_rounds=cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else None,
+                        pad_token_id=tokenizer.pad_token_id, pool=carried)
 
 
 def step_stages(cfg: Config, procs: Processes, prompts: PromptSource, group_size: GroupSizePolicy,

@@ -31,7 +31,7 @@ from podsrl.generation.saturation import SaturationStopper
 from podsrl.methods import Keeping
 from podsrl.rewards import RewardError
 from podsrl.rollout import GenerationEngine, WatcherFactory
-from podsrl.rollout.partial import CarriedGroup, PartialGeneration
+from podsrl.rollout.partial import CarriedGroup, PartialCall, PartialGeneration
 from podsrl.scoring import Scorer, TrainerProgress
 from podsrl.tasks.base import Example, PreparedSplit
 from podsrl.trainer.state import sampling_seed
@@ -224,8 +224,40 @@ class RolloutGenerator:
                                 f"generated, fewer than num_kept = {self.keeping.m}; a watcher must leave "
                                 f"each group at least m samples to select from")
 
-    def __call__(self, split: PreparedSplit, n: int, step: int, round_index: int) -> Rollouts:
+    def __call__(self, split: PreparedSplit, n: int, step: int, round_index: int,
+                 carried: dict[int, CarriedGroup] | None = None,
+                 quota: int | None = None) -> PartialGeneration:
+        """The one generation call of a step's round: every prompt's group (``quota`` None: in
+        chunks of ``batch_size`` rollouts, each seeded by its first prompt's place in the step), or,
+        with partial rollouts (:mod:`podsrl.generation.partial_rollouts`), one engine call on the
+        split, whose prompts at the positions in ``carried`` continue their groups, stopped once
+        ``quota`` groups are complete, seeded by the step, the round and this process. Quota 0
+        (dynamic sampling's round where this process has its share): no engine call, every group
+        carried on, and the collectives of a call joined. The complete groups come back in the
+        order they completed (every group, in prompt order, without a quota)."""
         per_prompt = self.keeping.generated_per_prompt(n)
+        if quota is None:
+            rollouts = self.every_group(split, per_prompt, step, round_index)
+            return PartialGeneration(rollouts, list(range(len(split.prompts))), {})
+        stopper, watchers = (self.watching(split, step, early=True, per_prompt=per_prompt) if quota
+                             else (None, ()))
+        with self.procs.whole_weights(self.policy):  # its all-gathers, when sharded, need every process
+            first_prompt = (round_index * self.procs.world_size + self.procs.rank) * self.prompts_per_step
+            torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
+            result = (self.engine(self.policy, self.tokenizer, split.prompts, per_prompt, watchers=watchers,
+                                  partial=PartialCall(dict(carried or {}), quota, step))
+                      if quota else PartialGeneration(Rollouts.none(per_prompt), [], dict(carried or {})))
+        if stopper is not None:  # the scores early stop gave, for the reward stage
+            early_scores = stopper.early_scores(result.rollouts, result.complete)
+            result.rollouts = dataclasses.replace(result.rollouts, early_scores=early_scores)
+            self.early_stop.learn_from(watchers, result.rollouts, result.complete)
+        self.check_kept(result.rollouts)
+        if self.early_stop is not None:  # early stop's reward failure, raised on every process together
+            raise_on_every_process(self.procs, stopper.failure if stopper is not None else None)
+        return result
+
+    def every_group(self, split: PreparedSplit, per_prompt: int, step: int, round_index: int) -> Rollouts:
+        """Every prompt's ``per_prompt`` rollouts [P, per_prompt, Lc], in chunks of ``batch_size``."""
         total = len(split.prompts)
         chunk_size = max(1, self.batch_size // per_prompt) if self.batch_size else total
         chunks, failure = [], None
@@ -246,30 +278,6 @@ class RolloutGenerator:
         if self.early_stop is not None:  # early stop's reward failure, raised on every process together
             raise_on_every_process(self.procs, failure)
         return Rollouts.concat(chunks, self.tokenizer.pad_token_id)
-
-    def partial(self, split: PreparedSplit, carried: dict[int, CarriedGroup], quota: int, n: int, step: int,
-                round_index: int = 0) -> PartialGeneration:
-        """Partial rollouts (:mod:`podsrl.generation.partial_rollouts`): one engine call on the
-        split, whose prompts at the positions in ``carried`` continue their groups, stopped once
-        ``quota`` groups are complete; seeded by the step, the round and this process. Quota 0
-        (dynamic sampling's round where this process has its share): no engine call, every
-        group carried on, and the collectives of a call joined."""
-        per_prompt = self.keeping.generated_per_prompt(n)
-        stopper, watchers = self.watching(split, step, early=True, per_prompt=per_prompt) if quota else (None, ())
-        with self.procs.whole_weights(self.policy):  # its all-gathers, when sharded, need every process
-            first_prompt = (round_index * self.procs.world_size + self.procs.rank) * self.prompts_per_step
-            torch.manual_seed(sampling_seed(self.seed, step, first_prompt))
-            result = (self.engine.generate_partial(self.policy, self.tokenizer, split.prompts, per_prompt,
-                                                   carried=carried, quota=quota, version=step, watchers=watchers)
-                      if quota else PartialGeneration(Rollouts.none(per_prompt), [], dict(carried)))
-        if stopper is not None:  # the scores early stop gave, for the reward stage
-            result.rollouts = dataclasses.replace(result.rollouts,
-                                                  early_scores=stopper.early_scores(result.rollouts, result.complete))
-            self.early_stop.learn_from(watchers, result.rollouts, result.complete)
-        self.check_kept(result.rollouts)
-        if self.early_stop is not None:  # early stop's reward failure, raised on every process together
-            raise_on_every_process(self.procs, stopper.failure if stopper is not None else None)
-        return result
 
 
 @dataclass
