@@ -228,7 +228,7 @@ def test_modules_and_functions_stay_readable(name):
 
 
 # lines of src/ over 110 characters: 687 at 05a6bca (#82), this many now; new code stays under 110
-LONG_LINES_AT_MOST = 234
+LONG_LINES_AT_MOST = 224
 
 
 def test_no_new_lines_over_110_characters():
