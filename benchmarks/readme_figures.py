@@ -20,7 +20,8 @@ BENCHMARKS = Path(__file__).resolve().parent
 # regime: (its run folders under benchmarks/recorded/, the baseline arm)
 REGIMES = {
     "main": ("tiny-vs-ga-5x2", "grpo-ga"),  # the main job's settings, the paper's second comparison
-    "reasoning": ("tiny-chain-methods-at-best/runs", "grpo-ga 16 slots"),  # every method at its best
+    # every method at its best generation settings and its tuned learning rate
+    "reasoning": ("tiny-chain-tuned-rates/runs", "grpo-ga 16 slots partial-2"),
     "smollm2-lora": ("cpu-headroom-20", "grpo"),  # the warmed SmolLM2-135M with LoRA r = 16
 }
 
