@@ -67,6 +67,12 @@ RECORDED = (
              "The reasoning regime on the 2-core CPU: GRPO 4/4 vs GRPO-GA 16 vs PODS 16 -> 4 (#58 item 4)"),
     Recorded("reasoning (tiny-chain, at its best)", "grpo-ga", 16, 4, 0.57, 0.34, 0.90,
              "Every method at its best on podsrl's decode step, in the reasoning regime (#70 item 4)"),
+    Recorded("reasoning (tiny-chain, at its best and its tuned rate)", "grpo", 16, 4, 1.29, 1.01, 1.64,
+             "Each method at its tuned learning rate in the reasoning regime, 5 seeds x 3 minutes "
+             "(#81 item 4)"),
+    Recorded("reasoning (tiny-chain, at its best and its tuned rate)", "grpo-ga", 16, 4, 0.91, 0.71, 1.16,
+             "Each method at its tuned learning rate in the reasoning regime, 5 seeds x 3 minutes "
+             "(#81 item 4)"),
 )
 
 
