@@ -37,7 +37,8 @@ class CheckedEngine:
     def __call__(self, model, tokenizer, prompts: list[str], num_samples: int,
                  watchers: tuple[Watcher, ...] = (),
                  partial: PartialCall | None = None) -> Rollouts | PartialGeneration:
-        asked = {} if partial is None else {"partial": partial}  # an engine without partial rollouts: never
+        # partial= only where asked: an engine that does not declare partial rollouts never gets it
+        asked = {} if partial is None else {"partial": partial}
         with calling(self.field, self.spec):
             result = self.inner(model, tokenizer, prompts, num_samples, watchers=watchers, **asked)
         if partial is not None:

@@ -180,9 +180,8 @@ class VLLMEngine(Stateless):
             return self.generate(model, tokenizer, prompts, num_samples, options.sampling())
         prompt_ids, prompt_mask = self._encode(model, tokenizer, prompts, options.max_completion_length)
         with self._serving(model) as llm:
-            return stepped_until_quota(llm, tokenizer, (prompt_ids, prompt_mask), num_samples,
-                                            carried=partial.carried, quota=partial.quota,
-                                            version=partial.version, sampling=options.sampling())
+            return stepped_until_quota(llm, tokenizer, (prompt_ids, prompt_mask), num_samples, partial,
+                                       options.sampling())
 
     @torch.no_grad()
     def generate(self, model, tokenizer, prompts: list[str], num_samples: int, sampling: Sampling) -> Rollouts:

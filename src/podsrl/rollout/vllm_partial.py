@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from podsrl.rollout.base import Sampling, to_rollouts
-from podsrl.rollout.partial import CarriedGroup, PartialGeneration, token_tensors
+from podsrl.rollout.partial import CarriedGroup, PartialCall, PartialGeneration, token_tensors
 
 REQUEST_PREFIX = "podsrl-partial"  # request ids of their own: evaluation's LLM.generate numbers its requests
 
@@ -32,18 +32,18 @@ def _resume_order(groups: list[CarriedGroup]) -> list[tuple[int, int]]:
     return cut_off + unstarted
 
 
-def stepped_until_quota(llm, tokenizer, prompt_batch: tuple[torch.Tensor, torch.Tensor],
-                             num_samples: int, *, carried: dict[int, CarriedGroup], quota: int, version: int,
-                             sampling: Sampling) -> PartialGeneration:
+def stepped_until_quota(llm, tokenizer, prompt_batch: tuple[torch.Tensor, torch.Tensor], num_samples: int,
+                        partial: PartialCall, sampling: Sampling) -> PartialGeneration:
     """``prompt_batch``: the prompts' ids and mask [P, Lp] (left-padded), sampled as ``sampling``
     says on ``llm`` (a vLLM ``LLM`` holding the current weights); the prompts at the positions
-    in ``carried`` continue their groups.
+    in ``partial.carried`` continue their groups.
     Returns the first ``quota`` complete groups (groups complete on arrival first) as rollouts
     [quota, n, Lc] with every token's version and vLLM log-prob, and the others to carry."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    carried, quota, version = partial.carried, partial.quota, partial.version
     prompt_ids, prompt_mask = prompt_batch
     prompt_tokens = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     groups = [carried[p].copy() if p in carried else CarriedGroup.unstarted(num_samples)
